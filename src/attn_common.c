@@ -1,0 +1,60 @@
+/* attn_common.c: option defaults and the shape/option check shared by every attention. */
+#include <math.h>
+#include <stdint.h>
+
+#include "attn_common.h"
+
+pf_attn_opts pf_attn_opts_default(void) {
+    pf_attn_opts o = {.scale = 0.0f, .causal = 0, .key_len = NULL, .threads = 0};
+    return o;
+}
+
+/* *acc *= x unless that would pass `limit`; returns 0 on overflow. */
+static int mul_checked(size_t *acc, size_t x, size_t limit) {
+    if (x != 0 && *acc > limit / x) return 0;
+    *acc *= x;
+    return 1;
+}
+
+pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts) {
+    if (!shape || !opts) return PF_EINVAL;
+    const pf_shape *s = shape;
+    if (s->B < 1 || s->H < 1 || s->Lq < 1 || s->Lk < 1 || s->d < 1 || s->dv < 1)
+        return PF_EINVAL;
+    if (opts->causal != 0 && opts->causal != 1) return PF_EINVAL;
+    if (opts->causal && s->Lq != s->Lk) return PF_EINVAL;
+    if (opts->threads < 0) return PF_EINVAL;
+    if (!isfinite(opts->scale) || opts->scale < 0) return PF_EINVAL;
+
+    /* Every tensor's byte count (and so every element offset) must fit in size_t; the
+     * per-thread scratch (a few blocks of L x max(d, dv)) is far smaller. */
+    size_t L = (size_t)(s->Lq > s->Lk ? s->Lq : s->Lk);
+    size_t w = (size_t)(s->d > s->dv ? s->d : s->dv);
+    size_t n = sizeof(float);
+    size_t lim = SIZE_MAX / 4;  /* headroom for a few such tensors side by side */
+    if (!mul_checked(&n, (size_t)s->B, lim) || !mul_checked(&n, (size_t)s->H, lim) ||
+        !mul_checked(&n, L, lim) || !mul_checked(&n, w, lim))
+        return PF_EINVAL;
+
+    if (opts->key_len) {
+        for (int b = 0; b < s->B; b++) {
+            if (opts->key_len[b] < 1 || opts->key_len[b] > s->Lk) return PF_EINVAL;
+        }
+    }
+    return PF_OK;
+}
+
+pf_attn_sizes pf_attn_sizes_of(const pf_shape *s) {
+    size_t bh = (size_t)s->B * (size_t)s->H;
+    pf_attn_sizes n;
+    n.q = bh * (size_t)s->Lq * (size_t)s->d;
+    n.k = bh * (size_t)s->Lk * (size_t)s->d;
+    n.v = bh * (size_t)s->Lk * (size_t)s->dv;
+    n.out = bh * (size_t)s->Lq * (size_t)s->dv;
+    n.lse = bh * (size_t)s->Lq;
+    return n;
+}
+
+int pf_attn_key_len(const pf_attn_opts *opts, int b, int Lk) {
+    return opts->key_len ? (int)opts->key_len[b] : Lk;
+}
