@@ -1,0 +1,108 @@
+# performer: build, test, benchmark.
+#
+#   make            library (static and shared) and the `performer` tool
+#   make test       every test, then every test again under ASan + UBSan
+#   make demo       the one-minute answer: exact vs FAVOR+ time, memory and error against L
+#   make bench      the benchmarks (medians, ratios to this machine's sgemm)
+#   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
+#
+# Out-of-tree: objects go to $(BUILD) (default build/). Sources are found by wildcard, so a new
+# file in src/, tools/, tests/ or bench/ needs no edit here.
+
+BUILD    ?= build
+CC       ?= cc
+OPT      ?= -O2
+BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-serial
+BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-serial
+
+WARN     = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wno-unknown-pragmas
+CFLAGS  ?= $(OPT) -g
+ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp \
+            -Iinclude -Isrc -I$(BLAS_INC) $(EXTRA_CFLAGS)
+# OpenBLAS's serial build: the library runs its own threads (OpenMP) around single-threaded
+# BLAS calls, so BLAS never oversubscribes the cores and results do not depend on threads.
+LDLIBS   = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
+
+LIB_SRC   = $(sort $(wildcard src/*.c src/simd/*.c src/io/*.c src/model/*.c))
+TOOL_SRC  = $(sort $(wildcard tools/*.c))
+TEST_SRC  = $(sort $(wildcard tests/test_*.c))
+BENCH_SRC = $(sort $(wildcard bench/*.c))
+
+LIB_OBJ   = $(LIB_SRC:%.c=$(BUILD)/%.o)
+TOOL_OBJ  = $(TOOL_SRC:%.c=$(BUILD)/%.o)
+TESTS     = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCHES   = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+STATIC = $(BUILD)/libperformer.a
+SHARED = $(BUILD)/libperformer.so
+TOOL   = $(BUILD)/performer
+
+.PHONY: all setup test test-fast asan demo bench clean format
+all: $(STATIC) $(SHARED) $(TOOL)
+
+setup:
+	@sh scripts/setup.sh
+
+# Library sources see PF_BUILDING_LIBRARY (exported symbols) and hide everything else.
+$(BUILD)/src/%.o: src/%.c include/performer.h $(wildcard src/*.h src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -DPF_BUILDING_LIBRARY -fvisibility=hidden $(SIMD_FLAGS) -c $< -o $@
+
+# Kernels for one instruction set are compiled for it alone and chosen at run time (cpuid).
+$(BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = -mavx2 -mfma
+$(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = -mavx512f -mavx512dq -mavx2 -mfma
+
+$(BUILD)/tools/%.o: tools/%.c include/performer.h $(wildcard tools/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itools -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(TOOL): $(TOOL_OBJ) $(STATIC)
+	$(CC) -o $@ $(TOOL_OBJ) $(STATIC) $(LDLIBS)
+
+# Tests link the static library, so they can reach the internal references in src/*.h.
+$(BUILD)/tests/%: tests/%.c tests/check.h $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests -o $@ $< $(STATIC) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(STATIC) $(LDLIBS)
+
+# The whole suite: the optimised build, then the sanitizer build.
+test: setup
+	@$(MAKE) --no-print-directory test-fast; r1=$$?; \
+	$(MAKE) --no-print-directory asan; r2=$$?; \
+	set -- $$(cat $(BUILD)/test-counts 2>/dev/null || echo 0 1) \
+	       $$(cat build-asan/test-counts 2>/dev/null || echo 0 1); \
+	echo "all: $$(($$1 + $$3)) passed, $$(($$2 + $$4)) failed"; \
+	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ]
+
+test-fast: all $(TESTS)
+	@sh tests/run.sh $(BUILD) "release"
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	  -fno-omit-frame-pointer" EXTRA_LDLIBS="-fsanitize=address,undefined" \
+	  PF_SANITIZE=1 test-fast
+
+demo: setup all
+	$(TOOL) demo
+
+bench: setup all $(BENCHES)
+	@for b in $(BENCHES); do $$b || exit 1; done
+
+format:
+	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h \
+	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
+
+clean:
+	rm -rf build build-asan

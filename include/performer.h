@@ -1,0 +1,286 @@
+/*
+ * performer.h: fast attention over long sequences with random features.
+ *
+ * Exact softmax attention (online softmax, never an L x Lk matrix) and FAVOR+ linear attention
+ * (Choromanski et al. 2020) with positive, hyperbolic, trigonometric and ReLU feature maps,
+ * bidirectional and strictly causal.
+ *
+ * Layout: every tensor is float32, row-major and contiguous. Queries are (B,H,Lq,d), keys
+ * (B,H,Lk,d), values (B,H,Lk,dv) and outputs (B,H,Lq,dv). A projection W is (m,d), or (H,m,d)
+ * when each head has its own.
+ *
+ * Every function returns a pf_status; the library never prints, exits or aborts on bad input.
+ * The caller owns every tensor it passes; objects come in _create/_free pairs.
+ *
+ * Usage:
+ *
+ *     pf_shape shape = {.B = 1, .H = 8, .Lq = L, .Lk = L, .d = 64, .dv = 64};
+ *     float *W = malloc(sizeof(float) * 256 * 64);
+ *     pf_projection_draw(W, 256, 64, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 42, 0);
+ *     pf_attn_opts opts = pf_attn_opts_default();
+ *     pf_favor_opts fav = pf_favor_opts_default();
+ *     fav.W = W;
+ *     fav.m = 256;
+ *     pf_status st = pf_attn_favor(out, Q, K, V, &shape, &opts, &fav);
+ *     if (st != PF_OK) fprintf(stderr, "%s\n", pf_status_str(st));
+ */
+#ifndef PERFORMER_H
+#define PERFORMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PF_BUILDING_LIBRARY) && defined(__GNUC__)
+#define PF_API __attribute__((visibility("default")))
+#else
+#define PF_API
+#endif
+
+#define PF_VERSION_MAJOR 0
+#define PF_VERSION_MINOR 1
+#define PF_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes
+ * ------------------------------------------------------------------------------------------ */
+
+typedef enum pf_status {
+    PF_OK = 0,
+    PF_EINVAL,     /* an argument is NULL, a dimension is out of range, options disagree */
+    PF_ENOMEM,     /* an allocation failed */
+    PF_ENONFINITE, /* an input holds NaN/Inf, or a result (e.g. a denominator) is not finite */
+    PF_EDOMAIN,    /* a mathematically undefined request (e.g. zero attention denominator) */
+    PF_EIO,        /* a file could not be opened, read or written */
+    PF_EFORMAT,    /* a file is not in the expected format (dtype, order, shape, truncated) */
+    PF_ENOTSUP     /* valid but not supported by this build or this method */
+} pf_status;
+
+/* A short English description of a status; never NULL, static storage. */
+PF_API const char *pf_status_str(pf_status status);
+
+/* The library version as "MAJOR.MINOR.PATCH"; static storage. */
+PF_API const char *pf_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Randomness (SPEC §3): Philox4x32-10, counter based.
+ * A (seed, stream) pair gives the same numbers on every machine and at any thread count.
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct pf_rng {
+    uint32_t key[2];     /* from the seed */
+    uint32_t ctr[4];     /* ctr[0..1]: block counter, ctr[2..3]: stream */
+    uint32_t buf[4];     /* the current output block */
+    int used;            /* words of buf already handed out (4: empty) */
+    int has_spare;       /* a second normal from Box-Muller is waiting */
+    double spare;
+} pf_rng;
+
+/* One Philox4x32-10 block: out = philox(ctr, key). For known-answer tests. */
+PF_API void pf_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* Starts a generator at block 0 of (seed, stream). Returns PF_EINVAL if rng is NULL. */
+PF_API pf_status pf_rng_init(pf_rng *rng, uint64_t seed, uint64_t stream);
+
+/* The next 32 random bits. rng must be initialised. */
+PF_API uint32_t pf_rng_u32(pf_rng *rng);
+
+/* A uniform double in (0, 1): never 0, never 1. */
+PF_API double pf_rng_uniform(pf_rng *rng);
+
+/* A standard normal double (Box-Muller on two uniforms, both values used). */
+PF_API double pf_rng_normal(pf_rng *rng);
+
+/* Fills out[0..n) with standard normals. PF_EINVAL on NULL (n == 0 is fine). */
+PF_API pf_status pf_rng_fill_normal(pf_rng *rng, float *out, size_t n);
+
+/* ---------------------------------------------------------------------------------------------
+ * Random projections W (SPEC §3)
+ * ------------------------------------------------------------------------------------------ */
+
+typedef enum pf_proj_kind {
+    PF_PROJ_IID = 0,        /* every entry N(0,1) */
+    PF_PROJ_ORTHOGONAL = 1  /* stacked Haar-random orthogonal d x d blocks, last one cut */
+} pf_proj_kind;
+
+typedef enum pf_norm_kind {
+    PF_NORM_CHI = 0,   /* each row's length is that of an independent N(0,I_d) vector (default) */
+    PF_NORM_SQRTD = 1, /* every row has length sqrt(d) */
+    PF_NORM_QMC = 2    /* lengths are chi_d quantiles at i/(m+1), randomly permuted over rows */
+} pf_norm_kind;
+
+/* Draws W (m,d) from (seed, stream). For PF_PROJ_IID with PF_NORM_CHI the rows are used as
+ * drawn; the other norms rescale each iid row to the chosen length. Same arguments, same W, on
+ * every machine. Returns PF_EINVAL on NULL W, m <= 0, d <= 0 or an unknown kind; PF_ENOMEM. */
+PF_API pf_status pf_projection_draw(float *W, int m, int d, pf_proj_kind kind, pf_norm_kind norm,
+                                    uint64_t seed, uint64_t stream);
+
+/* The stream a training loop uses to redraw W every `every` steps (every <= 0: never redraw). */
+PF_API uint64_t pf_projection_stream(uint64_t step, int64_t every);
+
+/* Regularised lower incomplete gamma P(a, x), a > 0, x >= 0; NaN outside the domain. */
+PF_API double pf_gamma_p(double a, double x);
+
+/* Its inverse in x: the x with P(a, x) = p, for a > 0 and 0 <= p <= 1; NaN outside. */
+PF_API double pf_gamma_p_inv(double a, double p);
+
+/* The p-quantile of the chi distribution with k degrees of freedom: sqrt(2 * P^-1(k/2, p)). */
+PF_API double pf_chi_quantile(int k, double p);
+
+/* ---------------------------------------------------------------------------------------------
+ * Feature maps (SPEC §2). Inputs x are scaled by sqrt(scale) first, so phi(q).phi(k) estimates
+ * exp(scale * q.k).
+ * ------------------------------------------------------------------------------------------ */
+
+typedef enum pf_kernel {
+    PF_KERNEL_POSITIVE = 0,   /* exp(Wx - |x|^2/2)/sqrt(m): FAVOR+, r = m (default) */
+    PF_KERNEL_HYPERBOLIC = 1, /* exp(-|x|^2/2)/sqrt(2m) [exp(Wx), exp(-Wx)], r = 2m */
+    PF_KERNEL_TRIG = 2,       /* exp(|x|^2/2)/sqrt(m) [sin(Wx), cos(Wx)], r = 2m */
+    PF_KERNEL_RELU = 3        /* relu(Wx)/sqrt(m) + eps, r = m: not a softmax estimate */
+} pf_kernel;
+
+/* The feature width r of a kernel with m projections (m or 2m); 0 for an unknown kernel. */
+PF_API int pf_kernel_width(pf_kernel kernel, int m);
+
+/* Parses "positive", "hyperbolic", "trig", "relu"; PF_EINVAL for anything else. */
+PF_API pf_status pf_kernel_parse(const char *name, pf_kernel *kernel);
+PF_API const char *pf_kernel_name(pf_kernel kernel);
+
+/* Features of n rows X (n,d) with W (m,d): phi (n,r), r = pf_kernel_width(kernel, m).
+ *
+ * If logscale is NULL, phi holds the features themselves (which can overflow: PF_ENONFINITE).
+ * Otherwise each row is stabilised: phi holds phi(x) / exp(logscale[i]) and logscale (n) the
+ * removed log factor, chosen so the row's largest |feature| is O(1). For relu, logscale is 0.
+ *
+ * eps (>= 0) is added to every feature: for the softmax maps relative to the row's largest
+ * |feature| (phi + eps * max|phi|, so it commutes with stabilisation and stays causal), for relu
+ * absolutely (relu(Wx)/sqrt(m) + eps). */
+PF_API pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
+                             const float *W, int m, pf_kernel kernel, float scale, float eps);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct pf_shape {
+    int B, H;    /* batch, heads */
+    int Lq, Lk;  /* query and key lengths (equal when causal) */
+    int d, dv;   /* query/key width, value width */
+} pf_shape;
+
+typedef struct pf_attn_opts {
+    float scale;              /* logit scale s; 0 means 1/sqrt(d) */
+    int causal;               /* 1: query i sees keys j <= i only; needs Lq == Lk */
+    const int32_t *key_len;   /* B valid key lengths in [1, Lk], or NULL for all Lk */
+    int threads;              /* 0: OpenMP's default; results never depend on it */
+} pf_attn_opts;
+
+typedef struct pf_favor_opts {
+    pf_kernel kernel;         /* feature map, default PF_KERNEL_POSITIVE */
+    const float *W;           /* projection (m,d), or (H,m,d) when w_per_head */
+    int m;                    /* rows of W (number of random projections) */
+    int w_per_head;           /* 0: one W for every head; 1: W holds one (m,d) block per head */
+    float eps;                /* kernel epsilon (see pf_features), default 0 */
+    int chunk;                /* causal chunk length; 0: chosen from d and r */
+} pf_favor_opts;
+
+PF_API pf_attn_opts pf_attn_opts_default(void);
+PF_API pf_favor_opts pf_favor_opts_default(void);
+
+/* Checks a shape and options against each other: PF_OK or PF_EINVAL. */
+PF_API pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts);
+
+/* Exact softmax attention (SPEC §1), online softmax over key blocks; extra memory
+ * O(block * (d + dv)) per thread. out (B,H,Lq,dv). lse, if not NULL, receives the log of each
+ * row's softmax denominator, log sum_j exp(s q_i.k_j), as (B,H,Lq) (the backward pass needs it).
+ * A query that sees no key (every key padded) is PF_EDOMAIN. */
+PF_API pf_status pf_attn_exact(float *out, float *lse, const float *Q, const float *K,
+                               const float *V, const pf_shape *shape, const pf_attn_opts *opts);
+
+/* The naive reference for pf_attn_exact: one query at a time, scores in float64. Same contract.
+ * Slow; for tests and for checking other implementations. */
+PF_API pf_status pf_attn_exact_ref(float *out, float *lse, const float *Q, const float *K,
+                                   const float *V, const pf_shape *shape,
+                                   const pf_attn_opts *opts);
+
+/* FAVOR+ attention (SPEC §4): out = D^-1 phi(Q) (phi(K)^T V), bidirectional or chunked causal,
+ * memory O(L (r + d + dv)) per head. Padded keys contribute nothing. A denominator that is zero
+ * or not finite is PF_EDOMAIN (or PF_ENONFINITE), never a NaN in out. */
+PF_API pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
+                               const pf_shape *shape, const pf_attn_opts *opts,
+                               const pf_favor_opts *favor);
+
+/* The reference for pf_attn_favor: the explicit formula in float64, per head materialising
+ * phi(Q) and phi(K), causal by a running prefix sum. Same contract. For tests. */
+PF_API pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const float *V,
+                                   const pf_shape *shape, const pf_attn_opts *opts,
+                                   const pf_favor_opts *favor);
+
+/* ---------------------------------------------------------------------------------------------
+ * Backward passes. Each writes (overwrites, never accumulates into) dQ (B,H,Lq,d),
+ * dK (B,H,Lk,d) and dV (B,H,Lk,dv): the gradients of sum(out * dout) for dout (B,H,Lq,dv).
+ * Padded keys get zero gradients. Memory stays linear in L.
+ * ------------------------------------------------------------------------------------------ */
+
+/* Exact attention backward, flash-attention style: scores are recomputed block by block from
+ * the forward's out and lse (as returned by pf_attn_exact), never an L x Lk matrix. */
+PF_API pf_status pf_attn_exact_backward(float *dQ, float *dK, float *dV, const float *dout,
+                                        const float *Q, const float *K, const float *V,
+                                        const float *out, const float *lse,
+                                        const pf_shape *shape, const pf_attn_opts *opts);
+
+/* Its naive reference (row by row, float64). Same contract; out and lse may be NULL. */
+PF_API pf_status pf_attn_exact_backward_ref(float *dQ, float *dK, float *dV, const float *dout,
+                                            const float *Q, const float *K, const float *V,
+                                            const pf_shape *shape, const pf_attn_opts *opts);
+
+/* FAVOR+ backward through the linear attention, the feature map and the input scaling; W is a
+ * constant. Causal runs the chunked scan in reverse (no stored per-position state). */
+PF_API pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout,
+                                        const float *Q, const float *K, const float *V,
+                                        const pf_shape *shape, const pf_attn_opts *opts,
+                                        const pf_favor_opts *favor);
+
+/* Its reference: the explicit formula differentiated in float64 with materialised features. */
+PF_API pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const float *dout,
+                                            const float *Q, const float *K, const float *V,
+                                            const pf_shape *shape, const pf_attn_opts *opts,
+                                            const pf_favor_opts *favor);
+
+/* ---------------------------------------------------------------------------------------------
+ * NumPy .npy files (SPEC §7): format 1.0 to 3.0, C order, little-endian.
+ * ------------------------------------------------------------------------------------------ */
+
+#define PF_NPY_MAX_DIMS 8
+
+typedef enum pf_dtype { PF_F32 = 0, PF_I32 = 1, PF_I64 = 2 } pf_dtype;
+
+typedef struct pf_array {
+    pf_dtype dtype;
+    int ndim;
+    int64_t shape[PF_NPY_MAX_DIMS];
+    void *data;               /* owned by the array; free with pf_array_free */
+} pf_array;
+
+/* Element count of an array (product of its shape). */
+PF_API int64_t pf_array_size(const pf_array *a);
+
+/* Reads a .npy file of dtype <f4, <i4 or <i8 into a. On failure a is left empty and errmsg
+ * (if not NULL, errlen bytes) says what was wrong, naming the file. */
+PF_API pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen);
+
+/* Writes a .npy file (format 1.0) atomically: to a temporary name in the same folder, then
+ * renamed. On failure nothing is left at path. */
+PF_API pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg, size_t errlen);
+
+/* Frees a's data and empties it; harmless on an empty array or NULL. */
+PF_API void pf_array_free(pf_array *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PERFORMER_H */

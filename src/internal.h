@@ -1,0 +1,43 @@
+/* internal.h: what the library's files share and the tests may reach; not installed.
+ * Nothing here is part of the public API. */
+#ifndef PF_INTERNAL_H
+#define PF_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "performer.h"
+
+#define PF_INTERNAL __attribute__((visibility("hidden")))
+
+/* Aligned allocation (64 bytes, cache line and AVX-512 width); NULL on failure or overflow. */
+PF_INTERNAL void *pf_alloc(size_t count, size_t size);
+PF_INTERNAL void pf_free(void *p);
+
+/* The number of threads a call with opts->threads == t should use (t > 0: t; 0: OpenMP's). */
+PF_INTERNAL int pf_threads(int t);
+
+/* 1 if any of x[0..n) is NaN or Inf. */
+PF_INTERNAL int pf_any_nonfinite(const float *x, size_t n);
+
+/* The effective logit scale: s if s > 0, else 1/sqrt(d). */
+PF_INTERNAL float pf_effective_scale(float s, int d);
+
+/* ---- vector kernels (src/simd/): chosen once at run time from the CPU's features ---------- */
+
+typedef struct pf_simd_table {
+    const char *name;                                              /* "avx512", "avx2", "ref" */
+    void (*exp)(float *y, const float *x, size_t n);               /* y = exp(x) */
+    /* y = exp(x - c); returns sum of y (in double) */
+    double (*exp_sub_sum)(float *y, const float *x, float c, size_t n);
+    float (*max)(const float *x, size_t n);                        /* max, -inf for n = 0 */
+} pf_simd_table;
+
+/* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the
+ * environment asks for another (one the CPU supports). */
+PF_INTERNAL const pf_simd_table *pf_simd(void);
+
+/* Each table by name, or NULL when this CPU cannot run it: for tests of every path. */
+PF_INTERNAL const pf_simd_table *pf_simd_get(const char *name);
+
+#endif

@@ -1,0 +1,91 @@
+/* simd_avx2.c: the vector kernels for AVX2 + FMA (8 floats a step). Compiled with -mavx2 -mfma
+ * and called only when cpuid says the CPU has both. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+#include "simd/simd.h"
+
+/* exp of 8 floats; see simd.h for the method. */
+static inline __m256 exp8(__m256 x) {
+    __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(PF_EXP_LO)),
+                              _mm256_set1_ps(PF_EXP_HI + 0.5f));
+    __m256 fn = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(PF_LOG2E)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(PF_LN2_HI), xc);
+    r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(PF_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(PF_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P5));
+    __m256 r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_cvtps_epi32(fn);
+    __m256i n1 = _mm256_srai_epi32(n, 1);
+    __m256i n2 = _mm256_sub_epi32(n, n1);
+    __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_blendv_ps(y, x, nan_mask);
+}
+
+static void exp_avx2(float *y, const float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float tx[8] = {0}, ty[8];
+        for (size_t k = 0; i + k < n; k++) tx[k] = x[i + k];
+        _mm256_storeu_ps(ty, exp8(_mm256_loadu_ps(tx)));
+        for (size_t k = 0; i + k < n; k++) y[i + k] = ty[k];
+    }
+}
+
+static inline __m256d sum8_pd(__m256d acc, __m256 v) {
+    acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    return _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+static double exp_sub_sum_avx2(float *y, const float *x, float c, size_t n) {
+    __m256 vc = _mm256_set1_ps(c);
+    __m256d acc = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vc));
+        _mm256_storeu_ps(y + i, e);
+        acc = sum8_pd(acc, e);
+    }
+    double t[4];
+    _mm256_storeu_pd(t, acc);
+    double s = (t[0] + t[1]) + (t[2] + t[3]);
+    if (i < n) {
+        float tx[8], ty[8];
+        size_t k = 0;
+        for (; i + k < n; k++) tx[k] = x[i + k] - c;
+        for (; k < 8; k++) tx[k] = -INFINITY;
+        _mm256_storeu_ps(ty, exp8(_mm256_loadu_ps(tx)));
+        for (k = 0; i + k < n; k++) {
+            y[i + k] = ty[k];
+            s += ty[k];
+        }
+    }
+    return s;
+}
+
+static float max_avx2(const float *x, size_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float t[8];
+    _mm256_storeu_ps(t, m);
+    float r = t[0];
+    for (int k = 1; k < 8; k++) r = t[k] > r ? t[k] : r;
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+const pf_simd_table pf_simd_avx2 = {"avx2", exp_avx2, exp_sub_sum_avx2, max_avx2};
+#endif
