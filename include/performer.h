@@ -265,11 +265,15 @@ typedef struct pf_array {
     void *data;               /* owned by the array; free with pf_array_free */
 } pf_array;
 
-/* Element count of an array (product of its shape). */
+/* Element count of an array: the product of its shape (1 for rank 0; 0 for NULL or an array
+ * emptied by pf_array_free, whose shape is (0,)); -1 if ndim or a dimension is out of range or
+ * the product overflows. */
 PF_API int64_t pf_array_size(const pf_array *a);
 
-/* Reads a .npy file of dtype <f4, <i4 or <i8 into a. On failure a is left empty and errmsg
- * (if not NULL, errlen bytes) says what was wrong, naming the file. */
+/* Reads a .npy file of dtype <f4, <i4 or <i8 into a (a's old contents are not freed). On
+ * failure a is left empty and errmsg (if not NULL, errlen bytes) says what was wrong, naming the
+ * file: PF_EIO if it cannot be opened or read, PF_EFORMAT for anything else (other dtypes,
+ * Fortran order, a bad header, truncated data, or bytes after the data). */
 PF_API pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen);
 
 /* Writes a .npy file (format 1.0) atomically: to a temporary name in the same folder, then
