@@ -47,7 +47,7 @@ static void test_closed_forms(void) {
         double rh = erf(sqrt(x));
         CHECK_CLOSE(pf_gamma_p(0.5, x), rh, 0, 1e-13);
         worst = fmax(worst, fabs(pf_gamma_p(0.5, x) - rh) / rh);
-        /* a = 3/2: P = erf(sqrt(x)) - 2 sqrt(x/pi) e^-x (from P(a+1) = P(a) - x^a e^-x/Gamma(a+1));
+        /* a = 3/2: P = erf(sqrt(x)) - 2 sqrt(x/pi) e^-x, from P(a+1) = P(a) - x^a e^-x/Gamma(a+1);
          * the subtraction cancels for small x, so only x >= 0.5 */
         if (x >= 0.5) {
             double r3 = erf(sqrt(x)) - 1.1283791670955126 * sqrt(x) * exp(-x);
