@@ -220,6 +220,37 @@ PF_API pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, c
                                    const pf_favor_opts *favor);
 
 /* ---------------------------------------------------------------------------------------------
+ * Sampling estimators of softmax attention (SPEC §5): randomized attention (RA, unbiased,
+ * quadratic) and LARA (linear, multiple importance sampling over chunk proposals).
+ * Bidirectional only (opts->causal must be 0: PF_ENOTSUP otherwise); key padding honoured.
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct pf_sampling_opts {
+    int samples;        /* RA: samples per query; LARA: samples per proposal (>= 1) */
+    int proposals;      /* LARA: C contiguous chunks of queries and of keys, 1 <= C <= min(Lq,Lk) */
+    int deterministic;  /* LARA: omega_c = mu_c (epsilon = 0); then samples must be 1 */
+    uint64_t seed;      /* randomness: (seed, stream = b*H + h) per head, thread independent */
+} pf_sampling_opts;
+
+PF_API pf_sampling_opts pf_sampling_opts_default(void);
+
+/* RA: for each query, S samples (j ~ softmax_j(q.k_j), omega = q + k_j + N(0,I)) of
+ * f(omega) = sum_j xi(k_j,omega) v_j / sum_j xi(k_j,omega), averaged. Cost O(S Lq Lk d). */
+PF_API pf_status pf_attn_ra(float *out, const float *Q, const float *K, const float *V,
+                            const pf_shape *shape, const pf_attn_opts *opts,
+                            const pf_sampling_opts *sampling);
+
+/* LARA with the balance heuristic, in log space. Cost O(C S (Lq + Lk) (d + dv)). */
+PF_API pf_status pf_attn_lara(float *out, const float *Q, const float *K, const float *V,
+                              const pf_shape *shape, const pf_attn_opts *opts,
+                              const pf_sampling_opts *sampling);
+
+/* LARA's reference: the same estimator (same draws) computed naively in float64. */
+PF_API pf_status pf_attn_lara_ref(float *out, const float *Q, const float *K, const float *V,
+                                  const pf_shape *shape, const pf_attn_opts *opts,
+                                  const pf_sampling_opts *sampling);
+
+/* ---------------------------------------------------------------------------------------------
  * Backward passes. Each writes (overwrites, never accumulates into) dQ (B,H,Lq,d),
  * dK (B,H,Lk,d) and dV (B,H,Lk,dv): the gradients of sum(out * dout) for dout (B,H,Lq,dv).
  * Padded keys get zero gradients. Memory stays linear in L.
