@@ -220,6 +220,33 @@ PF_API pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, c
                                    const pf_favor_opts *favor);
 
 /* ---------------------------------------------------------------------------------------------
+ * Streaming causal FAVOR+ (decoding): the state (S, z, running key max) of H heads of one
+ * sequence, advanced a token or a chunk at a time. Memory and time per token O(H r dv),
+ * whatever the context length. Rows come out as the causal pf_attn_favor gives them.
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct pf_favor_state pf_favor_state;
+
+/* Creates an empty state for H heads of widths d, dv. favor->W is copied (the state does not
+ * keep the caller's pointer); scale as in pf_attn_opts (0: 1/sqrt(d)). */
+PF_API pf_status pf_favor_state_create(pf_favor_state **state, int H, int d, int dv, float scale,
+                                       const pf_favor_opts *favor);
+
+/* Frees a state; harmless on NULL. */
+PF_API void pf_favor_state_free(pf_favor_state *state);
+
+/* Empties the state (position 0) keeping W. */
+PF_API pf_status pf_favor_state_reset(pf_favor_state *state);
+
+/* Advances by n >= 1 tokens: q, k (H,n,d), v (H,n,dv) -> out (H,n,dv), each row attending to every
+ * earlier token and itself. */
+PF_API pf_status pf_favor_state_step(pf_favor_state *state, float *out, const float *q,
+                                     const float *k, const float *v, int n);
+
+/* Tokens consumed so far (0 for NULL). */
+PF_API int64_t pf_favor_state_position(const pf_favor_state *state);
+
+/* ---------------------------------------------------------------------------------------------
  * Sampling estimators of softmax attention (SPEC §5): randomized attention (RA, unbiased,
  * quadratic) and LARA (linear, multiple importance sampling over chunk proposals).
  * Bidirectional only (opts->causal must be 0: PF_ENOTSUP otherwise); key padding honoured.
