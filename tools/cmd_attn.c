@@ -1,0 +1,545 @@
+/* cmd_attn.c: `performer attn`: exact or FAVOR+ attention on .npy inputs, optionally with the
+ * gradients of sum(out * dO).
+ *
+ * Everything is checked before any computing (files, dtypes, ranks, shapes, NaN/Inf, key
+ * lengths, W, output folders), and outputs are written only after every result is ready, each
+ * atomically (pf_npy_write); if one write fails the ones this run already wrote are removed,
+ * so a failed run leaves no output behind. */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tool.h"
+
+#define CMD "attn"
+
+const char cmd_attn_synopsis[] =
+    "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor]\n"
+    "     [--causal] [--kernel positive|hyperbolic|trig|relu] [--features M]\n"
+    "     [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S] [--scale S] [--eps E]\n"
+    "     [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy] [--threads N] [--chunk C]\n"
+    "     [--grad-out DO.npy --grad-prefix P]\n";
+
+void cmd_attn_help(void) {
+    printf(
+        "usage: %s\n"
+        "Attention of queries Q on keys K and values V, exact or FAVOR+ (random features),\n"
+        "written to O. Inputs are float32 .npy arrays, all of the same rank:\n"
+        "  (L,d) one head, (H,L,d) H heads, or (B,H,L,d) a batch of B,\n"
+        "with Q (..,Lq,d), K (..,Lk,d), V (..,Lk,dv); the output is (..,Lq,dv).\n"
+        "\n"
+        "required:\n"
+        "  --q FILE            queries\n"
+        "  --k FILE            keys\n"
+        "  --v FILE            values\n"
+        "  --out FILE          the output (written atomically; nothing is left on failure)\n"
+        "\n"
+        "options:                                                              [default]\n"
+        "  --method NAME       exact | favor                                   [favor]\n"
+        "  --causal            query i sees keys j <= i only; needs Lq == Lk   [off]\n"
+        "  --scale S           the logit scale s in exp(s q.k), S > 0          [1/sqrt(d)]\n"
+        "  --key-lengths FILE  int32 or int64 (B,): valid keys per batch item, each in\n"
+        "                      [1, Lk]; the keys after them are padding         [all Lk]\n"
+        "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
+        "\n"
+        "FAVOR+ only (--method favor):\n"
+        "  --kernel NAME       positive | hyperbolic | trig | relu             [positive]\n"
+        "  --features M        random projections m (r = m features, 2m for hyperbolic\n"
+        "                      and trig)                                       [256]\n"
+        "  --proj NAME         orthogonal | iid: how W's rows are drawn         [orthogonal]\n"
+        "  --norm NAME         chi | sqrtd | qmc: W's row lengths               [chi]\n"
+        "  --seed S            the seed W is drawn from (same W on every machine) [0]\n"
+        "  --eps E             kernel epsilon, E >= 0 (see pf_features)         [0]\n"
+        "  --chunk C           causal chunk length, 0 = chosen from d and r     [0]\n"
+        "  --w FILE            use this W, (m,d), or (H,m,d) for one per head; overrides\n"
+        "                      --features, --proj, --norm and --seed           [drawn]\n"
+        "  --save-w FILE       write the W used, so another implementation can use it\n"
+        "\n"
+        "gradients (both or neither):\n"
+        "  --grad-out FILE     dO, float32, the output's shape\n"
+        "  --grad-prefix P     writes P.dq.npy, P.dk.npy, P.dv.npy: the gradients of\n"
+        "                      sum(out * dO) with respect to Q, K and V\n"
+        "\n"
+        "Exit status: 0 success, 1 bad input file or failed computation, 2 bad command line.\n",
+        cmd_attn_synopsis);
+}
+
+typedef struct attn_cfg {
+    const char *q, *k, *v, *out;
+    const char *w, *save_w, *key_lengths, *grad_out, *grad_prefix;
+    int favor;          /* 1: FAVOR+, 0: exact */
+    int causal;
+    pf_kernel kernel;
+    int m;
+    pf_proj_kind proj;
+    pf_norm_kind norm;
+    uint64_t seed;
+    double scale;       /* 0: the library's default 1/sqrt(d) */
+    double eps;
+    int threads;
+    int chunk;
+} attn_cfg;
+
+/* ---- command line -------------------------------------------------------------------------- */
+
+static int parse_args(attn_cfg *c, int argc, char **argv) {
+    static const char *const methods[] = {"exact", "favor", NULL};
+    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
+    static const char *const projs[] = {"orthogonal", "iid", NULL};
+    static const char *const norms[] = {"chi", "sqrtd", "qmc", NULL};
+    tool_args a;
+    tool_args_init(&a, CMD, argc, argv);
+    while (tool_next(&a)) {
+        const char *v = NULL;
+        int idx;
+        if (tool_opt(&a, "--q", &v)) c->q = v;
+        else if (tool_opt(&a, "--k", &v)) c->k = v;
+        else if (tool_opt(&a, "--v", &v)) c->v = v;
+        else if (tool_opt(&a, "--out", &v)) c->out = v;
+        else if (tool_opt(&a, "--w", &v)) c->w = v;
+        else if (tool_opt(&a, "--save-w", &v)) c->save_w = v;
+        else if (tool_opt(&a, "--key-lengths", &v)) c->key_lengths = v;
+        else if (tool_opt(&a, "--grad-out", &v)) c->grad_out = v;
+        else if (tool_opt(&a, "--grad-prefix", &v)) c->grad_prefix = v;
+        else if (tool_flag(&a, "--causal")) c->causal = 1;
+        else if (tool_opt(&a, "--method", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--method", v, methods)) >= 0) c->favor = idx;
+        } else if (tool_opt(&a, "--kernel", &v)) {
+            /* the names are the library's (pf_kernel_parse); the list is for the message */
+            if (v && (idx = tool_parse_choice(&a, "--kernel", v, kernels)) >= 0 &&
+                pf_kernel_parse(v, &c->kernel) != PF_OK) {
+                tool_fail(CMD, "--kernel: '%s' is not known to this library", v);
+                a.failed = 1;
+            }
+        } else if (tool_opt(&a, "--proj", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--proj", v, projs)) >= 0)
+                c->proj = idx == 0 ? PF_PROJ_ORTHOGONAL : PF_PROJ_IID;
+        } else if (tool_opt(&a, "--norm", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--norm", v, norms)) >= 0)
+                c->norm = idx == 0 ? PF_NORM_CHI : idx == 1 ? PF_NORM_SQRTD : PF_NORM_QMC;
+        } else if (tool_opt(&a, "--features", &v)) {
+            if (v) tool_parse_int(&a, "--features", v, 1, INT_MAX, &c->m);
+        } else if (tool_opt(&a, "--seed", &v)) {
+            if (v) tool_parse_u64(&a, "--seed", v, &c->seed);
+        } else if (tool_opt(&a, "--scale", &v)) {
+            if (v) tool_parse_double(&a, "--scale", v, 0, HUGE_VAL, 1, &c->scale);
+        } else if (tool_opt(&a, "--eps", &v)) {
+            if (v) tool_parse_double(&a, "--eps", v, 0, HUGE_VAL, 0, &c->eps);
+        } else if (tool_opt(&a, "--threads", &v)) {
+            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
+        } else if (tool_opt(&a, "--chunk", &v)) {
+            if (v) tool_parse_int(&a, "--chunk", v, 0, INT_MAX, &c->chunk);
+        } else {
+            return tool_unknown(&a);
+        }
+    }
+    if (a.failed) return TOOL_EXIT_USAGE;
+
+    const char *missing = !c->q ? "--q" : !c->k ? "--k" : !c->v ? "--v" : !c->out ? "--out" : NULL;
+    if (missing) return tool_usage(CMD, "missing %s", missing);
+    if (!c->grad_out != !c->grad_prefix)
+        return tool_usage(CMD, "--grad-out and --grad-prefix go together");
+    if (!c->favor && (c->w || c->save_w))
+        return tool_usage(CMD, "%s is for --method favor only", c->w ? "--w" : "--save-w");
+    /* The library takes floats: refuse what would become Inf or (for the scale, where 0 means
+     * the default) 0 in float. */
+    if (c->eps > FLT_MAX) return tool_usage(CMD, "--eps: %g is too large for float32", c->eps);
+    if (c->scale > FLT_MAX || (c->scale > 0 && c->scale < FLT_MIN))
+        return tool_usage(CMD, "--scale: %g is outside float32's normal range", c->scale);
+    return TOOL_EXIT_OK;
+}
+
+/* ---- input checks -------------------------------------------------------------------------- */
+
+static const char *dtype_desc(pf_dtype t) {
+    switch (t) {
+    case PF_F32: return "float32 ('<f4')";
+    case PF_I32: return "int32 ('<i4')";
+    case PF_I64: return "int64 ('<i8')";
+    }
+    return "unknown";
+}
+
+/* Reads a float32 array; 0 or an exit code (after the message). */
+static int load_f32(const char *path, pf_array *a) {
+    char msg[1024];
+    if (pf_npy_read(path, a, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    if (a->dtype != PF_F32) {
+        tool_fail(CMD, "%s: dtype %s is not supported here; expected float32 ('<f4')", path,
+                  dtype_desc(a->dtype));
+        pf_array_free(a);
+        return TOOL_EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* The first NaN or Inf of a float32 array, reported with its flat and multi-index. */
+static int check_finite(const char *path, const pf_array *a) {
+    const float *x = a->data;
+    int64_t n = pf_array_size(a);
+    for (int64_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) continue;
+        int64_t idx[PF_NPY_MAX_DIMS], r = i;
+        for (int j = a->ndim - 1; j >= 0; j--) {
+            idx[j] = r % a->shape[j];
+            r /= a->shape[j];
+        }
+        char where[256];
+        tool_shape_str(where, sizeof(where), idx, a->ndim);
+        return tool_fail(CMD, "%s: contains NaN or Inf at index %lld (element %s)", path,
+                         (long long)i, where);
+    }
+    return 0;
+}
+
+/* Every dim of a is in [1, INT_MAX]. */
+static int check_dims(const char *path, const pf_array *a) {
+    char s[256];
+    for (int j = 0; j < a->ndim; j++) {
+        if (a->shape[j] < 1)
+            return tool_fail(CMD, "%s: shape %s has an empty dimension", path,
+                             tool_shape_str(s, sizeof(s), a->shape, a->ndim));
+        if (a->shape[j] > INT_MAX)
+            return tool_fail(CMD, "%s: shape %s has a dimension above %d", path,
+                             tool_shape_str(s, sizeof(s), a->shape, a->ndim), INT_MAX);
+    }
+    return 0;
+}
+
+typedef struct attn_inputs {
+    pf_array q, k, v, w, lens, dout;
+    int32_t *key_len;   /* B lengths, or NULL */
+    pf_shape shape;
+    int rank;           /* 2, 3 or 4 */
+} attn_inputs;
+
+static void free_inputs(attn_inputs *in) {
+    pf_array_free(&in->q);
+    pf_array_free(&in->k);
+    pf_array_free(&in->v);
+    pf_array_free(&in->w);
+    pf_array_free(&in->lens);
+    pf_array_free(&in->dout);
+    free(in->key_len);
+    in->key_len = NULL;
+}
+
+/* Q, K, V: read, type, rank, shapes against each other, values. */
+static int load_qkv(const attn_cfg *c, attn_inputs *in) {
+    int rc;
+    char s1[256], s2[256];
+    if ((rc = load_f32(c->q, &in->q)) || (rc = load_f32(c->k, &in->k)) ||
+        (rc = load_f32(c->v, &in->v)))
+        return rc;
+    const pf_array *arr[3] = {&in->q, &in->k, &in->v};
+    const char *path[3] = {c->q, c->k, c->v};
+    for (int t = 0; t < 3; t++) {
+        if (arr[t]->ndim < 2 || arr[t]->ndim > 4)
+            return tool_fail(CMD, "%s: shape %s has rank %d; expected (L,d), (H,L,d) or "
+                             "(B,H,L,d)", path[t],
+                             tool_shape_str(s1, sizeof(s1), arr[t]->shape, arr[t]->ndim),
+                             arr[t]->ndim);
+        if ((rc = check_dims(path[t], arr[t]))) return rc;
+    }
+    int r = in->q.ndim;
+    for (int t = 1; t < 3; t++) {
+        if (arr[t]->ndim != r)
+            return tool_fail(CMD, "%s has rank %d but %s has rank %d; Q, K and V must have the "
+                             "same rank", path[t], arr[t]->ndim, c->q, r);
+        for (int j = 0; j < r - 2; j++) {
+            if (arr[t]->shape[j] != in->q.shape[j])
+                return tool_fail(CMD, "%s: shape %s and %s: shape %s differ in the leading "
+                                 "(batch, head) dimensions", c->q,
+                                 tool_shape_str(s1, sizeof(s1), in->q.shape, r), path[t],
+                                 tool_shape_str(s2, sizeof(s2), arr[t]->shape, r));
+        }
+    }
+    int64_t d = in->q.shape[r - 1], dk = in->k.shape[r - 1];
+    int64_t Lk = in->k.shape[r - 2], Lv = in->v.shape[r - 2];
+    if (d != dk)
+        return tool_fail(CMD, "%s and %s: the query and key widths differ (d = %lld vs %lld)",
+                         c->q, c->k, (long long)d, (long long)dk);
+    if (Lk != Lv)
+        return tool_fail(CMD, "%s and %s: the key and value lengths differ (Lk = %lld vs %lld)",
+                         c->k, c->v, (long long)Lk, (long long)Lv);
+    in->rank = r;
+    in->shape.B = r == 4 ? (int)in->q.shape[0] : 1;
+    in->shape.H = r >= 3 ? (int)in->q.shape[r - 3] : 1;
+    in->shape.Lq = (int)in->q.shape[r - 2];
+    in->shape.Lk = (int)Lk;
+    in->shape.d = (int)d;
+    in->shape.dv = (int)in->v.shape[r - 1];
+    if (c->causal && in->shape.Lq != in->shape.Lk)
+        return tool_fail(CMD, "--causal needs as many queries as keys (Lq = %d, Lk = %d)",
+                         in->shape.Lq, in->shape.Lk);
+    for (int t = 0; t < 3; t++) {
+        if ((rc = check_finite(path[t], arr[t]))) return rc;
+    }
+    return 0;
+}
+
+/* --key-lengths: (B,) of int32 or int64, each in [1, Lk]. */
+static int load_key_lengths(const attn_cfg *c, attn_inputs *in) {
+    char msg[1024], s[256];
+    pf_array *a = &in->lens;
+    if (pf_npy_read(c->key_lengths, a, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    if (a->dtype != PF_I32 && a->dtype != PF_I64)
+        return tool_fail(CMD, "%s: dtype %s is not supported here; expected int32 ('<i4') or "
+                         "int64 ('<i8')", c->key_lengths, dtype_desc(a->dtype));
+    int B = in->shape.B;
+    if (a->ndim != 1 || a->shape[0] != B)
+        return tool_fail(CMD, "%s: shape %s; expected (%d,), one length per batch item",
+                         c->key_lengths, tool_shape_str(s, sizeof(s), a->shape, a->ndim), B);
+    in->key_len = malloc(sizeof(int32_t) * (size_t)B);
+    if (!in->key_len) return tool_fail(CMD, "out of memory");
+    for (int b = 0; b < B; b++) {
+        int64_t x = a->dtype == PF_I32 ? ((const int32_t *)a->data)[b]
+                                       : ((const int64_t *)a->data)[b];
+        if (x < 1 || x > in->shape.Lk)
+            return tool_fail(CMD, "%s: key length %lld at index %d is out of range [1, %d]",
+                             c->key_lengths, (long long)x, b, in->shape.Lk);
+        in->key_len[b] = (int32_t)x;
+    }
+    return 0;
+}
+
+/* --w: (m,d) or (H,m,d), finite. */
+static int load_w(const attn_cfg *c, attn_inputs *in) {
+    int rc;
+    char s[256];
+    if ((rc = load_f32(c->w, &in->w))) return rc;
+    const pf_array *w = &in->w;
+    int ok = (w->ndim == 2 || w->ndim == 3) && w->shape[w->ndim - 1] == in->shape.d &&
+             (w->ndim == 2 || w->shape[0] == in->shape.H);
+    if (!ok)
+        return tool_fail(CMD, "%s: shape %s; expected (m, %d) or (%d, m, %d) (one W per head)",
+                         c->w, tool_shape_str(s, sizeof(s), w->shape, w->ndim), in->shape.d,
+                         in->shape.H, in->shape.d);
+    if ((rc = check_dims(c->w, w))) return rc;
+    return check_finite(c->w, w);
+}
+
+/* --grad-out: the output's shape, float32, finite. */
+static int load_dout(const attn_cfg *c, attn_inputs *in, const int64_t *oshape) {
+    int rc;
+    char s1[256], s2[256];
+    if ((rc = load_f32(c->grad_out, &in->dout))) return rc;
+    int same = in->dout.ndim == in->rank;
+    for (int j = 0; same && j < in->rank; j++) same = in->dout.shape[j] == oshape[j];
+    if (!same)
+        return tool_fail(CMD, "%s: shape %s; expected the output's shape %s", c->grad_out,
+                         tool_shape_str(s1, sizeof(s1), in->dout.shape, in->dout.ndim),
+                         tool_shape_str(s2, sizeof(s2), oshape, in->rank));
+    return check_finite(c->grad_out, &in->dout);
+}
+
+/* ---- outputs ------------------------------------------------------------------------------- */
+
+#define MAX_OUTPUTS 5
+
+typedef struct output {
+    char path[4096];
+    pf_array a;   /* data borrowed, not owned */
+} output;
+
+/* Writes every output; on a failure removes the ones already written. 0 or an exit code. */
+static int write_outputs(output *outs, int n) {
+    char msg[1024];
+    for (int i = 0; i < n; i++) {
+        if (pf_npy_write(outs[i].path, &outs[i].a, msg, sizeof(msg)) != PF_OK) {
+            for (int j = 0; j < i; j++) unlink(outs[j].path);
+            return tool_fail(CMD, "%s", msg);
+        }
+    }
+    return 0;
+}
+
+static int library_error(const char *what, pf_status st) {
+    const char *hint = "";
+    if (st == PF_EDOMAIN || st == PF_ENONFINITE)
+        hint = " (a softmax or feature denominator is zero or not finite: try --kernel positive, "
+               "a smaller --scale, or --eps > 0)";
+    if (st == PF_ENOTSUP) hint = " (not available in this build yet)";
+    return tool_fail(CMD, "%s failed: %s%s", what, pf_status_str(st), hint);
+}
+
+static int first_nonfinite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) return 1;
+    }
+    return 0;
+}
+
+/* ---- the command --------------------------------------------------------------------------- */
+
+static int run(const attn_cfg *c) {
+    attn_inputs in;
+    memset(&in, 0, sizeof(in));
+    float *out = NULL, *lse = NULL, *W = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    output *outs = calloc(MAX_OUTPUTS, sizeof(output));
+    int rc = outs ? 0 : tool_fail(CMD, "out of memory");
+    char msg[1024];
+    if (rc) goto done;
+
+    /* 1. inputs, all checked before any computing */
+    if ((rc = load_qkv(c, &in))) goto done;
+    pf_shape *sh = &in.shape;
+    if (c->key_lengths && (rc = load_key_lengths(c, &in))) goto done;
+    if (c->w && (rc = load_w(c, &in))) goto done;
+    int r = in.rank;
+    int64_t oshape[4];
+    for (int j = 0; j < r - 2; j++) oshape[j] = in.q.shape[j];
+    oshape[r - 2] = sh->Lq;
+    oshape[r - 1] = sh->dv;
+    if (c->grad_out && (rc = load_dout(c, &in, oshape))) goto done;
+
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.scale = (float)c->scale;
+    opts.causal = c->causal;
+    opts.key_len = in.key_len;
+    opts.threads = c->threads;
+    pf_status st = pf_attn_check(sh, &opts);
+    if (st != PF_OK) {
+        rc = tool_fail(CMD, "these inputs and options do not go together (%s)",
+                       pf_status_str(st));
+        goto done;
+    }
+
+    /* 2. the output paths, before the work */
+    int nout = 0;
+    snprintf(outs[nout++].path, sizeof(outs[0].path), "%s", c->out);
+    if (c->save_w) snprintf(outs[nout++].path, sizeof(outs[0].path), "%s", c->save_w);
+    if (c->grad_prefix) {
+        static const char *const ext[3] = {"dq", "dk", "dv"};
+        for (int t = 0; t < 3; t++) {
+            int n = snprintf(outs[nout++].path, sizeof(outs[0].path), "%s.%s.npy",
+                             c->grad_prefix, ext[t]);
+            if (n < 0 || (size_t)n >= sizeof(outs[0].path)) {
+                rc = tool_fail(CMD, "--grad-prefix: path too long");
+                goto done;
+            }
+        }
+    }
+    for (int i = 0; i < nout; i++) {
+        if (tool_check_writable(outs[i].path, msg, sizeof(msg)) != 0) {
+            rc = tool_fail(CMD, "%s", msg);
+            goto done;
+        }
+    }
+
+    /* 3. W */
+    pf_favor_opts fav = pf_favor_opts_default();
+    int64_t wshape[3];
+    int wrank = 2;
+    if (c->favor) {
+        fav.kernel = c->kernel;
+        fav.eps = (float)c->eps;
+        fav.chunk = c->chunk;
+        if (c->w) {
+            fav.W = in.w.data;
+            fav.m = (int)in.w.shape[in.w.ndim - 2];
+            fav.w_per_head = in.w.ndim == 3;
+            wrank = in.w.ndim;
+            for (int j = 0; j < wrank; j++) wshape[j] = in.w.shape[j];
+        } else {
+            W = malloc(sizeof(float) * (size_t)c->m * (size_t)sh->d);
+            if (!W) {
+                rc = tool_fail(CMD, "out of memory for W (%d x %d)", c->m, sh->d);
+                goto done;
+            }
+            st = pf_projection_draw(W, c->m, sh->d, c->proj, c->norm, c->seed, 0);
+            if (st != PF_OK) {
+                rc = library_error("drawing W", st);
+                goto done;
+            }
+            fav.W = W;
+            fav.m = c->m;
+            wshape[0] = c->m;
+            wshape[1] = sh->d;
+        }
+    }
+
+    /* 4. the work */
+    size_t bh = (size_t)sh->B * (size_t)sh->H;
+    size_t nq = bh * (size_t)sh->Lq * (size_t)sh->d, nk = bh * (size_t)sh->Lk * (size_t)sh->d;
+    size_t nv = bh * (size_t)sh->Lk * (size_t)sh->dv, no = bh * (size_t)sh->Lq * (size_t)sh->dv;
+    out = malloc(sizeof(float) * no);
+    if (c->grad_out && !c->favor) lse = malloc(sizeof(float) * bh * (size_t)sh->Lq);
+    if (!out || (c->grad_out && !c->favor && !lse)) {
+        rc = tool_fail(CMD, "out of memory for the output");
+        goto done;
+    }
+    const float *Q = in.q.data, *K = in.k.data, *V = in.v.data;
+    st = c->favor ? pf_attn_favor(out, Q, K, V, sh, &opts, &fav)
+                  : pf_attn_exact(out, lse, Q, K, V, sh, &opts);
+    if (st != PF_OK) {
+        rc = library_error(c->favor ? "FAVOR+ attention" : "exact attention", st);
+        goto done;
+    }
+    if (first_nonfinite(out, no)) {
+        rc = tool_fail(CMD, "the result contains NaN or Inf; nothing written");
+        goto done;
+    }
+    if (c->grad_out) {
+        dq = malloc(sizeof(float) * nq);
+        dk = malloc(sizeof(float) * nk);
+        dv = malloc(sizeof(float) * nv);
+        if (!dq || !dk || !dv) {
+            rc = tool_fail(CMD, "out of memory for the gradients");
+            goto done;
+        }
+        const float *dO = in.dout.data;
+        st = c->favor ? pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, sh, &opts, &fav)
+                      : pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
+        if (st != PF_OK) {
+            rc = library_error(c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",
+                               st);
+            goto done;
+        }
+        if (first_nonfinite(dq, nq) || first_nonfinite(dk, nk) || first_nonfinite(dv, nv)) {
+            rc = tool_fail(CMD, "the gradients contain NaN or Inf; nothing written");
+            goto done;
+        }
+    }
+
+    /* 5. the outputs, all or none */
+    int i = 0;
+    outs[i].a = (pf_array){.dtype = PF_F32, .ndim = r, .data = out};
+    memcpy(outs[i++].a.shape, oshape, sizeof(int64_t) * (size_t)r);
+    if (c->save_w) {
+        outs[i].a = (pf_array){.dtype = PF_F32, .ndim = wrank, .data = (void *)fav.W};
+        memcpy(outs[i++].a.shape, wshape, sizeof(int64_t) * (size_t)wrank);
+    }
+    if (c->grad_prefix) {
+        const pf_array *src[3] = {&in.q, &in.k, &in.v};
+        float *g[3] = {dq, dk, dv};
+        for (int t = 0; t < 3; t++) {
+            outs[i].a = *src[t];
+            outs[i++].a.data = g[t];
+        }
+    }
+    rc = write_outputs(outs, nout);
+
+done:
+    free_inputs(&in);
+    free(out);
+    free(lse);
+    free(W);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(outs);
+    return rc;
+}
+
+int cmd_attn(int argc, char **argv) {
+    attn_cfg c = {.favor = 1, .kernel = PF_KERNEL_POSITIVE, .m = 256, .proj = PF_PROJ_ORTHOGONAL,
+                  .norm = PF_NORM_CHI};
+    int rc = parse_args(&c, argc, argv);
+    if (rc) return rc;
+    return run(&c);
+}

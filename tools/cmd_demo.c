@@ -1,0 +1,421 @@
+/* cmd_demo.c: `performer demo`: the one-minute answer to "what does FAVOR+ buy me?".
+ *
+ * For L = 512, 1024, ... it times exact attention, FAVOR+ and causal FAVOR+ on the same random
+ * Q, K, V, measures each one's extra memory, and FAVOR+'s error against exact attention.
+ *
+ * Every measurement runs in its own fork()ed child, so its peak RSS (wait4's ru_maxrss) belongs
+ * to that method alone. The parent makes the inputs before forking (the children share them
+ * copy-on-write) and never runs an OpenMP region itself: GNU OpenMP's thread pool does not
+ * survive fork(), so each child starts its own. Outputs go to shared anonymous memory, where
+ * the parent reads them to compute the error. */
+#define _DEFAULT_SOURCE /* wait4, MAP_ANONYMOUS */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "tool.h"
+
+#define CMD "demo"
+#define MAX_ROWS 32
+
+const char cmd_demo_synopsis[] =
+    "performer demo [--max-len L] [--d D] [--heads H] [--features M] [--budget SEC]\n"
+    "     [--sigma S] [--threads N] [--seed S] [--quick]\n";
+
+void cmd_demo_help(void) {
+    printf("usage: %s\n"
+           "Times exact softmax attention, FAVOR+ and causal FAVOR+ on random Q, K, V ~ N(0,1)\n"
+           "(B = 1) for L = 512, 1024, ... up to --max-len, with each method's extra memory and\n"
+           "FAVOR+'s error against exact attention. Progress goes to stderr, the table to stdout.\n"
+           "\n"
+           "options:                                                              [default]\n"
+           "  --max-len L     the longest sequence                              [65536]\n"
+           "  --d D           query/key/value width                             [64]\n"
+           "  --heads H       heads                                             [8]\n"
+           "  --features M    FAVOR+ random projections (positive features, orthogonal W) [256]\n"
+           "  --budget SEC    run exact attention only while its predicted time (4x the last\n"
+           "                  measured one) stays below SEC seconds             [10]\n"
+           "  --sigma S       standard deviation of the entries of Q and K (V's is 1);\n"
+           "                  FAVOR+'s error grows quickly with |q| and |k|     [1]\n"
+           "  --threads N     threads, 0 = OpenMP's default                     [0]\n"
+           "  --seed S        seed of the inputs and of W                       [0]\n"
+           "  --quick         L up to 4096 only (for tests)                     [off]\n",
+           cmd_demo_synopsis);
+}
+
+typedef struct demo_cfg {
+    int max_len, d, H, m, threads, quick;
+    double budget;  /* seconds */
+    double sigma;   /* std of Q and K */
+    uint64_t seed;
+} demo_cfg;
+
+enum { RUN_IDLE, RUN_FAVOR, RUN_FAVOR_CAUSAL, RUN_EXACT };
+
+/* What a child sends back. */
+typedef struct child_report {
+    int status;  /* pf_status of the method */
+    int runs;
+    double ms;   /* median time of one call */
+} child_report;
+
+typedef struct measurement {
+    int ok;           /* the child reported success */
+    double ms;
+    double extra_mb;  /* peak RSS minus the idle child's */
+    double rss_mb;    /* the child's own peak RSS */
+    char why[128];    /* when not ok */
+} measurement;
+
+typedef struct row {
+    int L;
+    measurement favor, causal, exact;
+    int exact_run;
+    double rel_err;
+    double idle_mb;
+} row;
+
+/* ---- the child ----------------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs one method, timed: one call, then (if that was quick) up to 5 more while they take
+ * under a second in total; the median of those repeats, or the single call. */
+static child_report child_run(int what, const demo_cfg *c, int L, float *out, const float *Q,
+                              const float *K, const float *V) {
+    child_report rep = {PF_OK, 0, 0};
+    if (what == RUN_IDLE) {
+        memset(out, 0, sizeof(float) * (size_t)c->H * (size_t)L * (size_t)c->d);
+        return rep;
+    }
+    pf_shape sh = {.B = 1, .H = c->H, .Lq = L, .Lk = L, .d = c->d, .dv = c->d};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.threads = c->threads;
+    opts.causal = what == RUN_FAVOR_CAUSAL;
+    pf_favor_opts fav = pf_favor_opts_default();
+    float *W = NULL;
+    if (what != RUN_EXACT) {
+        W = malloc(sizeof(float) * (size_t)c->m * (size_t)c->d);
+        if (!W) {
+            rep.status = PF_ENOMEM;
+            return rep;
+        }
+        rep.status = pf_projection_draw(W, c->m, c->d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, c->seed, 0);
+        fav.W = W;
+        fav.m = c->m;
+    }
+    double times[6], total = 0;
+    int n = 0;
+    while (rep.status == PF_OK && n < 6) {
+        double t0 = tool_now_ms();
+        rep.status = what == RUN_EXACT ? pf_attn_exact(out, NULL, Q, K, V, &sh, &opts)
+                                       : pf_attn_favor(out, Q, K, V, &sh, &opts, &fav);
+        double t = tool_now_ms() - t0;
+        if (n == 0 && t > 300) {  /* slow: one call is the measurement */
+            times[n++] = t;
+            break;
+        }
+        if (n > 0) total += t;
+        times[n++] = t;
+        if (total > 1000) break;
+    }
+    free(W);
+    rep.runs = n;
+    if (n == 1) {
+        rep.ms = times[0];
+    } else if (n > 1) {
+        qsort(times + 1, (size_t)(n - 1), sizeof(double), cmp_double);  /* the first: warm-up */
+        rep.ms = times[1 + (n - 1) / 2];
+    }
+    return rep;
+}
+
+/* Forks a child for one measurement; waits for it and fills m. idle_kb: the idle child's peak
+ * RSS (0 when measuring the idle child itself). */
+static void measure(measurement *m, int what, const demo_cfg *c, int L, float *out,
+                    const float *Q, const float *K, const float *V, long idle_kb) {
+    memset(m, 0, sizeof(*m));
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(m->why, sizeof(m->why), "pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(m->why, sizeof(m->why), "fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        child_report rep = child_run(what, c, L, out, Q, K, V);
+        ssize_t w = write(fds[1], &rep, sizeof(rep));
+        _exit(w == (ssize_t)sizeof(rep) ? 0 : 3);
+    }
+    close(fds[1]);
+    child_report rep;
+    ssize_t got;
+    do {
+        got = read(fds[0], &rep, sizeof(rep));
+    } while (got < 0 && errno == EINTR);
+    close(fds[0]);
+    int wst = 0;
+    struct rusage ru;
+    memset(&ru, 0, sizeof(ru));
+    while (wait4(pid, &wst, 0, &ru) < 0 && errno == EINTR) {
+    }
+    m->rss_mb = (double)ru.ru_maxrss / 1024.0;  /* Linux reports kilobytes */
+    m->extra_mb = (double)(ru.ru_maxrss - idle_kb) / 1024.0;
+    if (m->extra_mb < 0) m->extra_mb = 0;  /* page-level noise */
+    if (WIFSIGNALED(wst)) {
+        snprintf(m->why, sizeof(m->why), "crashed (signal %d)", WTERMSIG(wst));
+    } else if (got != (ssize_t)sizeof(rep) || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
+        snprintf(m->why, sizeof(m->why), "the child failed");
+    } else if (rep.status != PF_OK) {
+        snprintf(m->why, sizeof(m->why), "%s", pf_status_str((pf_status)rep.status));
+    } else {
+        m->ok = 1;
+        m->ms = rep.ms;
+    }
+}
+
+/* ---- the parent ---------------------------------------------------------------------------- */
+
+static float *shared_floats(size_t n) {
+    void *p = mmap(NULL, sizeof(float) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static double rel_frobenius(const float *got, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - (double)ref[i];
+        num += e * e;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* One row: inputs, the idle child, FAVOR+, causal FAVOR+, and exact unless skipped. Returns
+ * 0, or an exit code after a message when the inputs cannot even be made. */
+static int measure_row(row *r, const demo_cfg *c, int run_exact) {
+    int L = r->L;
+    size_t n = (size_t)c->H * (size_t)L * (size_t)c->d;
+    float *Q = malloc(sizeof(float) * n), *K = malloc(sizeof(float) * n);
+    float *V = malloc(sizeof(float) * n);
+    float *out_f = shared_floats(n), *out_e = run_exact ? shared_floats(n) : NULL;
+    int rc = 0;
+    if (!Q || !K || !V || !out_f || (run_exact && !out_e)) {
+        rc = tool_fail(CMD, "out of memory at L = %d", L);
+        goto done;
+    }
+    pf_rng rng;
+    float *in[3] = {Q, K, V};
+    for (int t = 0; t < 3; t++) {
+        pf_rng_init(&rng, c->seed, (uint64_t)t + 1);
+        pf_rng_fill_normal(&rng, in[t], n);
+        if (t < 2 && c->sigma != 1) {
+            for (size_t i = 0; i < n; i++) in[t][i] *= (float)c->sigma;
+        }
+    }
+    measurement idle;
+    measure(&idle, RUN_IDLE, c, L, out_f, Q, K, V, 0);
+    long idle_kb = (long)(idle.rss_mb * 1024.0);
+    r->idle_mb = idle.rss_mb;
+    fprintf(stderr, "  L=%-6d favor...", L);
+    measure(&r->favor, RUN_FAVOR, c, L, out_f, Q, K, V, idle_kb);
+    fprintf(stderr, " causal...");
+    /* the causal output is not compared: write it where exact's will go, keeping FAVOR+'s */
+    measure(&r->causal, RUN_FAVOR_CAUSAL, c, L, out_e ? out_e : out_f, Q, K, V, idle_kb);
+    r->exact_run = run_exact;
+    r->rel_err = NAN;
+    if (run_exact) {
+        fprintf(stderr, " exact...");
+        measure(&r->exact, RUN_EXACT, c, L, out_e, Q, K, V, idle_kb);
+        if (r->exact.ok && r->favor.ok) r->rel_err = rel_frobenius(out_f, out_e, n);
+    }
+    fprintf(stderr, " done\n");
+    const measurement *ms[3] = {&r->favor, &r->causal, &r->exact};
+    static const char *const names[3] = {"FAVOR+", "causal FAVOR+", "exact"};
+    for (int t = 0; t < 3; t++) {
+        if (t == 2 && !run_exact) break;
+        if (!ms[t]->ok)
+            fprintf(stderr, "performer demo: L = %d: %s failed: %s\n", L, names[t], ms[t]->why);
+    }
+done:
+    free(Q);
+    free(K);
+    free(V);
+    if (out_f) munmap(out_f, sizeof(float) * n);
+    if (out_e) munmap(out_e, sizeof(float) * n);
+    return rc;
+}
+
+/* ---- the table ----------------------------------------------------------------------------- */
+
+/* Display width of a UTF-8 string (characters, not bytes: "—" is one column). */
+static int display_width(const char *s) {
+    int w = 0;
+    for (; *s; s++) w += ((unsigned char)*s & 0xC0) != 0x80;
+    return w;
+}
+
+static void cell(const char *s, int width) {
+    for (int i = display_width(s); i < width; i++) putchar(' ');
+    fputs(s, stdout);
+}
+
+static void print_table(const row *rows, int n, const demo_cfg *c, double exact_skip_s) {
+    static const char *const head[8] = {"L",        "exact ms",  "FAVOR+ ms",       "causal ms",
+                                        "speed-up", "MB exact", "MB FAVOR+", "rel. error"};
+    static const int width[8] = {7, 11, 11, 11, 10, 10, 11, 12};
+    for (int j = 0; j < 8; j++) cell(head[j], width[j]);
+    putchar('\n');
+    char s[64];
+    for (int i = 0; i < n; i++) {
+        const row *r = &rows[i];
+        snprintf(s, sizeof(s), "%d", r->L);
+        cell(s, width[0]);
+        const measurement *m3[3] = {&r->exact, &r->favor, &r->causal};
+        for (int j = 0; j < 3; j++) {
+            if (j == 0 && !r->exact_run) snprintf(s, sizeof(s), "—");
+            else if (!m3[j]->ok) snprintf(s, sizeof(s), "failed");
+            else snprintf(s, sizeof(s), m3[j]->ms < 10 ? "%.2f" : "%.1f", m3[j]->ms);
+            cell(s, width[1 + j]);
+        }
+        if (r->exact_run && r->exact.ok && r->favor.ok && r->favor.ms > 0)
+            snprintf(s, sizeof(s), "%.1fx", r->exact.ms / r->favor.ms);
+        else
+            snprintf(s, sizeof(s), "—");
+        cell(s, width[4]);
+        if (r->exact_run && r->exact.ok) snprintf(s, sizeof(s), "%.1f", r->exact.extra_mb);
+        else snprintf(s, sizeof(s), "—");
+        cell(s, width[5]);
+        if (r->favor.ok) snprintf(s, sizeof(s), "%.1f", r->favor.extra_mb);
+        else snprintf(s, sizeof(s), "—");
+        cell(s, width[6]);
+        if (!isnan(r->rel_err)) snprintf(s, sizeof(s), "%.2e", r->rel_err);
+        else snprintf(s, sizeof(s), "—");
+        cell(s, width[7]);
+        putchar('\n');
+    }
+
+    const row *last = &rows[n - 1];
+    /* the crossover: the shortest measured L from which on FAVOR+ was always faster */
+    int cross = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].exact_run || !rows[i].exact.ok || !rows[i].favor.ok) break;
+        if (rows[i].favor.ms >= rows[i].exact.ms) cross = 0;
+        else if (!cross) cross = rows[i].L;
+    }
+    double naive_gb = 4.0 * c->H * (double)last->L * (double)last->L / 1e9;
+    printf("\n"
+           "exact: softmax attention, O(L^2) time; online softmax, so no L x L matrix (a naive one\n"
+           "  would hold 4*H*L^2 bytes of scores: %.1f GB at L = %d). FAVOR+: m = %d positive\n"
+           "  features, orthogonal W, O(L) time; causal: FAVOR+ with a causal mask (chunked).\n"
+           "ms: median of up to 5 calls after a warm-up (one call if it takes > 0.3 s).\n"
+           "  speed-up: exact ms / FAVOR+ ms. \xE2\x80\x94: exact skipped (predicted > %g s).\n"
+           "MB: peak RSS of a forked child running the method minus that of an idle child\n"
+           "  holding the same inputs and output (%.0f MB at L = %d): the method's working memory.\n"
+           "rel. error: ||FAVOR+ - exact||_F / ||exact||_F on the same inputs. It grows with\n"
+           "  |q|, |k| (the estimator's variance goes like exp(|q'+k'|^2), q' = q d^-1/4): N(0,1)\n"
+           "  entries at d = 64 are a hard case; try --sigma 0.5 or 0.25, or more --features.\n",
+           naive_gb, last->L, c->m, exact_skip_s, last->idle_mb, last->L);
+    if (cross)
+        printf("FAVOR+ was faster than exact attention from L = %d on (this machine, this run).\n",
+               cross);
+}
+
+/* ---- the command --------------------------------------------------------------------------- */
+
+int cmd_demo(int argc, char **argv) {
+    demo_cfg c = {.max_len = 65536, .d = 64, .H = 8, .m = 256, .threads = 0, .quick = 0,
+                  .budget = 10, .sigma = 1, .seed = 0};
+    int max_len_set = 0;
+    tool_args a;
+    tool_args_init(&a, CMD, argc, argv);
+    while (tool_next(&a)) {
+        const char *v = NULL;
+        if (tool_opt(&a, "--max-len", &v)) {
+            if (v) tool_parse_int(&a, "--max-len", v, 1, 1 << 24, &c.max_len);
+            max_len_set = 1;
+        } else if (tool_opt(&a, "--d", &v)) {
+            if (v) tool_parse_int(&a, "--d", v, 1, 4096, &c.d);
+        } else if (tool_opt(&a, "--heads", &v)) {
+            if (v) tool_parse_int(&a, "--heads", v, 1, 4096, &c.H);
+        } else if (tool_opt(&a, "--features", &v)) {
+            if (v) tool_parse_int(&a, "--features", v, 1, 1 << 20, &c.m);
+        } else if (tool_opt(&a, "--budget", &v)) {
+            if (v) tool_parse_double(&a, "--budget", v, 0, HUGE_VAL, 1, &c.budget);
+        } else if (tool_opt(&a, "--sigma", &v)) {
+            if (v) tool_parse_double(&a, "--sigma", v, 0, 1e3, 1, &c.sigma);
+        } else if (tool_opt(&a, "--threads", &v)) {
+            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c.threads);
+        } else if (tool_opt(&a, "--seed", &v)) {
+            if (v) tool_parse_u64(&a, "--seed", v, &c.seed);
+        } else if (tool_flag(&a, "--quick")) {
+            c.quick = 1;
+        } else {
+            return tool_unknown(&a);
+        }
+    }
+    if (a.failed) return TOOL_EXIT_USAGE;
+    if (c.quick && !max_len_set) c.max_len = 4096;
+
+    row rows[MAX_ROWS];
+    int n = 0;
+    int L = c.max_len < 512 ? c.max_len : 512;
+    int nthreads = c.threads;
+#ifdef _OPENMP
+    if (nthreads == 0) nthreads = omp_get_max_threads();  /* reads a setting, starts nothing */
+#endif
+    fprintf(stderr, "performer demo: B=1, H=%d, d=%d, m=%d, %d thread%s, L up to %d\n", c.H, c.d,
+            c.m, nthreads, nthreads == 1 ? "" : "s", c.max_len);
+    double t0 = tool_now_ms(), last_exact_ms = 0;
+    int run_exact = 1;
+    for (; L <= c.max_len && n < MAX_ROWS; L *= 2) {
+        /* exact attention is quadratic: doubling L multiplies its time by 4 */
+        if (run_exact && n > 0) run_exact = last_exact_ms * 4 < c.budget * 1000;
+        row *r = &rows[n];
+        memset(r, 0, sizeof(*r));
+        r->L = L;
+        int rc = measure_row(r, &c, run_exact);
+        if (rc) return rc;
+        n++;
+        if (run_exact) {
+            if (!r->exact.ok) run_exact = 0;
+            last_exact_ms = r->exact.ms;
+        }
+        if (L > INT_MAX / 2) break;
+    }
+    fprintf(stderr, "performer demo: %.0f s\n", (tool_now_ms() - t0) / 1000);
+    printf("performer demo: exact attention vs FAVOR+, B=1, H=%d, d=%d, m=%d, %d thread%s;\n"
+           "entries of Q, K ~ N(0, sigma^2) with sigma = %g, of V ~ N(0, 1)\n\n",
+           c.H, c.d, c.m, nthreads, nthreads == 1 ? "" : "s", c.sigma);
+    print_table(rows, n, &c, c.budget);
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        failed |= !rows[i].favor.ok || !rows[i].causal.ok ||
+                  (rows[i].exact_run && !rows[i].exact.ok);
+    }
+    return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
+}

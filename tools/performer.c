@@ -1,0 +1,305 @@
+/* performer.c: the `performer` command: dispatch to a subcommand, --help, --version, and the
+ * argument helpers every subcommand uses (tool.h). */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tool.h"
+
+/* ---- messages ----------------------------------------------------------------------------- */
+
+static void vreport(const char *cmd, const char *fmt, va_list ap) {
+    fprintf(stderr, "performer%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    vfprintf(stderr, fmt, ap);
+}
+
+int tool_fail(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(cmd, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return TOOL_EXIT_FAIL;
+}
+
+int tool_usage(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(cmd, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see 'performer %s%s--help')\n", cmd ? cmd : "", cmd ? " " : "");
+    return TOOL_EXIT_USAGE;
+}
+
+/* ---- the argument cursor ------------------------------------------------------------------ */
+
+void tool_args_init(tool_args *a, const char *cmd, int argc, char **argv) {
+    a->cmd = cmd;
+    a->argc = argc;
+    a->argv = argv;
+    a->i = 0;
+    a->failed = 0;
+}
+
+int tool_next(tool_args *a) {
+    if (a->failed) return 0;
+    a->i++;
+    return a->i < a->argc;
+}
+
+int tool_opt(tool_args *a, const char *name, const char **value) {
+    const char *arg = a->argv[a->i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return 0;
+    if (arg[n] == '=') {
+        *value = arg + n + 1;
+        return 1;
+    }
+    if (arg[n] != '\0') return 0;
+    if (a->i + 1 >= a->argc) {
+        tool_usage(a->cmd, "%s: missing value", name);
+        a->failed = 1;
+        *value = NULL;
+        return 1;
+    }
+    *value = a->argv[++a->i];
+    return 1;
+}
+
+int tool_flag(tool_args *a, const char *name) {
+    const char *arg = a->argv[a->i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return 0;
+    if (arg[n] == '=') {
+        tool_usage(a->cmd, "%s takes no value", name);
+        a->failed = 1;
+        return 1;
+    }
+    return arg[n] == '\0';
+}
+
+int tool_unknown(tool_args *a) {
+    const char *arg = a->argv[a->i];
+    if (arg[0] == '-')
+        tool_usage(a->cmd, "unknown option '%s'", arg);
+    else
+        tool_usage(a->cmd, "unexpected argument '%s'", arg);
+    a->failed = 1;
+    return TOOL_EXIT_USAGE;
+}
+
+/* ---- numbers ------------------------------------------------------------------------------ */
+
+static void describe_int_range(char *buf, size_t cap, long lo, long hi) {
+    if (lo == 1 && hi == INT_MAX)
+        snprintf(buf, cap, "a positive integer");
+    else if (lo == 0 && hi == INT_MAX)
+        snprintf(buf, cap, "a non-negative integer");
+    else
+        snprintf(buf, cap, "an integer from %ld to %ld", lo, hi);
+}
+
+int tool_parse_int(tool_args *a, const char *flag, const char *s, long lo, long hi, int *out) {
+    char what[96];
+    describe_int_range(what, sizeof(what), lo, hi);
+    char *end = NULL;
+    errno = 0;
+    long v = s && *s ? strtol(s, &end, 10) : 0;
+    /* strtol skips leading spaces; a number is digits only, so refuse those too. */
+    if (!s || !*s || *end != '\0' || errno == ERANGE || s[0] == ' ' || s[0] == '\t' || v < lo ||
+        v > hi || v < INT_MIN || v > INT_MAX) {
+        tool_usage(a->cmd, "%s: expected %s, got '%s'", flag, what, s ? s : "");
+        a->failed = 1;
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+int tool_parse_u64(tool_args *a, const char *flag, const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    int ok = s && s[0] >= '0' && s[0] <= '9';  /* strtoull would accept "-1" and " 1" */
+    unsigned long long v = ok ? strtoull(s, &end, 10) : 0;
+    if (!ok || *end != '\0' || errno == ERANGE || v > UINT64_MAX) {
+        tool_usage(a->cmd, "%s: expected a non-negative integer below 2^64, got '%s'", flag,
+                   s ? s : "");
+        a->failed = 1;
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+int tool_parse_double(tool_args *a, const char *flag, const char *s, double lo, double hi,
+                      int lo_open, double *out) {
+    char *end = NULL;
+    errno = 0;
+    int ok = s && *s && s[0] != ' ' && s[0] != '\t';
+    double v = ok ? strtod(s, &end) : 0;
+    ok = ok && *end == '\0' && errno != ERANGE && isfinite(v) && v <= hi &&
+         (lo_open ? v > lo : v >= lo);
+    if (!ok) {
+        if (lo == 0 && lo_open && hi == HUGE_VAL)
+            tool_usage(a->cmd, "%s: expected a positive number, got '%s'", flag, s ? s : "");
+        else if (lo == 0 && hi == HUGE_VAL)
+            tool_usage(a->cmd, "%s: expected a non-negative number, got '%s'", flag, s ? s : "");
+        else
+            tool_usage(a->cmd, "%s: expected a number in %s%g, %g], got '%s'", flag,
+                       lo_open ? "(" : "[", lo, hi, s ? s : "");
+        a->failed = 1;
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int tool_parse_choice(tool_args *a, const char *flag, const char *s, const char *const *names) {
+    for (int i = 0; names[i]; i++) {
+        if (strcmp(s, names[i]) == 0) return i;
+    }
+    char list[256];
+    size_t n = 0;
+    list[0] = '\0';
+    for (int i = 0; names[i] && n < sizeof(list); i++) {
+        const char *sep = !names[i + 1] && i > 0 ? " or " : i > 0 ? ", " : "";
+        n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", sep, names[i]);
+    }
+    tool_usage(a->cmd, "%s: unknown value '%s'; expected %s", flag, s, list);
+    a->failed = 1;
+    return -1;
+}
+
+/* ---- files and small things --------------------------------------------------------------- */
+
+int tool_check_writable(const char *path, char *msg, size_t cap) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(msg, cap, "%s: cannot write: it is a folder", path);
+        return -1;
+    }
+    char folder[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        snprintf(folder, sizeof(folder), ".");
+    } else if (slash == path) {
+        snprintf(folder, sizeof(folder), "/");
+    } else {
+        size_t n = (size_t)(slash - path);
+        if (n >= sizeof(folder)) n = sizeof(folder) - 1;
+        memcpy(folder, path, n);
+        folder[n] = '\0';
+    }
+    if (stat(folder, &st) != 0) {
+        snprintf(msg, cap, "%s: cannot write: folder '%s': %s", path, folder, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(msg, cap, "%s: cannot write: '%s' is not a folder", path, folder);
+        return -1;
+    }
+    if (access(folder, W_OK | X_OK) != 0) {
+        snprintf(msg, cap, "%s: cannot write: folder '%s': %s", path, folder, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+const char *tool_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+    size_t n = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "%s)", ndim == 1 ? "," : "");
+    return buf;
+}
+
+double tool_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------- */
+
+typedef struct command {
+    const char *name;
+    const char *summary;
+    const char *synopsis;
+    int (*run)(int argc, char **argv);
+    void (*help)(void);
+} command;
+
+static const command commands[] = {
+    {"attn", "attention (exact or FAVOR+) on .npy inputs", cmd_attn_synopsis, cmd_attn,
+     cmd_attn_help},
+    {"demo", "exact vs FAVOR+ time, memory and error as L grows", cmd_demo_synopsis, cmd_demo,
+     cmd_demo_help},
+};
+static const int n_commands = (int)(sizeof(commands) / sizeof(commands[0]));
+
+static void print_help(void) {
+    printf("performer %s: fast attention over long sequences with random features\n"
+           "(FAVOR+, Choromanski et al. 2020) and exact softmax attention.\n\n"
+           "usage: performer <command> [options]\n"
+           "       performer <command> --help    every option of a command, with defaults\n"
+           "       performer --help | --version\n\n"
+           "commands:\n",
+           pf_version());
+    for (int c = 0; c < n_commands; c++) printf("  %-6s %s\n", commands[c].name,
+                                                commands[c].summary);
+    printf("\n");
+    for (int c = 0; c < n_commands; c++) printf("%s\n", commands[c].synopsis);
+    printf("Arrays are NumPy .npy files: float32 ('<f4'), C order; lengths are int32 or int64.\n"
+           "Exit status: 0 success, 1 the work failed (bad file, inputs disagree, library\n"
+           "error), 2 bad command line.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_help();
+        return TOOL_EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
+        print_help();
+        return TOOL_EXIT_OK;
+    }
+    if (strcmp(name, "--version") == 0) {
+        printf("performer %s\n", pf_version());
+        return TOOL_EXIT_OK;
+    }
+    if (strcmp(name, "help") == 0) {
+        if (argc < 3) {
+            print_help();
+            return TOOL_EXIT_OK;
+        }
+        name = argv[2];
+        for (int c = 0; c < n_commands; c++) {
+            if (strcmp(name, commands[c].name) == 0) {
+                commands[c].help();
+                return TOOL_EXIT_OK;
+            }
+        }
+        return tool_usage(NULL, "unknown command '%s'", name);
+    }
+    for (int c = 0; c < n_commands; c++) {
+        if (strcmp(name, commands[c].name) == 0) {
+            for (int i = 2; i < argc; i++) {
+                if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+                    commands[c].help();
+                    return TOOL_EXIT_OK;
+                }
+            }
+            return commands[c].run(argc - 1, argv + 1);
+        }
+    }
+    if (name[0] == '-') return tool_usage(NULL, "unknown option '%s'", name);
+    return tool_usage(NULL, "unknown command '%s'", name);
+}

@@ -1,0 +1,91 @@
+/* tool.h: what the `performer` command's files share: the subcommands and the argument
+ * helpers (tools/performer.c).
+ *
+ * Exit codes: 0 success, 1 the work failed (a file is missing or malformed, inputs disagree,
+ * the library returned an error), 2 the command line is wrong (unknown command or flag,
+ * missing or malformed value). Every message goes to stderr as "performer <cmd>: ...". */
+#ifndef PF_TOOL_H
+#define PF_TOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "performer.h"
+
+#define TOOL_EXIT_OK 0
+#define TOOL_EXIT_FAIL 1
+#define TOOL_EXIT_USAGE 2
+
+/* ---- subcommands: argv[0] is the command's name, argv[1..] its arguments --------------- */
+
+int cmd_attn(int argc, char **argv);
+void cmd_attn_help(void);
+extern const char cmd_attn_synopsis[];
+
+int cmd_demo(int argc, char **argv);
+void cmd_demo_help(void);
+extern const char cmd_demo_synopsis[];
+
+/* ---- messages ----------------------------------------------------------------------------- */
+
+/* Prints "performer <cmd>: <message>\n" to stderr. Returns TOOL_EXIT_FAIL. */
+int tool_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The same, adding "(see 'performer <cmd> --help')". Returns TOOL_EXIT_USAGE. */
+int tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- the argument cursor ------------------------------------------------------------------ */
+
+/* Walks argv[1..argc). A command loops `while (tool_next(&a))` and tests the current
+ * argument with tool_opt / tool_flag; anything unmatched goes to tool_unknown. A value can be
+ * given as "--name value" or "--name=value". */
+typedef struct tool_args {
+    const char *cmd;
+    int argc;
+    char **argv;
+    int i;       /* the argument being looked at */
+    int failed;  /* a usage error was reported */
+} tool_args;
+
+void tool_args_init(tool_args *a, const char *cmd, int argc, char **argv);
+
+/* Advances to the next argument; 0 when there is none or a usage error happened. */
+int tool_next(tool_args *a);
+
+/* 1 if the current argument is the valued flag `name` ("--q"); *value is then its value. A
+ * missing value is reported (usage error, a->failed set) and still returns 1 with *value NULL. */
+int tool_opt(tool_args *a, const char *name, const char **value);
+
+/* 1 if the current argument is the boolean flag `name`. "--name=..." is a usage error. */
+int tool_flag(tool_args *a, const char *name);
+
+/* Reports the current argument as unknown. Returns TOOL_EXIT_USAGE. */
+int tool_unknown(tool_args *a);
+
+/* ---- strict number parsing: all of s must be the number, in [lo, hi]; else a usage error
+ * naming the flag ("performer attn: --features: expected a positive integer, got 'abc'") and
+ * a->failed is set. Each returns 1 on success. -------------------------------------------- */
+
+int tool_parse_int(tool_args *a, const char *flag, const char *s, long lo, long hi, int *out);
+int tool_parse_u64(tool_args *a, const char *flag, const char *s, uint64_t *out);
+/* A finite double in [lo, hi]; lo_open makes the range (lo, hi]. */
+int tool_parse_double(tool_args *a, const char *flag, const char *s, double lo, double hi,
+                      int lo_open, double *out);
+
+/* One of `names` (a NULL-terminated list): its index, or -1 with a usage error listing them. */
+int tool_parse_choice(tool_args *a, const char *flag, const char *s, const char *const *names);
+
+/* ---- files ------------------------------------------------------------------------------- */
+
+/* Checks before any work that `path` can be created: its folder exists and is writable and
+ * path is not a folder. 0 if fine, else writes why to msg (naming path) and returns -1. A
+ * final write can still fail; this only catches the common mistakes early. */
+int tool_check_writable(const char *path, char *msg, size_t cap);
+
+/* Formats a shape as "(2, 3, 4)" (or "()") into buf. */
+const char *tool_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
+
+/* Milliseconds since an arbitrary start (CLOCK_MONOTONIC). */
+double tool_now_ms(void);
+
+#endif
