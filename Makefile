@@ -12,16 +12,18 @@
 BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O2
-BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-serial
-BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-serial
+BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-pthread
+BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
 
 WARN     = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wno-unknown-pragmas
 CFLAGS  ?= $(OPT) -g
 ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp \
             -Iinclude -Isrc -I$(BLAS_INC) $(EXTRA_CFLAGS)
-# OpenBLAS's serial build: the library runs its own threads (OpenMP) around single-threaded
-# BLAS calls, so BLAS never oversubscribes the cores and results do not depend on threads.
+# OpenBLAS's pthread build, pinned to one thread by pf_threads(): the library runs its own
+# threads (OpenMP) around single-threaded BLAS calls, so BLAS never oversubscribes the cores and
+# results do not depend on threads. Not the serial build: Debian's is compiled without locking,
+# and two threads calling its sgemm at once can share one packing buffer (wrong results).
 LDLIBS   = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
 
 LIB_SRC   = $(sort $(wildcard src/*.c src/simd/*.c src/io/*.c src/model/*.c))

@@ -1,14 +1,14 @@
 #!/bin/sh
 # Installs the Debian packages performer needs, only those that are missing.
 #   gcc, make         the compiler and build (C11, OpenMP)
-#   libopenblas-serial-dev  cblas_sgemm and LAPACK's ssyev; the serial build, because the
-#                     library runs its own OpenMP threads around single-threaded BLAS calls
+#   libopenblas-pthread-dev  cblas_sgemm and LAPACK's ssyev; the thread-safe build, pinned
+#                     to one thread: the library runs its own OpenMP threads around BLAS calls
 #   zlib1g-dev        reading gzip-compressed FASTA (the protein data)
 #   python3-numpy     test fixtures and independent references in the end-to-end tests
 #   python3-matplotlib  plots of benchmarks and experiments
 set -e
 need=""
-for p in gcc make libc6-dev libopenblas-serial-dev zlib1g-dev python3-numpy python3-matplotlib; do
+for p in gcc make libc6-dev libopenblas-pthread-dev zlib1g-dev python3-numpy python3-matplotlib; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "internal.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -41,6 +43,13 @@ void pf_free(void *p) {
 }
 
 int pf_threads(int t) {
+    /* Every parallel loop asks here first. Its threads call BLAS concurrently, so OpenBLAS must
+     * not start threads of its own inside them: pin it to one, once (a benign race). */
+    static volatile int blas_pinned = 0;
+    if (!blas_pinned) {
+        openblas_set_num_threads(1);
+        blas_pinned = 1;
+    }
     if (t > 0) return t;
 #ifdef _OPENMP
     return omp_get_max_threads();
