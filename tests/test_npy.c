@@ -160,24 +160,25 @@ static void test_round_trip(void) {
 /* ---- numpy's files -------------------------------------------------------------------- */
 
 static void test_numpy_files(void) {
-    int rc = run_python("make_numpy.py",
-                        "import numpy as np\n"
-                        "rng = np.random.default_rng(7)\n"
-                        "shapes = [(), (7,), (3, 5), (2, 3, 4), (2, 1, 3, 2),"
-                        " (1, 2, 1, 2, 1, 2, 1, 2), (0,)]\n"
-                        "with open('manifest.txt', 'w') as m:\n"
-                        "    for v in [(1, 0), (2, 0), (3, 0)]:\n"
-                        "        for dt in ['<f4', '<i4', '<i8']:\n"
-                        "            for k, shape in enumerate(shapes):\n"
-                        "                if dt == '<f4': a = rng.standard_normal(shape)\n"
-                        "                else: a = rng.integers(-2**31, 2**31, shape)\n"
-                        "                a = np.asarray(a).astype(dt)\n"
-                        "                name = 'np_%d_%s_%d' % (v[0], dt[1:], k)\n"
-                        "                with open(name + '.npy', 'wb') as f:\n"
-                        "                    np.lib.format.write_array(f, a, version=v)\n"
-                        "                with open(name + '.raw', 'wb') as f: f.write(a.tobytes())\n"
-                        "                m.write('%s %s %d %s\\n' % (name, dt, a.ndim,"
-                        " ' '.join(str(x) for x in a.shape)))\n");
+    int rc =
+        run_python("make_numpy.py",
+                   "import numpy as np\n"
+                   "rng = np.random.default_rng(7)\n"
+                   "shapes = [(), (7,), (3, 5), (2, 3, 4), (2, 1, 3, 2),"
+                   " (1, 2, 1, 2, 1, 2, 1, 2), (0,)]\n"
+                   "with open('manifest.txt', 'w') as m:\n"
+                   "    for v in [(1, 0), (2, 0), (3, 0)]:\n"
+                   "        for dt in ['<f4', '<i4', '<i8']:\n"
+                   "            for k, shape in enumerate(shapes):\n"
+                   "                if dt == '<f4': a = rng.standard_normal(shape)\n"
+                   "                else: a = rng.integers(-2**31, 2**31, shape)\n"
+                   "                a = np.asarray(a).astype(dt)\n"
+                   "                name = 'np_%d_%s_%d' % (v[0], dt[1:], k)\n"
+                   "                with open(name + '.npy', 'wb') as f:\n"
+                   "                    np.lib.format.write_array(f, a, version=v)\n"
+                   "                with open(name + '.raw', 'wb') as f: f.write(a.tobytes())\n"
+                   "                m.write('%s %s %d %s\\n' % (name, dt, a.ndim,"
+                   " ' '.join(str(x) for x in a.shape)))\n");
     CHECK(rc == 0, "python failed to write the numpy fixtures (status %d)", rc);
     if (rc != 0) return;
 
@@ -292,12 +293,24 @@ static void test_handmade_accepted(void) {
         int64_t shape[8];
     } ok[] = {
         {"{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}\n", 1, 24, PF_F32, 2, {2, 3}},
-        {"{ \"descr\" : \"<i4\" ,  'fortran_order':False,'shape':( 4 , ) , }   \n", 1, 16, PF_I32,
-         1, {4}},
+        {"{ \"descr\" : \"<i4\" ,  'fortran_order':False,'shape':( 4 , ) , }   \n",
+         1,
+         16,
+         PF_I32,
+         1,
+         {4}},
         {"{'descr': '<i8', 'fortran_order': False, 'shape': (), }", 2, 8, PF_I64, 0, {0}},
-        {"{'fortran_order': False, 'descr': '<f4', 'shape': (1, 1, 1, 1, 1, 1, 1, 2,)}\n", 3, 8,
-         PF_F32, 8, {1, 1, 1, 1, 1, 1, 1, 2}},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (3L, 1L), }\n", 1, 12, PF_F32, 2,
+        {"{'fortran_order': False, 'descr': '<f4', 'shape': (1, 1, 1, 1, 1, 1, 1, 2,)}\n",
+         3,
+         8,
+         PF_F32,
+         8,
+         {1, 1, 1, 1, 1, 1, 1, 2}},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (3L, 1L), }\n",
+         1,
+         12,
+         PF_F32,
+         2,
          {3, 1}},
         {"{'descr':'<f4','fortran_order':False,'shape':(0,5)}", 1, 0, PF_F32, 2, {0, 5}},
     };
@@ -328,16 +341,15 @@ static void test_handmade_refused(void) {
     } bad[] = {
         {"{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }\n", 1, 0, 8, 0, "Fortran"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n", 1, 0, 16, 0, "'<f8'"},
-        {"{'descr': '>i8', 'fortran_order': False, 'shape': (2,), }\n", 1, 0, 16, 0,
-         "big-endian"},
+        {"{'descr': '>i8', 'fortran_order': False, 'shape': (2,), }\n", 1, 0, 16, 0, "big-endian"},
         {"{'descr': '|O', 'fortran_order': False, 'shape': (2,), }\n", 1, 0, 16, 0, "object"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }\n", 1, 0, 4, 0,
          "more than 8 dimensions"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }\n", 1, 0, 8, 0, "negative"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }\n", 1,
-         0, 8, 0, "too large"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }\n", 1, 0,
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }\n", 1, 0,
          8, 0, "too large"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }\n", 1, 0, 8,
+         0, "too large"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2), }\n", 1, 0, 8, 0, "tuple"},
         {"{'descr': '<f4', 'shape': (2,), }\n", 1, 0, 8, 0, "no 'fortran_order'"},
         {"{'fortran_order': False, 'shape': (2,), }\n", 1, 0, 8, 0, "no 'descr'"},
@@ -420,7 +432,7 @@ static void test_io_errors(void) {
     CHECK(strstr(msg, path) && strstr(msg, strerror(ENOENT)), "missing file: %s", msg);
     CHECK(is_empty(&a), "missing file: array not left empty");
 
-    CHECK_STATUS(pf_npy_read(dir, &a, msg, sizeof(msg)), PF_EIO);  /* a folder */
+    CHECK_STATUS(pf_npy_read(dir, &a, msg, sizeof(msg)), PF_EIO); /* a folder */
     CHECK(is_empty(&a), "folder: array not left empty");
 
     /* A folder that does not exist. */
@@ -479,8 +491,8 @@ static void test_io_errors(void) {
     mode_t mask = umask(022);
     umask(mask);
     struct stat st;
-    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == (0666 & ~mask),
-          "mode %o, expected %o", (unsigned)(st.st_mode & 0777), (unsigned)(0666 & ~mask));
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == (0666 & ~mask), "mode %o, expected %o",
+          (unsigned)(st.st_mode & 0777), (unsigned)(0666 & ~mask));
     CHECK(count_temp_files(dir) == 0, "temporary files left");
 
     /* A message that does not fit is cut, never overflows; NULL errmsg is fine. */
@@ -499,7 +511,7 @@ static void test_array_helpers(void) {
     a.data = malloc(4); /* pf_array_free frees with free() */
     pf_array_free(&a);
     CHECK(is_empty(&a), "freed array is empty");
-    pf_array_free(&a);  /* twice is harmless */
+    pf_array_free(&a); /* twice is harmless */
     a.ndim = 3;
     a.shape[0] = 2, a.shape[1] = -1, a.shape[2] = 2;
     CHECK(pf_array_size(&a) == -1, "negative dim");

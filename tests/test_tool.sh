@@ -206,10 +206,14 @@ mk() { ref make "$@" || { echo "fixture failed: $*"; exit 1; }; }
 
 # ---- fixtures -------------------------------------------------------------------------------
 # rank 2: Lq = 7, Lk = 11, d = 16, dv = 8; rank 3: H = 3; rank 4: B = 2, H = 3; causal: L = 9
-mk "$T/q2.npy" '<f4' 1 1 7 16;        mk "$T/k2.npy" '<f4' 2 1 11 16;     mk "$T/v2.npy" '<f4' 3 1 11 8
-mk "$T/q3.npy" '<f4' 4 1 3 7 16;      mk "$T/k3.npy" '<f4' 5 1 3 11 16;   mk "$T/v3.npy" '<f4' 6 1 3 11 8
-mk "$T/q4.npy" '<f4' 7 1 2 3 7 16;    mk "$T/k4.npy" '<f4' 8 1 2 3 11 16; mk "$T/v4.npy" '<f4' 9 1 2 3 11 8
-mk "$T/qc.npy" '<f4' 10 1 2 3 9 16;   mk "$T/kc.npy" '<f4' 11 1 2 3 9 16; mk "$T/vc.npy" '<f4' 12 1 2 3 9 8
+mk "$T/q2.npy" '<f4' 1 1 7 16;      mk "$T/k2.npy" '<f4' 2 1 11 16
+mk "$T/v2.npy" '<f4' 3 1 11 8
+mk "$T/q3.npy" '<f4' 4 1 3 7 16;    mk "$T/k3.npy" '<f4' 5 1 3 11 16
+mk "$T/v3.npy" '<f4' 6 1 3 11 8
+mk "$T/q4.npy" '<f4' 7 1 2 3 7 16;  mk "$T/k4.npy" '<f4' 8 1 2 3 11 16
+mk "$T/v4.npy" '<f4' 9 1 2 3 11 8
+mk "$T/qc.npy" '<f4' 10 1 2 3 9 16; mk "$T/kc.npy" '<f4' 11 1 2 3 9 16
+mk "$T/vc.npy" '<f4' 12 1 2 3 9 8
 # FAVOR+: smaller |q|, |k| so the estimator's denominators are well away from 0
 mk "$T/fq.npy" '<f4' 13 0.5 2 3 9 16; mk "$T/fk.npy" '<f4' 14 0.5 2 3 9 16
 mk "$T/fv.npy" '<f4' 15 1 2 3 9 8

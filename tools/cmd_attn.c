@@ -19,66 +19,65 @@
 
 const char cmd_attn_synopsis[] =
     "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor]\n"
-    "     [--causal] [--kernel positive|hyperbolic|trig|relu] [--features M]\n"
+    "     [--causal] [--kernel positive|hyperbolic|trig|relu]              [--features M]\n"
     "     [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S] [--scale S] [--eps E]\n"
     "     [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy] [--threads N] [--chunk C]\n"
     "     [--grad-out DO.npy --grad-prefix P]\n";
 
 void cmd_attn_help(void) {
-    printf(
-        "usage: %s\n"
-        "Attention of queries Q on keys K and values V, exact or FAVOR+ (random features),\n"
-        "written to O. Inputs are float32 .npy arrays, all of the same rank:\n"
-        "  (L,d) one head, (H,L,d) H heads, or (B,H,L,d) a batch of B,\n"
-        "with Q (..,Lq,d), K (..,Lk,d), V (..,Lk,dv); the output is (..,Lq,dv).\n"
-        "\n"
-        "required:\n"
-        "  --q FILE            queries\n"
-        "  --k FILE            keys\n"
-        "  --v FILE            values\n"
-        "  --out FILE          the output (written atomically; nothing is left on failure)\n"
-        "\n"
-        "options:                                                              [default]\n"
-        "  --method NAME       exact | favor                                   [favor]\n"
-        "  --causal            query i sees keys j <= i only; needs Lq == Lk   [off]\n"
-        "  --scale S           the logit scale s in exp(s q.k), S > 0          [1/sqrt(d)]\n"
-        "  --key-lengths FILE  int32 or int64 (B,): valid keys per batch item, each in\n"
-        "                      [1, Lk]; the keys after them are padding         [all Lk]\n"
-        "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
-        "\n"
-        "FAVOR+ only (--method favor):\n"
-        "  --kernel NAME       positive | hyperbolic | trig | relu             [positive]\n"
-        "  --features M        random projections m (r = m features, 2m for hyperbolic\n"
-        "                      and trig)                                       [256]\n"
-        "  --proj NAME         orthogonal | iid: how W's rows are drawn         [orthogonal]\n"
-        "  --norm NAME         chi | sqrtd | qmc: W's row lengths               [chi]\n"
-        "  --seed S            the seed W is drawn from (same W on every machine) [0]\n"
-        "  --eps E             kernel epsilon, E >= 0 (see pf_features)         [0]\n"
-        "  --chunk C           causal chunk length, 0 = chosen from d and r     [0]\n"
-        "  --w FILE            use this W, (m,d), or (H,m,d) for one per head; overrides\n"
-        "                      --features, --proj, --norm and --seed           [drawn]\n"
-        "  --save-w FILE       write the W used, so another implementation can use it\n"
-        "\n"
-        "gradients (both or neither):\n"
-        "  --grad-out FILE     dO, float32, the output's shape\n"
-        "  --grad-prefix P     writes P.dq.npy, P.dk.npy, P.dv.npy: the gradients of\n"
-        "                      sum(out * dO) with respect to Q, K and V\n"
-        "\n"
-        "Exit status: 0 success, 1 bad input file or failed computation, 2 bad command line.\n",
-        cmd_attn_synopsis);
+    printf("usage: %s\n"
+           "Attention of queries Q on keys K and values V, exact or FAVOR+ (random features),\n"
+           "written to O. Inputs are float32 .npy arrays, all of the same rank:\n"
+           "  (L,d) one head, (H,L,d) H heads, or (B,H,L,d) a batch of B,\n"
+           "with Q (..,Lq,d), K (..,Lk,d), V (..,Lk,dv); the output is (..,Lq,dv).\n"
+           "\n"
+           "required:\n"
+           "  --q FILE            queries\n"
+           "  --k FILE            keys\n"
+           "  --v FILE            values\n"
+           "  --out FILE          the output (written atomically; nothing is left on failure)\n"
+           "\n"
+           "options:                                                              [default]\n"
+           "  --method NAME       exact | favor                                   [favor]\n"
+           "  --causal            query i sees keys j <= i only; needs Lq == Lk   [off]\n"
+           "  --scale S           the logit scale s in exp(s q.k), S > 0          [1/sqrt(d)]\n"
+           "  --key-lengths FILE  int32 or int64 (B,): valid keys per batch item, each in\n"
+           "                      [1, Lk]; the keys after them are padding        [all Lk]\n"
+           "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
+           "\n"
+           "FAVOR+ only (--method favor):\n"
+           "  --kernel NAME       positive | hyperbolic | trig | relu             [positive]\n"
+           "  --features M        random projections m (r = m features, 2m for hyperbolic\n"
+           "                      and trig)                                       [256]\n"
+           "  --proj NAME         orthogonal | iid: how W's rows are drawn        [orthogonal]\n"
+           "  --norm NAME         chi | sqrtd | qmc: W's row lengths              [chi]\n"
+           "  --seed S            the seed W is drawn from (same W on every machine) [0]\n"
+           "  --eps E             kernel epsilon, E >= 0 (see pf_features)        [0]\n"
+           "  --chunk C           causal chunk length, 0 = chosen from d and r    [0]\n"
+           "  --w FILE            use this W, (m,d), or (H,m,d) for one per head; overrides\n"
+           "                      --features, --proj, --norm and --seed           [drawn]\n"
+           "  --save-w FILE       write the W used, so another implementation can use it\n"
+           "\n"
+           "gradients (both or neither):\n"
+           "  --grad-out FILE     dO, float32, the output's shape\n"
+           "  --grad-prefix P     writes P.dq.npy, P.dk.npy, P.dv.npy: the gradients of\n"
+           "                      sum(out * dO) with respect to Q, K and V\n"
+           "\n"
+           "Exit status: 0 success, 1 bad input file or failed computation, 2 bad command line.\n",
+           cmd_attn_synopsis);
 }
 
 typedef struct attn_cfg {
     const char *q, *k, *v, *out;
     const char *w, *save_w, *key_lengths, *grad_out, *grad_prefix;
-    int favor;          /* 1: FAVOR+, 0: exact */
+    int favor; /* 1: FAVOR+, 0: exact */
     int causal;
     pf_kernel kernel;
     int m;
     pf_proj_kind proj;
     pf_norm_kind norm;
     uint64_t seed;
-    double scale;       /* 0: the library's default 1/sqrt(d) */
+    double scale; /* 0: the library's default 1/sqrt(d) */
     double eps;
     int threads;
     int chunk;
@@ -96,16 +95,26 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
     while (tool_next(&a)) {
         const char *v = NULL;
         int idx;
-        if (tool_opt(&a, "--q", &v)) c->q = v;
-        else if (tool_opt(&a, "--k", &v)) c->k = v;
-        else if (tool_opt(&a, "--v", &v)) c->v = v;
-        else if (tool_opt(&a, "--out", &v)) c->out = v;
-        else if (tool_opt(&a, "--w", &v)) c->w = v;
-        else if (tool_opt(&a, "--save-w", &v)) c->save_w = v;
-        else if (tool_opt(&a, "--key-lengths", &v)) c->key_lengths = v;
-        else if (tool_opt(&a, "--grad-out", &v)) c->grad_out = v;
-        else if (tool_opt(&a, "--grad-prefix", &v)) c->grad_prefix = v;
-        else if (tool_flag(&a, "--causal")) c->causal = 1;
+        if (tool_opt(&a, "--q", &v))
+            c->q = v;
+        else if (tool_opt(&a, "--k", &v))
+            c->k = v;
+        else if (tool_opt(&a, "--v", &v))
+            c->v = v;
+        else if (tool_opt(&a, "--out", &v))
+            c->out = v;
+        else if (tool_opt(&a, "--w", &v))
+            c->w = v;
+        else if (tool_opt(&a, "--save-w", &v))
+            c->save_w = v;
+        else if (tool_opt(&a, "--key-lengths", &v))
+            c->key_lengths = v;
+        else if (tool_opt(&a, "--grad-out", &v))
+            c->grad_out = v;
+        else if (tool_opt(&a, "--grad-prefix", &v))
+            c->grad_prefix = v;
+        else if (tool_flag(&a, "--causal"))
+            c->causal = 1;
         else if (tool_opt(&a, "--method", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--method", v, methods)) >= 0) c->favor = idx;
         } else if (tool_opt(&a, "--kernel", &v)) {
@@ -157,9 +166,12 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
 
 static const char *dtype_desc(pf_dtype t) {
     switch (t) {
-    case PF_F32: return "float32 ('<f4')";
-    case PF_I32: return "int32 ('<i4')";
-    case PF_I64: return "int64 ('<i8')";
+    case PF_F32:
+        return "float32 ('<f4')";
+    case PF_I32:
+        return "int32 ('<i4')";
+    case PF_I64:
+        return "int64 ('<i8')";
     }
     return "unknown";
 }
@@ -212,9 +224,9 @@ static int check_dims(const char *path, const pf_array *a) {
 
 typedef struct attn_inputs {
     pf_array q, k, v, w, lens, dout;
-    int32_t *key_len;   /* B lengths, or NULL */
+    int32_t *key_len; /* B lengths, or NULL */
     pf_shape shape;
-    int rank;           /* 2, 3 or 4 */
+    int rank; /* 2, 3 or 4 */
 } attn_inputs;
 
 static void free_inputs(attn_inputs *in) {
@@ -239,30 +251,34 @@ static int load_qkv(const attn_cfg *c, attn_inputs *in) {
     const char *path[3] = {c->q, c->k, c->v};
     for (int t = 0; t < 3; t++) {
         if (arr[t]->ndim < 2 || arr[t]->ndim > 4)
-            return tool_fail(CMD, "%s: shape %s has rank %d; expected (L,d), (H,L,d) or "
-                             "(B,H,L,d)", path[t],
-                             tool_shape_str(s1, sizeof(s1), arr[t]->shape, arr[t]->ndim),
+            return tool_fail(CMD,
+                             "%s: shape %s has rank %d; expected (L,d), (H,L,d) or "
+                             "(B,H,L,d)",
+                             path[t], tool_shape_str(s1, sizeof(s1), arr[t]->shape, arr[t]->ndim),
                              arr[t]->ndim);
         if ((rc = check_dims(path[t], arr[t]))) return rc;
     }
     int r = in->q.ndim;
     for (int t = 1; t < 3; t++) {
         if (arr[t]->ndim != r)
-            return tool_fail(CMD, "%s has rank %d but %s has rank %d; Q, K and V must have the "
-                             "same rank", path[t], arr[t]->ndim, c->q, r);
+            return tool_fail(CMD,
+                             "%s has rank %d but %s has rank %d; Q, K and V must have the "
+                             "same rank",
+                             path[t], arr[t]->ndim, c->q, r);
         for (int j = 0; j < r - 2; j++) {
             if (arr[t]->shape[j] != in->q.shape[j])
-                return tool_fail(CMD, "%s: shape %s and %s: shape %s differ in the leading "
-                                 "(batch, head) dimensions", c->q,
-                                 tool_shape_str(s1, sizeof(s1), in->q.shape, r), path[t],
+                return tool_fail(CMD,
+                                 "%s: shape %s and %s: shape %s differ in the leading "
+                                 "(batch, head) dimensions",
+                                 c->q, tool_shape_str(s1, sizeof(s1), in->q.shape, r), path[t],
                                  tool_shape_str(s2, sizeof(s2), arr[t]->shape, r));
         }
     }
     int64_t d = in->q.shape[r - 1], dk = in->k.shape[r - 1];
     int64_t Lk = in->k.shape[r - 2], Lv = in->v.shape[r - 2];
     if (d != dk)
-        return tool_fail(CMD, "%s and %s: the query and key widths differ (d = %lld vs %lld)",
-                         c->q, c->k, (long long)d, (long long)dk);
+        return tool_fail(CMD, "%s and %s: the query and key widths differ (d = %lld vs %lld)", c->q,
+                         c->k, (long long)d, (long long)dk);
     if (Lk != Lv)
         return tool_fail(CMD, "%s and %s: the key and value lengths differ (Lk = %lld vs %lld)",
                          c->k, c->v, (long long)Lk, (long long)Lv);
@@ -288,8 +304,10 @@ static int load_key_lengths(const attn_cfg *c, attn_inputs *in) {
     pf_array *a = &in->lens;
     if (pf_npy_read(c->key_lengths, a, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
     if (a->dtype != PF_I32 && a->dtype != PF_I64)
-        return tool_fail(CMD, "%s: dtype %s is not supported here; expected int32 ('<i4') or "
-                         "int64 ('<i8')", c->key_lengths, dtype_desc(a->dtype));
+        return tool_fail(CMD,
+                         "%s: dtype %s is not supported here; expected int32 ('<i4') or "
+                         "int64 ('<i8')",
+                         c->key_lengths, dtype_desc(a->dtype));
     int B = in->shape.B;
     if (a->ndim != 1 || a->shape[0] != B)
         return tool_fail(CMD, "%s: shape %s; expected (%d,), one length per batch item",
@@ -297,8 +315,8 @@ static int load_key_lengths(const attn_cfg *c, attn_inputs *in) {
     in->key_len = malloc(sizeof(int32_t) * (size_t)B);
     if (!in->key_len) return tool_fail(CMD, "out of memory");
     for (int b = 0; b < B; b++) {
-        int64_t x = a->dtype == PF_I32 ? ((const int32_t *)a->data)[b]
-                                       : ((const int64_t *)a->data)[b];
+        int64_t x =
+            a->dtype == PF_I32 ? ((const int32_t *)a->data)[b] : ((const int64_t *)a->data)[b];
         if (x < 1 || x > in->shape.Lk)
             return tool_fail(CMD, "%s: key length %lld at index %d is out of range [1, %d]",
                              c->key_lengths, (long long)x, b, in->shape.Lk);
@@ -343,7 +361,7 @@ static int load_dout(const attn_cfg *c, attn_inputs *in, const int64_t *oshape) 
 
 typedef struct output {
     char path[4096];
-    pf_array a;   /* data borrowed, not owned */
+    pf_array a; /* data borrowed, not owned */
 } output;
 
 /* Writes every output; on a failure removes the ones already written. 0 or an exit code. */
@@ -404,8 +422,7 @@ static int run(const attn_cfg *c) {
     opts.threads = c->threads;
     pf_status st = pf_attn_check(sh, &opts);
     if (st != PF_OK) {
-        rc = tool_fail(CMD, "these inputs and options do not go together (%s)",
-                       pf_status_str(st));
+        rc = tool_fail(CMD, "these inputs and options do not go together (%s)", pf_status_str(st));
         goto done;
     }
 
@@ -416,8 +433,8 @@ static int run(const attn_cfg *c) {
     if (c->grad_prefix) {
         static const char *const ext[3] = {"dq", "dk", "dv"};
         for (int t = 0; t < 3; t++) {
-            int n = snprintf(outs[nout++].path, sizeof(outs[0].path), "%s.%s.npy",
-                             c->grad_prefix, ext[t]);
+            int n = snprintf(outs[nout++].path, sizeof(outs[0].path), "%s.%s.npy", c->grad_prefix,
+                             ext[t]);
             if (n < 0 || (size_t)n >= sizeof(outs[0].path)) {
                 rc = tool_fail(CMD, "--grad-prefix: path too long");
                 goto done;
@@ -537,7 +554,10 @@ done:
 }
 
 int cmd_attn(int argc, char **argv) {
-    attn_cfg c = {.favor = 1, .kernel = PF_KERNEL_POSITIVE, .m = 256, .proj = PF_PROJ_ORTHOGONAL,
+    attn_cfg c = {.favor = 1,
+                  .kernel = PF_KERNEL_POSITIVE,
+                  .m = 256,
+                  .proj = PF_PROJ_ORTHOGONAL,
                   .norm = PF_NORM_CHI};
     int rc = parse_args(&c, argc, argv);
     if (rc) return rc;

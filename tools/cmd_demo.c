@@ -41,24 +41,24 @@ void cmd_demo_help(void) {
            "FAVOR+'s error against exact attention. Progress goes to stderr, the table to stdout.\n"
            "\n"
            "options:                                                              [default]\n"
-           "  --max-len L     the longest sequence                              [65536]\n"
-           "  --d D           query/key/value width                             [64]\n"
-           "  --heads H       heads                                             [8]\n"
+           "  --max-len L     the longest sequence                                [65536]\n"
+           "  --d D           query/key/value width                               [64]\n"
+           "  --heads H       heads                                               [8]\n"
            "  --features M    FAVOR+ random projections (positive features, orthogonal W) [256]\n"
            "  --budget SEC    run exact attention only while its predicted time (4x the last\n"
-           "                  measured one) stays below SEC seconds             [10]\n"
+           "                  measured one) stays below SEC seconds               [10]\n"
            "  --sigma S       standard deviation of the entries of Q and K (V's is 1);\n"
-           "                  FAVOR+'s error grows quickly with |q| and |k|     [1]\n"
-           "  --threads N     threads, 0 = OpenMP's default                     [0]\n"
-           "  --seed S        seed of the inputs and of W                       [0]\n"
-           "  --quick         L up to 4096 only (for tests)                     [off]\n",
+           "                  FAVOR+'s error grows quickly with |q| and |k|       [1]\n"
+           "  --threads N     threads, 0 = OpenMP's default                       [0]\n"
+           "  --seed S        seed of the inputs and of W                         [0]\n"
+           "  --quick         L up to 4096 only (for tests)                       [off]\n",
            cmd_demo_synopsis);
 }
 
 typedef struct demo_cfg {
     int max_len, d, H, m, threads, quick;
-    double budget;  /* seconds */
-    double sigma;   /* std of Q and K */
+    double budget; /* seconds */
+    double sigma;  /* std of Q and K */
     uint64_t seed;
 } demo_cfg;
 
@@ -66,17 +66,17 @@ enum { RUN_IDLE, RUN_FAVOR, RUN_FAVOR_CAUSAL, RUN_EXACT };
 
 /* What a child sends back. */
 typedef struct child_report {
-    int status;  /* pf_status of the method */
+    int status; /* pf_status of the method */
     int runs;
-    double ms;   /* median time of one call */
+    double ms; /* median time of one call */
 } child_report;
 
 typedef struct measurement {
-    int ok;           /* the child reported success */
+    int ok; /* the child reported success */
     double ms;
-    double extra_mb;  /* peak RSS minus the idle child's */
-    double rss_mb;    /* the child's own peak RSS */
-    char why[128];    /* when not ok */
+    double extra_mb; /* peak RSS minus the idle child's */
+    double rss_mb;   /* the child's own peak RSS */
+    char why[128];   /* when not ok */
 } measurement;
 
 typedef struct row {
@@ -126,7 +126,7 @@ static child_report child_run(int what, const demo_cfg *c, int L, float *out, co
         rep.status = what == RUN_EXACT ? pf_attn_exact(out, NULL, Q, K, V, &sh, &opts)
                                        : pf_attn_favor(out, Q, K, V, &sh, &opts, &fav);
         double t = tool_now_ms() - t0;
-        if (n == 0 && t > 300) {  /* slow: one call is the measurement */
+        if (n == 0 && t > 300) { /* slow: one call is the measurement */
             times[n++] = t;
             break;
         }
@@ -139,7 +139,7 @@ static child_report child_run(int what, const demo_cfg *c, int L, float *out, co
     if (n == 1) {
         rep.ms = times[0];
     } else if (n > 1) {
-        qsort(times + 1, (size_t)(n - 1), sizeof(double), cmp_double);  /* the first: warm-up */
+        qsort(times + 1, (size_t)(n - 1), sizeof(double), cmp_double); /* the first: warm-up */
         rep.ms = times[1 + (n - 1) / 2];
     }
     return rep;
@@ -147,8 +147,8 @@ static child_report child_run(int what, const demo_cfg *c, int L, float *out, co
 
 /* Forks a child for one measurement; waits for it and fills m. idle_kb: the idle child's peak
  * RSS (0 when measuring the idle child itself). */
-static void measure(measurement *m, int what, const demo_cfg *c, int L, float *out,
-                    const float *Q, const float *K, const float *V, long idle_kb) {
+static void measure(measurement *m, int what, const demo_cfg *c, int L, float *out, const float *Q,
+                    const float *K, const float *V, long idle_kb) {
     memset(m, 0, sizeof(*m));
     int fds[2];
     if (pipe(fds) != 0) {
@@ -182,9 +182,9 @@ static void measure(measurement *m, int what, const demo_cfg *c, int L, float *o
     memset(&ru, 0, sizeof(ru));
     while (wait4(pid, &wst, 0, &ru) < 0 && errno == EINTR) {
     }
-    m->rss_mb = (double)ru.ru_maxrss / 1024.0;  /* Linux reports kilobytes */
+    m->rss_mb = (double)ru.ru_maxrss / 1024.0; /* Linux reports kilobytes */
     m->extra_mb = (double)(ru.ru_maxrss - idle_kb) / 1024.0;
-    if (m->extra_mb < 0) m->extra_mb = 0;  /* page-level noise */
+    if (m->extra_mb < 0) m->extra_mb = 0; /* page-level noise */
     if (WIFSIGNALED(wst)) {
         snprintf(m->why, sizeof(m->why), "crashed (signal %d)", WTERMSIG(wst));
     } else if (got != (ssize_t)sizeof(rep) || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
@@ -200,8 +200,8 @@ static void measure(measurement *m, int what, const demo_cfg *c, int L, float *o
 /* ---- the parent ---------------------------------------------------------------------------- */
 
 static float *shared_floats(size_t n) {
-    void *p = mmap(NULL, sizeof(float) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+    void *p =
+        mmap(NULL, sizeof(float) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
@@ -285,7 +285,7 @@ static void cell(const char *s, int width) {
 }
 
 static void print_table(const row *rows, int n, const demo_cfg *c, double exact_skip_s) {
-    static const char *const head[8] = {"L",        "exact ms",  "FAVOR+ ms",       "causal ms",
+    static const char *const head[8] = {"L",        "exact ms", "FAVOR+ ms", "causal ms",
                                         "speed-up", "MB exact", "MB FAVOR+", "rel. error"};
     static const int width[8] = {7, 11, 11, 11, 10, 10, 11, 12};
     for (int j = 0; j < 8; j++) cell(head[j], width[j]);
@@ -297,9 +297,12 @@ static void print_table(const row *rows, int n, const demo_cfg *c, double exact_
         cell(s, width[0]);
         const measurement *m3[3] = {&r->exact, &r->favor, &r->causal};
         for (int j = 0; j < 3; j++) {
-            if (j == 0 && !r->exact_run) snprintf(s, sizeof(s), "—");
-            else if (!m3[j]->ok) snprintf(s, sizeof(s), "failed");
-            else snprintf(s, sizeof(s), m3[j]->ms < 10 ? "%.2f" : "%.1f", m3[j]->ms);
+            if (j == 0 && !r->exact_run)
+                snprintf(s, sizeof(s), "—");
+            else if (!m3[j]->ok)
+                snprintf(s, sizeof(s), "failed");
+            else
+                snprintf(s, sizeof(s), m3[j]->ms < 10 ? "%.2f" : "%.1f", m3[j]->ms);
             cell(s, width[1 + j]);
         }
         if (r->exact_run && r->exact.ok && r->favor.ok && r->favor.ms > 0)
@@ -307,14 +310,20 @@ static void print_table(const row *rows, int n, const demo_cfg *c, double exact_
         else
             snprintf(s, sizeof(s), "—");
         cell(s, width[4]);
-        if (r->exact_run && r->exact.ok) snprintf(s, sizeof(s), "%.1f", r->exact.extra_mb);
-        else snprintf(s, sizeof(s), "—");
+        if (r->exact_run && r->exact.ok)
+            snprintf(s, sizeof(s), "%.1f", r->exact.extra_mb);
+        else
+            snprintf(s, sizeof(s), "—");
         cell(s, width[5]);
-        if (r->favor.ok) snprintf(s, sizeof(s), "%.1f", r->favor.extra_mb);
-        else snprintf(s, sizeof(s), "—");
+        if (r->favor.ok)
+            snprintf(s, sizeof(s), "%.1f", r->favor.extra_mb);
+        else
+            snprintf(s, sizeof(s), "—");
         cell(s, width[6]);
-        if (!isnan(r->rel_err)) snprintf(s, sizeof(s), "%.2e", r->rel_err);
-        else snprintf(s, sizeof(s), "—");
+        if (!isnan(r->rel_err))
+            snprintf(s, sizeof(s), "%.2e", r->rel_err);
+        else
+            snprintf(s, sizeof(s), "—");
         cell(s, width[7]);
         putchar('\n');
     }
@@ -324,22 +333,25 @@ static void print_table(const row *rows, int n, const demo_cfg *c, double exact_
     int cross = 0;
     for (int i = 0; i < n; i++) {
         if (!rows[i].exact_run || !rows[i].exact.ok || !rows[i].favor.ok) break;
-        if (rows[i].favor.ms >= rows[i].exact.ms) cross = 0;
-        else if (!cross) cross = rows[i].L;
+        if (rows[i].favor.ms >= rows[i].exact.ms)
+            cross = 0;
+        else if (!cross)
+            cross = rows[i].L;
     }
     double naive_gb = 4.0 * c->H * (double)last->L * (double)last->L / 1e9;
-    printf("\n"
-           "exact: softmax attention, O(L^2) time; online softmax, so no L x L matrix (a naive one\n"
-           "  would hold 4*H*L^2 bytes of scores: %.1f GB at L = %d). FAVOR+: m = %d positive\n"
-           "  features, orthogonal W, O(L) time; causal: FAVOR+ with a causal mask (chunked).\n"
-           "ms: median of up to 5 calls after a warm-up (one call if it takes > 0.3 s).\n"
-           "  speed-up: exact ms / FAVOR+ ms. \xE2\x80\x94: exact skipped (predicted > %g s).\n"
-           "MB: peak RSS of a forked child running the method minus that of an idle child\n"
-           "  holding the same inputs and output (%.0f MB at L = %d): the method's working memory.\n"
-           "rel. error: ||FAVOR+ - exact||_F / ||exact||_F on the same inputs. It grows with\n"
-           "  |q|, |k| (the estimator's variance goes like exp(|q'+k'|^2), q' = q d^-1/4): N(0,1)\n"
-           "  entries at d = 64 are a hard case; try --sigma 0.5 or 0.25, or more --features.\n",
-           naive_gb, last->L, c->m, exact_skip_s, last->idle_mb, last->L);
+    printf(
+        "\n"
+        "exact: softmax attention, O(L^2) time; online softmax, so no L x L matrix (a naive one\n"
+        "  would hold 4*H*L^2 bytes of scores: %.1f GB at L = %d). FAVOR+: m = %d positive\n"
+        "  features, orthogonal W, O(L) time; causal: FAVOR+ with a causal mask (chunked).\n"
+        "ms: median of up to 5 calls after a warm-up (one call if it takes > 0.3 s).\n"
+        "  speed-up: exact ms / FAVOR+ ms. \xE2\x80\x94: exact skipped (predicted > %g s).\n"
+        "MB: peak RSS of a forked child running the method minus that of an idle child\n"
+        "  holding the same inputs and output (%.0f MB at L = %d): the method's working memory.\n"
+        "rel. error: ||FAVOR+ - exact||_F / ||exact||_F on the same inputs. It grows with\n"
+        "  |q|, |k| (the estimator's variance goes like exp(|q'+k'|^2), q' = q d^-1/4): N(0,1)\n"
+        "  entries at d = 64 are a hard case; try --sigma 0.5 or 0.25, or more --features.\n",
+        naive_gb, last->L, c->m, exact_skip_s, last->idle_mb, last->L);
     if (cross)
         printf("FAVOR+ was faster than exact attention from L = %d on (this machine, this run).\n",
                cross);
@@ -348,8 +360,15 @@ static void print_table(const row *rows, int n, const demo_cfg *c, double exact_
 /* ---- the command --------------------------------------------------------------------------- */
 
 int cmd_demo(int argc, char **argv) {
-    demo_cfg c = {.max_len = 65536, .d = 64, .H = 8, .m = 256, .threads = 0, .quick = 0,
-                  .budget = 10, .sigma = 1, .seed = 0};
+    demo_cfg c = {.max_len = 65536,
+                  .d = 64,
+                  .H = 8,
+                  .m = 256,
+                  .threads = 0,
+                  .quick = 0,
+                  .budget = 10,
+                  .sigma = 1,
+                  .seed = 0};
     int max_len_set = 0;
     tool_args a;
     tool_args_init(&a, CMD, argc, argv);
@@ -386,7 +405,7 @@ int cmd_demo(int argc, char **argv) {
     int L = c.max_len < 512 ? c.max_len : 512;
     int nthreads = c.threads;
 #ifdef _OPENMP
-    if (nthreads == 0) nthreads = omp_get_max_threads();  /* reads a setting, starts nothing */
+    if (nthreads == 0) nthreads = omp_get_max_threads(); /* reads a setting, starts nothing */
 #endif
     fprintf(stderr, "performer demo: B=1, H=%d, d=%d, m=%d, %d thread%s, L up to %d\n", c.H, c.d,
             c.m, nthreads, nthreads == 1 ? "" : "s", c.max_len);
@@ -414,8 +433,8 @@ int cmd_demo(int argc, char **argv) {
     print_table(rows, n, &c, c.budget);
     int failed = 0;
     for (int i = 0; i < n; i++) {
-        failed |= !rows[i].favor.ok || !rows[i].causal.ok ||
-                  (rows[i].exact_run && !rows[i].exact.ok);
+        failed |=
+            !rows[i].favor.ok || !rows[i].causal.ok || (rows[i].exact_run && !rows[i].exact.ok);
     }
     return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
 }

@@ -126,7 +126,7 @@ int tool_parse_int(tool_args *a, const char *flag, const char *s, long lo, long 
 int tool_parse_u64(tool_args *a, const char *flag, const char *s, uint64_t *out) {
     char *end = NULL;
     errno = 0;
-    int ok = s && s[0] >= '0' && s[0] <= '9';  /* strtoull would accept "-1" and " 1" */
+    int ok = s && s[0] >= '0' && s[0] <= '9'; /* strtoull would accept "-1" and " 1" */
     unsigned long long v = ok ? strtoull(s, &end, 10) : 0;
     if (!ok || *end != '\0' || errno == ERANGE || v > UINT64_MAX) {
         tool_usage(a->cmd, "%s: expected a non-negative integer below 2^64, got '%s'", flag,
@@ -252,8 +252,8 @@ static void print_help(void) {
            "       performer --help | --version\n\n"
            "commands:\n",
            pf_version());
-    for (int c = 0; c < n_commands; c++) printf("  %-6s %s\n", commands[c].name,
-                                                commands[c].summary);
+    for (int c = 0; c < n_commands; c++)
+        printf("  %-6s %s\n", commands[c].name, commands[c].summary);
     printf("\n");
     for (int c = 0; c < n_commands; c++) printf("%s\n", commands[c].synopsis);
     printf("Arrays are NumPy .npy files: float32 ('<f4'), C order; lengths are int32 or int64.\n"

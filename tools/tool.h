@@ -43,8 +43,8 @@ typedef struct tool_args {
     const char *cmd;
     int argc;
     char **argv;
-    int i;       /* the argument being looked at */
-    int failed;  /* a usage error was reported */
+    int i;      /* the argument being looked at */
+    int failed; /* a usage error was reported */
 } tool_args;
 
 void tool_args_init(tool_args *a, const char *cmd, int argc, char **argv);

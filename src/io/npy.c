@@ -30,16 +30,16 @@
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
-#define NPY_PREFIX_V1 10           /* magic, version, u16 length */
-#define NPY_PREFIX_V2 12           /* magic, version, u32 length */
-#define NPY_MAX_HEADER (1u << 20)  /* far above any real header (numpy's own limit is 10000) */
+#define NPY_PREFIX_V1 10          /* magic, version, u16 length */
+#define NPY_PREFIX_V2 12          /* magic, version, u32 length */
+#define NPY_MAX_HEADER (1u << 20) /* far above any real header (numpy's own limit is 10000) */
 #define NPY_ALIGN 64
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
 /* Writes "path: <message>" to errmsg (if any) and returns st. */
-static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *path,
-                      const char *fmt, ...) {
+static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *path, const char *fmt,
+                      ...) {
     if (errmsg && errlen > 0) {
         int n = snprintf(errmsg, errlen, "%s: ", path ? path : "(null)");
         if (n >= 0 && (size_t)n < errlen) {
@@ -56,18 +56,24 @@ static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *pat
 
 static size_t dtype_size(pf_dtype t) {
     switch (t) {
-    case PF_F32: return 4;
-    case PF_I32: return 4;
-    case PF_I64: return 8;
+    case PF_F32:
+        return 4;
+    case PF_I32:
+        return 4;
+    case PF_I64:
+        return 8;
     }
     return 0;
 }
 
 static const char *dtype_descr(pf_dtype t) {
     switch (t) {
-    case PF_F32: return "<f4";
-    case PF_I32: return "<i4";
-    case PF_I64: return "<i8";
+    case PF_F32:
+        return "<f4";
+    case PF_I32:
+        return "<i4";
+    case PF_I64:
+        return "<i8";
     }
     return NULL;
 }
@@ -251,14 +257,15 @@ static int check_descr(parser *p, const char *descr, pf_dtype *dtype) {
         *dtype = PF_I64;
         return 1;
     }
-    static const char *const expected =
-        "expected float32 ('<f4'), int32 ('<i4') or int64 ('<i8')";
+    static const char *const expected = "expected float32 ('<f4'), int32 ('<i4') or int64 ('<i8')";
     if (descr[0] == '>')
         return parse_fail(p, "dtype '%s' is big-endian, which is not supported; %s", descr,
                           expected);
     if (strcmp(descr, "|O") == 0)
-        return parse_fail(p, "dtype '%s' is an object array (pickled), which is not supported; "
-                          "%s", descr, expected);
+        return parse_fail(p,
+                          "dtype '%s' is an object array (pickled), which is not supported; "
+                          "%s",
+                          descr, expected);
     return parse_fail(p, "dtype '%s' is not supported; %s", descr, expected);
 }
 
@@ -282,7 +289,7 @@ static int parse_header(parser *p, pf_dtype *dtype, int64_t *shape, int *ndim) {
             if (have_descr++) return parse_fail(p, "header: duplicate key 'descr'");
             if (p->s < p->end && *p->s == '[')
                 return parse_fail(p, "structured dtypes (records) are not supported; expected "
-                                  "float32 ('<f4'), int32 ('<i4') or int64 ('<i8')");
+                                     "float32 ('<f4'), int32 ('<i4') or int64 ('<i8')");
             char descr[32];
             if (!parse_string(p, descr, sizeof(descr))) return 0;
             if (!check_descr(p, descr, dtype)) return 0;
@@ -290,7 +297,7 @@ static int parse_header(parser *p, pf_dtype *dtype, int64_t *shape, int *ndim) {
             if (have_order++) return parse_fail(p, "header: duplicate key 'fortran_order'");
             if (parse_word(p, "True"))
                 return parse_fail(p, "Fortran-ordered arrays are not supported; save a "
-                                  "C-ordered array (numpy.ascontiguousarray)");
+                                     "C-ordered array (numpy.ascontiguousarray)");
             if (!parse_word(p, "False"))
                 return parse_fail(p, "header: 'fortran_order' is neither True nor False");
         } else if (strcmp(key, "shape") == 0) {
@@ -330,18 +337,15 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
                                size_t errlen) {
     unsigned char pre[NPY_PREFIX_V2];
     size_t got = fread(pre, 1, NPY_PREFIX_V1, f);
-    if (ferror(f))
-        return fail(PF_EIO, errmsg, errlen, path, "read failed: %s", strerror(errno));
+    if (ferror(f)) return fail(PF_EIO, errmsg, errlen, path, "read failed: %s", strerror(errno));
     if (got < NPY_MAGIC_LEN || memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0)
         return fail(PF_EFORMAT, errmsg, errlen, path,
                     "not a .npy file (the magic string \\x93NUMPY is missing)");
-    if (got < NPY_PREFIX_V1)
-        return fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
+    if (got < NPY_PREFIX_V1) return fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
     int major = pre[6], minor = pre[7];
     if (major < 1 || major > 3 || minor != 0)
         return fail(PF_EFORMAT, errmsg, errlen, path,
-                    ".npy format version %d.%d is not supported (1.0, 2.0, 3.0 are)", major,
-                    minor);
+                    ".npy format version %d.%d is not supported (1.0, 2.0, 3.0 are)", major, minor);
     uint32_t hlen;
     long data_off;
     if (major == 1) {
@@ -395,8 +399,7 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
     }
 
     void *data = pf_alloc(bytes ? bytes : 1, 1);
-    if (!data)
-        return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", bytes);
+    if (!data) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", bytes);
     got = fread(data, 1, bytes, f);
     if (got != bytes) {
         int eio = ferror(f);
@@ -406,7 +409,7 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
         return fail(PF_EFORMAT, errmsg, errlen, path,
                     "truncated data: the shape needs %zu bytes, the file has %zu", bytes, got);
     }
-    if (fgetc(f) != EOF) {  /* only reached for non-regular files (pipes) */
+    if (fgetc(f) != EOF) { /* only reached for non-regular files (pipes) */
         pf_free(data);
         return fail(PF_EFORMAT, errmsg, errlen, path, "unexpected data after the array");
     }
@@ -502,7 +505,7 @@ static int create_temp(const char *path, char *tmp, size_t cap) {
     for (int attempt = 0; attempt < 100; attempt++) {
         char suffix[7];
         for (int i = 0; i < 6; i++) {
-            x ^= x << 13;  /* xorshift64: only needs to make collisions unlikely */
+            x ^= x << 13; /* xorshift64: only needs to make collisions unlikely */
             x ^= x >> 7;
             x ^= x << 17;
             suffix[i] = chars[x % (sizeof(chars) - 1)];
@@ -532,7 +535,14 @@ pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg, size_t
     char header[1024];
     size_t hlen = make_header(header, sizeof(header), a);
     if (!hlen) return fail(PF_EINVAL, errmsg, errlen, path, "header does not fit");
-    unsigned char pre[NPY_PREFIX_V1] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+    unsigned char pre[NPY_PREFIX_V1] = {0x93,
+                                        'N',
+                                        'U',
+                                        'M',
+                                        'P',
+                                        'Y',
+                                        1,
+                                        0,
                                         (unsigned char)(hlen & 0xff),
                                         (unsigned char)(hlen >> 8)};
 
