@@ -141,7 +141,7 @@ static void swap_bytes(void *data, size_t n, size_t size) {
 /* A cursor over the header text; err holds the first problem found. */
 typedef struct parser {
     const char *s, *end;
-    char err[160];
+    char err[256];
 } parser;
 
 static void skip_space(parser *p) {
@@ -266,7 +266,9 @@ static int check_descr(parser *p, const char *descr, pf_dtype *dtype) {
                           "dtype '%s' is an object array (pickled), which is not supported; "
                           "%s",
                           descr, expected);
-    return parse_fail(p, "dtype '%s' is not supported; %s", descr, expected);
+    /* floats of another width: say how to convert, the usual fix */
+    const char *hint = descr[1] == 'f' ? "; convert with .astype(numpy.float32)" : "";
+    return parse_fail(p, "dtype '%s' is not supported; %s%s", descr, expected, hint);
 }
 
 /* Parses the whole header dict into dtype and shape. */
