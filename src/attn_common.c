@@ -19,8 +19,7 @@ static int mul_checked(size_t *acc, size_t x, size_t limit) {
 pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts) {
     if (!shape || !opts) return PF_EINVAL;
     const pf_shape *s = shape;
-    if (s->B < 1 || s->H < 1 || s->Lq < 1 || s->Lk < 1 || s->d < 1 || s->dv < 1)
-        return PF_EINVAL;
+    if (s->B < 1 || s->H < 1 || s->Lq < 1 || s->Lk < 1 || s->d < 1 || s->dv < 1) return PF_EINVAL;
     if (opts->causal != 0 && opts->causal != 1) return PF_EINVAL;
     if (opts->causal && s->Lq != s->Lk) return PF_EINVAL;
     if (opts->threads < 0) return PF_EINVAL;
@@ -31,7 +30,7 @@ pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts) {
     size_t L = (size_t)(s->Lq > s->Lk ? s->Lq : s->Lk);
     size_t w = (size_t)(s->d > s->dv ? s->d : s->dv);
     size_t n = sizeof(float);
-    size_t lim = SIZE_MAX / 4;  /* headroom for a few such tensors side by side */
+    size_t lim = SIZE_MAX / 4; /* headroom for a few such tensors side by side */
     if (!mul_checked(&n, (size_t)s->B, lim) || !mul_checked(&n, (size_t)s->H, lim) ||
         !mul_checked(&n, L, lim) || !mul_checked(&n, w, lim))
         return PF_EINVAL;
