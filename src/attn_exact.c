@@ -10,7 +10,8 @@
  * items whose boundaries depend only on the shape; each item runs start to finish on one thread
  * and writes only its own rows, so results are bit-identical at any thread count.
  *
- * The references walk one query at a time in float64 and share no arithmetic with the fast paths. */
+ * The references walk one query at a time in float64 and share no arithmetic with the fast
+ * paths. */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
