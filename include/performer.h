@@ -341,6 +341,132 @@ PF_API pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg,
 /* Frees a's data and empties it; harmless on an empty array or NULL. */
 PF_API void pf_array_free(pf_array *a);
 
+/* ---------------------------------------------------------------------------------------------
+ * Language model: a decoder-only byte Transformer (pre-norm LayerNorm, causal multi-head
+ * attention, GELU MLP of width 4C, input and output embeddings tied) whose attention is exact
+ * softmax or FAVOR+. Tokens are bytes: int32 in [0, 256). Training is deterministic: the same
+ * calls give the same bits at any thread count.
+ * ------------------------------------------------------------------------------------------ */
+
+#define PF_LM_VOCAB 256
+
+typedef enum pf_lm_attention {
+    PF_LM_EXACT = 0,   /* exact causal softmax attention */
+    PF_LM_FAVOR = 1,   /* causal FAVOR+ with config.kernel and a fresh W every config.redraw */
+    PF_LM_FAVORPP = 2  /* FAVOR++ (A from a running average of batch statistics): PF_ENOTSUP */
+} pf_lm_attention;
+
+typedef enum pf_lm_positions {
+    PF_LM_LEARNED = 0, /* a learned (context, C) table added to the token embedding */
+    PF_LM_ROTARY = 1   /* q and k rotated by position before the attention (and feature map) */
+} pf_lm_positions;
+
+typedef struct pf_model_config {
+    int context;              /* T: longest sequence (learned positions: the table's length) */
+    int layers;               /* L */
+    int d_model;              /* C, a multiple of heads */
+    int heads;                /* H; the head width C/H must be even for rotary positions */
+    pf_lm_attention attention;
+    pf_lm_positions positions;
+    pf_kernel kernel;         /* FAVOR feature map (relu gets eps 1e-3, the others 0) */
+    int features;             /* m: rows of each layer's W (m, C/H), shared by the heads */
+    int redraw;               /* a new W every `redraw` optimizer steps; 0: never */
+    uint64_t seed;            /* initial weights and every W (orthogonal rows, chi norms) */
+} pf_model_config;
+
+typedef struct pf_model pf_model;
+
+/* A small default: context 256, 4 layers, C 128, 4 heads, exact, learned positions, FAVOR
+ * settings positive, m 64, redraw 1000, seed 1. */
+PF_API pf_model_config pf_model_config_default(void);
+
+/* Creates a model with GPT-2's initialisation from config->seed. PF_EINVAL on a bad config,
+ * PF_ENOTSUP for PF_LM_FAVORPP (not yet), PF_ENOMEM. */
+PF_API pf_status pf_model_create(pf_model **model, const pf_model_config *config);
+
+/* Frees a model; harmless on NULL. */
+PF_API void pf_model_free(pf_model *model);
+
+/* The model's configuration, and its trainable parameter count. */
+PF_API pf_model_config pf_model_get_config(const pf_model *model);
+PF_API int64_t pf_model_num_params(const pf_model *model);
+
+/* Training mode (1): pf_model_forward draws W for the current redraw period (from config.seed
+ * and the step count) and updates running statistics (FAVOR++). Evaluation mode (0, the
+ * default) keeps both as they are. */
+PF_API pf_status pf_model_set_training(pf_model *model, int training);
+
+/* Runs tokens (B,T), T <= context. With targets (B,T) (bytes, or -1 to ignore a position),
+ * *loss receives the mean next-byte cross-entropy in nats over the counted positions; targets
+ * and loss may both be NULL. logits (B,T,256), if not NULL, receives the logits. PF_EINVAL on
+ * bad arguments or a byte outside [0, 256); errors of the attention are passed on. */
+PF_API pf_status pf_model_forward(pf_model *model, float *loss, float *logits,
+                                  const int32_t *tokens, const int32_t *targets, int B, int T);
+
+/* Gradients of the last forward's loss (it must have had targets), overwriting the previous. */
+PF_API pf_status pf_model_backward(pf_model *model);
+
+typedef struct pf_adamw {
+    float lr;            /* learning rate of this step */
+    float beta1, beta2;  /* moment decays */
+    float eps;           /* added to sqrt(v) */
+    float weight_decay;  /* decoupled, applied to matrices and embeddings, not biases or norms */
+    float clip;          /* clip the gradient to this global L2 norm; 0: no clipping */
+} pf_adamw;
+
+/* lr 3e-4, betas 0.9 and 0.95, eps 1e-8, weight decay 0.1, clip 1.0. */
+PF_API pf_adamw pf_adamw_default(void);
+
+/* One AdamW step from the current gradients; *grad_norm (if not NULL) receives their global
+ * L2 norm before clipping. A gradient that is not finite is PF_ENONFINITE and changes nothing.
+ * Advances the step count (which also schedules the FAVOR redraws). */
+PF_API pf_status pf_model_step(pf_model *model, const pf_adamw *opt, float *grad_norm);
+
+/* Optimizer steps taken (restored by pf_model_load). */
+PF_API int64_t pf_model_steps(const pf_model *model);
+
+/* The learning rate at step (0-based) of total: linear warm-up from lr/warmup to lr over
+ * `warmup` steps, then a cosine from lr down to lr_min at step total. */
+PF_API double pf_lr_schedule(int64_t step, int64_t total, int64_t warmup, double lr,
+                             double lr_min);
+
+/* Writes the model to a safetensors file, atomically (a temporary file, then renamed): the
+ * weights, the FAVOR projections, the configuration and step in "__metadata__", with
+ * with_optimizer the AdamW moments too. meta: NULL or key, value, ..., NULL strings added to
+ * the metadata (keys starting "pf." are reserved). PF_EIO, PF_EINVAL, PF_ENOMEM; errmsg (if not
+ * NULL, errlen bytes) says what went wrong. */
+PF_API pf_status pf_model_save(const pf_model *model, const char *path, const char *const *meta,
+                               int with_optimizer, char *errmsg, size_t errlen);
+
+/* Creates a model from a file pf_model_save wrote (moments and step restored when present).
+ * PF_EIO if unreadable, PF_EFORMAT if malformed, truncated or inconsistent; errmsg says why. */
+PF_API pf_status pf_model_load(pf_model **model, const char *path, char *errmsg, size_t errlen);
+
+/* A metadata value of the file the model was loaded from, or NULL. */
+PF_API const char *pf_model_meta(const pf_model *model, const char *key);
+
+/* Decoding one token at a time: exact models keep a key/value cache (up to the context),
+ * FAVOR models a pf_favor_state per layer (constant memory and time per token). The logits
+ * equal those of pf_model_forward on the whole prefix, to float rounding. The decoder reads the
+ * model's weights: the model must outlive it and not change while it is used. */
+typedef struct pf_decoder pf_decoder;
+
+PF_API pf_status pf_decoder_create(pf_decoder **decoder, const pf_model *model);
+PF_API void pf_decoder_free(pf_decoder *decoder);
+PF_API pf_status pf_decoder_reset(pf_decoder *decoder);
+
+/* Feeds `token` at the next position; logits (256) receive the scores of the byte after it.
+ * PF_EINVAL past the context when positions are learned or attention is exact. */
+PF_API pf_status pf_decoder_step(pf_decoder *decoder, float *logits, int32_t token);
+
+/* Tokens fed since the last reset. */
+PF_API int64_t pf_decoder_position(const pf_decoder *decoder);
+
+/* Draws a byte from softmax(logits / temperature) restricted to the top_k largest (0: all);
+ * temperature 0 takes the largest (the first on ties). */
+PF_API pf_status pf_sample_logits(int32_t *token, const float *logits, int n, float temperature,
+                                  int top_k, pf_rng *rng);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,510 @@
+/* layers.c: forward and backward of each layer of the language model (model.h has the
+ * contracts). Shapes are in comments; N = B*T rows. Reductions over rows run in a fixed order,
+ * parallel loops split work into blocks that depend only on the shapes. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* Rows per sgemm block, and output channels per block of a parameter-gradient reduction.
+ * Fixed, so the same products happen whatever the thread count. */
+enum { ROW_BLOCK = 128, COL_BLOCK = 64, CHAN_BLOCK = 32 };
+
+static int nblocks(int n, int block) {
+    return (n + block - 1) / block;
+}
+
+static int imin(int a, int b) {
+    return a < b ? a : b;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Encoder: token and position embeddings
+ * ------------------------------------------------------------------------------------------ */
+
+void encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
+                     int T, int C) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // out is (B,T,C), inp (B,T), wte (V,C), wpe (context,C) or NULL
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        int t = (int)(bt % T);
+        float *o = out + bt * C;
+        const float *e = wte + (size_t)inp[bt] * C;
+        if (wpe) {
+            const float *p = wpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+        } else {
+            memcpy(o, e, sizeof(float) * (size_t)C);
+        }
+    }
+}
+
+void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
+                      int C) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // dout is (B,T,C). Tokens repeat, so rows of dwte collect from many (b,t): each thread owns
+    // a block of channels and walks every (b,t) in order (a fixed summation order).
+    int nb = nblocks(C, CHAN_BLOCK);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int cb = 0; cb < nb; cb++) {
+        int c0 = cb * CHAN_BLOCK, c1 = imin(C, c0 + CHAN_BLOCK);
+        for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+            const float *d = dout + bt * C;
+            float *g = dwte + (size_t)inp[bt] * C;
+            for (int c = c0; c < c1; c++) g[c] += d[c];
+        }
+        if (dwpe) {
+            for (int t = 0; t < T; t++) {
+                float *g = dwpe + (size_t)t * C;
+                for (int b = 0; b < B; b++) {
+                    const float *d = dout + ((size_t)b * T + t) * C;
+                    for (int c = c0; c < c1; c++) g[c] += d[c];
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * LayerNorm
+ * ------------------------------------------------------------------------------------------ */
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                       const float *bias, int N, int C) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // out, inp are (N,C); mean, rstd (N); weight, bias (C)
+    const double eps = 1e-5;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        double m = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        double v = 0;
+        for (int c = 0; c < C; c++) {
+            double e = x[c] - m;
+            v += e * e;
+        }
+        v /= C;
+        float s = (float)(1.0 / sqrt(v + eps));
+        float mf = (float)m;
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * s * weight[c] + bias[c];
+        mean[i] = mf;
+        rstd[i] = s;
+    }
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean, const float *rstd,
+                        int N, int C) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // Input gradient, row by row. With n = (x - mean) rstd and out = n w + b:
+    //   dinp = rstd (dn - mean(dn) - n mean(dn n)),  dn = dout w
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        const float *d = dout + (size_t)i * C;
+        float *g = dinp + (size_t)i * C;
+        float m = mean[i], s = rstd[i];
+        double dn_mean = 0, dnn_mean = 0;
+        for (int c = 0; c < C; c++) {
+            double n = (double)((x[c] - m) * s);
+            double dn = (double)weight[c] * d[c];
+            dn_mean += dn;
+            dnn_mean += dn * n;
+        }
+        dn_mean /= C;
+        dnn_mean /= C;
+        for (int c = 0; c < C; c++) {
+            double n = (double)((x[c] - m) * s);
+            double dn = (double)weight[c] * d[c];
+            g[c] += (float)(s * (dn - dn_mean - n * dnn_mean));
+        }
+    }
+    // Parameter gradients: dweight += sum_i dout n, dbias += sum_i dout, over rows in order,
+    // each thread a block of channels.
+    int nb = nblocks(C, CHAN_BLOCK);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int cb = 0; cb < nb; cb++) {
+        int c0 = cb * CHAN_BLOCK, c1 = imin(C, c0 + CHAN_BLOCK);
+        double dw[CHAN_BLOCK] = {0}, db[CHAN_BLOCK] = {0};
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C;
+            const float *d = dout + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            for (int c = c0; c < c1; c++) {
+                dw[c - c0] += (double)d[c] * (double)((x[c] - m) * s);
+                db[c - c0] += d[c];
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            dweight[c] += (float)dw[c - c0];
+            dbias[c] += (float)db[c - c0];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Matmul (a linear layer), every product in cblas_sgemm
+ * ------------------------------------------------------------------------------------------ */
+
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                    int C, int OC) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // out is (N,OC), inp (N,C), weight (OC,C), bias (OC): out = inp weight^T + bias,
+    // in blocks of ROW_BLOCK rows (one sgemm each)
+    int nb = nblocks(N, ROW_BLOCK);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int rb = 0; rb < nb; rb++) {
+        int r0 = rb * ROW_BLOCK, rows = imin(N, r0 + ROW_BLOCK) - r0;
+        float *o = out + (size_t)r0 * OC;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f,
+                    inp + (size_t)r0 * C, C, weight, C, 0.0f, o, OC);
+        if (bias) {
+            for (int i = 0; i < rows; i++) {
+                for (int j = 0; j < OC; j++) o[(size_t)i * OC + j] += bias[j];
+            }
+        }
+    }
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int N, int C, int OC) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // backward of out = inp weight^T + bias, dout (N,OC):
+    //   dinp (N,C) = dout weight        (row blocks)
+    //   dweight (OC,C) += dout^T inp    (blocks of output channels, the sum over N in one sgemm)
+    //   dbias (OC) += sum_i dout[i]     (blocks of output channels, rows in order)
+    if (dinp) {
+        int nb = nblocks(N, ROW_BLOCK);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int rb = 0; rb < nb; rb++) {
+            int r0 = rb * ROW_BLOCK, rows = imin(N, r0 + ROW_BLOCK) - r0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f,
+                        dout + (size_t)r0 * OC, OC, weight, C, 0.0f, dinp + (size_t)r0 * C, C);
+        }
+    }
+    int nb = nblocks(OC, COL_BLOCK);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int ob = 0; ob < nb; ob++) {
+        int o0 = ob * COL_BLOCK, cols = imin(OC, o0 + COL_BLOCK) - o0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, C, N, 1.0f, dout + o0, OC, inp,
+                    C, 1.0f, dweight + (size_t)o0 * C, C);
+        if (dbias) {
+            double acc[COL_BLOCK] = {0};
+            for (int i = 0; i < N; i++) {
+                const float *d = dout + (size_t)i * OC + o0;
+                for (int j = 0; j < cols; j++) acc[j] += d[j];
+            }
+            for (int j = 0; j < cols; j++) dbias[o0 + j] += (float)acc[j];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GELU (tanh approximation, as GPT-2) and the residual
+ * ------------------------------------------------------------------------------------------ */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+void gelu_forward(float *out, const float *inp, size_t n) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // out = 0.5 x (1 + tanh(k (x + 0.044715 x^3)))
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < (int64_t)n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3 0.044715 x^2)
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < (int64_t)n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float g =
+            0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+
+void residual_forward(float *out, const float *a, const float *b, size_t n) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < (int64_t)n; i++) out[i] = a[i] + b[i];
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Rotary positions (Su et al. 2021), interleaved pairs
+ * ------------------------------------------------------------------------------------------ */
+
+void rope_angle(int64_t t, int i, int hd, float *c, float *s) {
+    // theta_i = 10000^(-2i/hd), angle = t theta_i, in float64 then rounded
+    double theta = pow(10000.0, -2.0 * i / hd);
+    double a = (double)t * theta;
+    *c = (float)cos(a);
+    *s = (float)sin(a);
+}
+
+void rope_table(float *cos_sin, int T, int hd) {
+    // cos_sin is (T, hd/2, 2)
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < hd / 2; i++) {
+            float *cs = cos_sin + ((size_t)t * (hd / 2) + i) * 2;
+            rope_angle(t, i, hd, &cs[0], &cs[1]);
+        }
+    }
+}
+
+/* Rotates every row of x (B,H,T,hd) by sign * angle(t). */
+static void rope_apply(float *x, const float *cos_sin, int B, int H, int T, int hd, float sign) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t bht = 0; bht < (int64_t)B * H * T; bht++) {
+        int t = (int)(bht % T);
+        float *r = x + bht * hd;
+        const float *cs = cos_sin + (size_t)t * (hd / 2) * 2;
+        for (int i = 0; i < hd / 2; i++) {
+            float c = cs[2 * i], s = sign * cs[2 * i + 1];
+            float x0 = r[2 * i], x1 = r[2 * i + 1];
+            r[2 * i] = x0 * c - x1 * s;
+            r[2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void rope_forward(float *x, const float *cos_sin, int B, int H, int T, int hd) {
+    // x' = R(t) x, R a rotation of each pair
+    rope_apply(x, cos_sin, B, H, T, hd, 1.0f);
+}
+
+void rope_backward(float *dx, const float *cos_sin, int B, int H, int T, int hd) {
+    // dx = R(t)^T dx' = R(-t) dx'
+    rope_apply(dx, cos_sin, B, H, T, hd, -1.0f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention: (B,T,3C) <-> (B,H,T,hd) and the library's causal attention
+ * ------------------------------------------------------------------------------------------ */
+
+/* dst (B,H,T,hd) = columns [off + h*hd, off + (h+1)*hd) of src (B,T,ld). */
+static void split_heads(float *dst, const float *src, int ld, int off, int B, int T, int H,
+                        int hd) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t bht = 0; bht < (int64_t)B * H * T; bht++) {
+        int t = (int)(bht % T);
+        int h = (int)((bht / T) % H);
+        int64_t b = bht / ((int64_t)T * H);
+        memcpy(dst + bht * hd, src + (b * T + t) * ld + off + (size_t)h * hd,
+               sizeof(float) * (size_t)hd);
+    }
+}
+
+/* The inverse: columns [off + h*hd, ...) of dst (B,T,ld) = src (B,H,T,hd). */
+static void merge_heads(float *dst, const float *src, int ld, int off, int B, int T, int H,
+                        int hd) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        int t = (int)(bt % T);
+        int64_t b = bt / T;
+        for (int h = 0; h < H; h++) {
+            memcpy(dst + bt * ld + off + (size_t)h * hd, src + ((b * H + h) * T + t) * hd,
+                   sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
+static void attn_setup(const lm_attn_spec *spec, int B, int T, int H, int hd, pf_shape *shape,
+                       pf_attn_opts *opts, pf_favor_opts *fav) {
+    shape->B = B;
+    shape->H = H;
+    shape->Lq = T;
+    shape->Lk = T;
+    shape->d = hd;
+    shape->dv = hd;
+    *opts = pf_attn_opts_default();
+    opts->causal = 1;
+    *fav = pf_favor_opts_default();
+    fav->kernel = spec->kernel;
+    fav->W = spec->W;
+    fav->m = spec->m;
+    fav->eps = spec->eps;
+}
+
+pf_status attention_forward(float *out, float *q, float *k, float *v, float *att, float *lse,
+                            const float *qkv, const float *cos_sin, const lm_attn_spec *spec, int B,
+                            int T, int C, int H) {
+    // qkv is (B,T,3C); q, k, v, att (B,H,T,hd); lse (B,H,T); out (B,T,C)
+    int hd = C / H;
+    split_heads(q, qkv, 3 * C, 0, B, T, H, hd);
+    split_heads(k, qkv, 3 * C, C, B, T, H, hd);
+    split_heads(v, qkv, 3 * C, 2 * C, B, T, H, hd);
+    if (cos_sin) {
+        rope_forward(q, cos_sin, B, H, T, hd);
+        rope_forward(k, cos_sin, B, H, T, hd);
+    }
+    pf_shape shape;
+    pf_attn_opts opts;
+    pf_favor_opts fav;
+    attn_setup(spec, B, T, H, hd, &shape, &opts, &fav);
+    pf_status st;
+    switch (spec->kind) {
+    case PF_LM_EXACT:
+        st = pf_attn_exact(att, lse, q, k, v, &shape, &opts);
+        break;
+    case PF_LM_FAVOR:
+        st = pf_attn_favor(att, q, k, v, &shape, &opts, &fav);
+        break;
+    default:
+        /* FAVOR++ needs the OPRF kernel (scalar A) in the library: not yet. */
+        st = PF_ENOTSUP;
+    }
+    if (st != PF_OK) return st;
+    merge_heads(out, att, C, 0, B, T, H, hd);
+    return PF_OK;
+}
+
+pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, float *dv,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *att, const float *lse, const float *cos_sin,
+                             const lm_attn_spec *spec, int B, int T, int C, int H) {
+    // dout is (B,T,C); datt, dq, dk, dv scratch (B,H,T,hd); dqkv (B,T,3C) overwritten
+    int hd = C / H;
+    split_heads(datt, dout, C, 0, B, T, H, hd);
+    pf_shape shape;
+    pf_attn_opts opts;
+    pf_favor_opts fav;
+    attn_setup(spec, B, T, H, hd, &shape, &opts, &fav);
+    pf_status st;
+    switch (spec->kind) {
+    case PF_LM_EXACT:
+        st = pf_attn_exact_backward(dq, dk, dv, datt, q, k, v, att, lse, &shape, &opts);
+        break;
+    case PF_LM_FAVOR:
+        /* TODO: pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, &shape, &opts, &fav) once
+         * the library has it */
+        (void)fav;
+        st = PF_ENOTSUP;
+        break;
+    default:
+        st = PF_ENOTSUP;
+    }
+    if (st != PF_OK) return st;
+    if (cos_sin) {
+        // q' = R q, so dq = R^T dq'
+        rope_backward(dq, cos_sin, B, H, T, hd);
+        rope_backward(dk, cos_sin, B, H, T, hd);
+    }
+    merge_heads(dqkv, dq, 3 * C, 0, B, T, H, hd);
+    merge_heads(dqkv, dk, 3 * C, C, B, T, H, hd);
+    merge_heads(dqkv, dv, 3 * C, 2 * C, B, T, H, hd);
+    return PF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Softmax cross-entropy
+ * ------------------------------------------------------------------------------------------ */
+
+int64_t crossentropy_forward(float *probs, float *losses, const float *logits,
+                             const int32_t *targets, int N, int V) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // logits, probs are (N,V); losses, targets (N). loss = logsumexp(l) - l[target]
+    int64_t counted = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : counted)
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * V;
+        float *p = probs + (size_t)i * V;
+        float mx = l[0];
+        for (int j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+        double sum = 0;
+        for (int j = 0; j < V; j++) {
+            double e = exp((double)l[j] - mx);
+            p[j] = (float)e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < V; j++) p[j] *= inv;
+        int tg = targets ? targets[i] : -1;
+        if (tg >= 0) {
+            losses[i] = (float)(log(sum) + mx - l[tg]);
+            counted++;
+        } else {
+            losses[i] = 0.0f;
+        }
+    }
+    return counted;
+}
+
+void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, float scale,
+                           int N, int V) {
+    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    (void)nt;
+    // d loss_i / d logit_j = p_j - [j == target]
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *d = dlogits + (size_t)i * V;
+        const float *p = probs + (size_t)i * V;
+        int tg = targets[i];
+        if (tg < 0) {
+            memset(d, 0, sizeof(float) * (size_t)V);
+            continue;
+        }
+        for (int j = 0; j < V; j++) d[j] = (p[j] - (j == tg ? 1.0f : 0.0f)) * scale;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FAVOR++ statistics (SPEC §2b)
+ * ------------------------------------------------------------------------------------------ */
+
+double favorpp_rho(const float *q, const float *k, int B, int H, int T, int hd, float scale) {
+    // Per sequence and head, the mean over pairs (i, j) of |q'_i + k'_j|^2 is
+    //   mean|q'|^2 + mean|k'|^2 + 2 mean(q').mean(k'),  x' = x sqrt(s_eff);
+    // averaged over (b, h), divided by hd. Sequential float64 sums (a fixed order).
+    double s_eff = scale > 0 ? scale : 1.0 / sqrt((double)hd);
+    if (hd > 1024 || B * H * T == 0) return 0;
+    double total = 0;
+    for (int64_t bh = 0; bh < (int64_t)B * H; bh++) {
+        double qq = 0, kk = 0, qbar[1024] = {0}, kbar[1024] = {0};
+        for (int t = 0; t < T; t++) {
+            const float *a = q + (bh * T + t) * hd, *b = k + (bh * T + t) * hd;
+            for (int j = 0; j < hd; j++) {
+                qq += (double)a[j] * a[j];
+                kk += (double)b[j] * b[j];
+                qbar[j] += a[j];
+                kbar[j] += b[j];
+            }
+        }
+        double cross = 0;
+        for (int j = 0; j < hd; j++) cross += (qbar[j] / T) * (kbar[j] / T);
+        total += qq / T + kk / T + 2 * cross;
+    }
+    return s_eff * total / ((double)B * H) / hd;
+}
+
+double favorpp_a(double rho) {
+    return (1.0 - 2.0 * rho - sqrt((2.0 * rho + 1.0) * (2.0 * rho + 1.0) + 8.0 * rho)) / 16.0;
+}

@@ -1,0 +1,879 @@
+/* test_model.c: the language model's layers and the whole model against float64 references.
+ *
+ * Every gradient is checked against central finite differences of a float64 forward written
+ * here, independently of src/model (eps 1e-6 in double: truncation ~eps^2 and round-off
+ * ~1e-16/eps, both far below float's 1e-7), so a mismatch is the float backward's fault. Float
+ * results are compared by relative 2-norm error; the float forward and backward carry about
+ * 1e-6 relative rounding per operation, so the bounds are a few 1e-5 for layers and 1e-3 for
+ * the whole model (a chain of ~40 float operations whose errors add). Also: AdamW against its
+ * closed form, the learning-rate schedule, thread-count independence, argument checks. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model/model.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define V PF_LM_VOCAB
+#define FD_EPS 1e-6
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+static double *to_f64(const float *x, size_t n) {
+    double *d = xmalloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static float *randf(size_t n, float sigma, uint64_t stream) {
+    float *x = xmalloc(sizeof(float) * n);
+    fill_normal(x, n, sigma, 7, stream);
+    return x;
+}
+
+/* Relative 2-norm error of float got against double ref. */
+static double relerr(const float *got, const double *ref, size_t n) {
+    return rel_err_f64(got, ref, n);
+}
+
+/* ---- float64 references of each layer --------------------------------------------------- */
+
+static void ln_ref(double *out, const double *x, const double *w, const double *b, int N, int C) {
+    for (int i = 0; i < N; i++) {
+        const double *r = x + (size_t)i * C;
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++) m += r[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (r[c] - m) * (r[c] - m);
+        v /= C;
+        double s = 1.0 / sqrt(v + 1e-5);
+        for (int c = 0; c < C; c++) out[(size_t)i * C + c] = (r[c] - m) * s * w[c] + b[c];
+    }
+}
+
+static void mm_ref(double *out, const double *x, const double *W, const double *bias, int N, int C,
+                   int OC) {
+    for (int i = 0; i < N; i++) {
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0;
+            for (int c = 0; c < C; c++) s += x[(size_t)i * C + c] * W[(size_t)o * C + c];
+            out[(size_t)i * OC + o] = s;
+        }
+    }
+}
+
+static double gelu_ref(double x) {
+    return 0.5 * x * (1 + tanh(sqrt(2 / 3.141592653589793) * (x + 0.044715 * x * x * x)));
+}
+
+/* Rotates each head row of x (B,T,ld) at columns [off + h*hd, ...) by position t. */
+static void rope_ref(double *x, int ld, int off, int B, int T, int H, int hd) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < H; h++) {
+                double *r = x + ((size_t)b * T + t) * ld + off + (size_t)h * hd;
+                for (int i = 0; i < hd / 2; i++) {
+                    double a = t * pow(10000.0, -2.0 * i / hd);
+                    double x0 = r[2 * i], x1 = r[2 * i + 1];
+                    r[2 * i] = x0 * cos(a) - x1 * sin(a);
+                    r[2 * i + 1] = x0 * sin(a) + x1 * cos(a);
+                }
+            }
+        }
+    }
+}
+
+/* Feature map phi (r) of a row x (hd), already scaled, for W (m,hd). */
+static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd, pf_kernel kern,
+                    double eps) {
+    double h = 0;
+    for (int j = 0; j < hd; j++) h += x[j] * x[j];
+    h /= 2;
+    for (int f = 0; f < m; f++) {
+        double u = 0;
+        for (int j = 0; j < hd; j++) u += W[(size_t)f * hd + j] * x[j];
+        switch (kern) {
+        case PF_KERNEL_POSITIVE:
+            phi[f] = exp(u - h) / sqrt(m);
+            break;
+        case PF_KERNEL_HYPERBOLIC:
+            phi[f] = exp(u - h) / sqrt(2.0 * m);
+            phi[m + f] = exp(-u - h) / sqrt(2.0 * m);
+            break;
+        case PF_KERNEL_TRIG:
+            phi[f] = exp(h) * sin(u) / sqrt(m);
+            phi[m + f] = exp(h) * cos(u) / sqrt(m);
+            break;
+        case PF_KERNEL_RELU:
+            phi[f] = (u > 0 ? u : 0) / sqrt(m) + eps;
+            break;
+        }
+    }
+    return pf_kernel_width(kern, m);
+}
+
+/* Causal attention of qkv (B,T,3C) into out (B,T,C): exact softmax when W is NULL, else FAVOR
+ * with the explicit features (no stabilisation: the test inputs are small). */
+static void attn_ref(double *out, const double *qkv_in, int B, int T, int C, int H, int rotary,
+                     const float *W, int m, pf_kernel kern, double eps) {
+    int hd = C / H;
+    double *qkv = xmalloc(sizeof(double) * (size_t)B * T * 3 * C);
+    memcpy(qkv, qkv_in, sizeof(double) * (size_t)B * T * 3 * C);
+    if (rotary) {
+        rope_ref(qkv, 3 * C, 0, B, T, H, hd);
+        rope_ref(qkv, 3 * C, C, B, T, H, hd);
+    }
+    double s = 1.0 / sqrt(hd), rs = sqrt(s);
+    double *pq = xmalloc(sizeof(double) * 2 * (m > 0 ? m : 1));
+    double *pk = xmalloc(sizeof(double) * 2 * (m > 0 ? m : 1));
+    double xq[512], xk[512];
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            for (int i = 0; i < T; i++) {
+                const double *q = qkv + ((size_t)b * T + i) * 3 * C + h * hd;
+                double w[4096], tot = 0;
+                for (int j = 0; j <= i; j++) {
+                    const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hd;
+                    if (!W) {
+                        double dot = 0;
+                        for (int c = 0; c < hd; c++) dot += q[c] * k[c];
+                        w[j] = exp(s * dot);
+                    } else {
+                        for (int c = 0; c < hd; c++) {
+                            xq[c] = q[c] * rs;
+                            xk[c] = k[c] * rs;
+                        }
+                        int r = fmap_ref(pq, xq, W, m, hd, kern, eps);
+                        fmap_ref(pk, xk, W, m, hd, kern, eps);
+                        double dot = 0;
+                        for (int f = 0; f < r; f++) dot += pq[f] * pk[f];
+                        w[j] = dot;
+                    }
+                    tot += w[j];
+                }
+                double *o = out + ((size_t)b * T + i) * C + h * hd;
+                for (int c = 0; c < hd; c++) {
+                    double acc = 0;
+                    for (int j = 0; j <= i; j++)
+                        acc += w[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hd + c];
+                    o[c] = acc / tot;
+                }
+            }
+        }
+    }
+    free(pq);
+    free(pk);
+    free(qkv);
+}
+
+/* ---- the whole model in float64 --------------------------------------------------------- */
+
+/* The mean cross-entropy of the model with parameters P (num_params, the model's layout). */
+static double model_ref(const pf_model *mod, const double *P, const int32_t *tok,
+                        const int32_t *tgt, int B, int T, double *logits_out) {
+    const pf_model_config *c = &mod->config;
+    int L = c->layers, C = c->d_model, H = c->heads, N = B * T;
+    const double *p[LM_NUM_PARAMS];
+    size_t off = 0;
+    for (int i = 0; i < LM_NUM_PARAMS; i++) {
+        p[i] = P + off;
+        off += mod->param_sizes[i];
+    }
+    size_t NC = (size_t)N * C;
+    double *x = xmalloc(sizeof(double) * NC), *ln = xmalloc(sizeof(double) * NC);
+    double *qkv = xmalloc(sizeof(double) * NC * 3), *att = xmalloc(sizeof(double) * NC);
+    double *tmp = xmalloc(sizeof(double) * NC), *fc = xmalloc(sizeof(double) * NC * 4);
+    double *lg = xmalloc(sizeof(double) * (size_t)N * V);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int ch = 0; ch < C; ch++) {
+                double e = p[0][(size_t)tok[b * T + t] * C + ch];
+                if (c->positions == PF_LM_LEARNED) e += p[1][(size_t)t * C + ch];
+                x[((size_t)b * T + t) * C + ch] = e;
+            }
+        }
+    }
+    for (int l = 0; l < L; l++) {
+        ln_ref(ln, x, p[2] + l * C, p[3] + l * C, N, C);
+        mm_ref(qkv, ln, p[4] + (size_t)l * 3 * C * C, p[5] + l * 3 * C, N, C, 3 * C);
+        lm_attn_spec sp = lm_layer_spec(mod, l);
+        attn_ref(att, qkv, B, T, C, H, c->positions == PF_LM_ROTARY, sp.W, sp.m, sp.kernel, sp.eps);
+        mm_ref(tmp, att, p[6] + (size_t)l * C * C, p[7] + l * C, N, C, C);
+        for (size_t i = 0; i < NC; i++) x[i] += tmp[i];
+        ln_ref(ln, x, p[8] + l * C, p[9] + l * C, N, C);
+        mm_ref(fc, ln, p[10] + (size_t)l * 4 * C * C, p[11] + l * 4 * C, N, C, 4 * C);
+        for (size_t i = 0; i < NC * 4; i++) fc[i] = gelu_ref(fc[i]);
+        mm_ref(tmp, fc, p[12] + (size_t)l * 4 * C * C, p[13] + l * C, N, 4 * C, C);
+        for (size_t i = 0; i < NC; i++) x[i] += tmp[i];
+    }
+    ln_ref(ln, x, p[14], p[15], N, C);
+    mm_ref(lg, ln, p[0], NULL, N, C, V);
+    double loss = 0;
+    int counted = 0;
+    for (int i = 0; i < N; i++) {
+        if (tgt[i] < 0) continue;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) mx = fmax(mx, lg[(size_t)i * V + j]);
+        for (int j = 0; j < V; j++) s += exp(lg[(size_t)i * V + j] - mx);
+        loss += log(s) + mx - lg[(size_t)i * V + tgt[i]];
+        counted++;
+    }
+    if (logits_out) memcpy(logits_out, lg, sizeof(double) * (size_t)N * V);
+    free(x);
+    free(ln);
+    free(qkv);
+    free(att);
+    free(tmp);
+    free(fc);
+    free(lg);
+    return counted ? loss / counted : 0;
+}
+
+/* ---- layer tests ------------------------------------------------------------------------- */
+
+/* d/dx_j of f at x (double), central differences over every entry of x. */
+typedef double (*scalar_fn)(void *ctx);
+
+static void fd_grad(double *g, double *x, size_t n, scalar_fn f, void *ctx) {
+    for (size_t j = 0; j < n; j++) {
+        double x0 = x[j];
+        x[j] = x0 + FD_EPS;
+        double fp = f(ctx);
+        x[j] = x0 - FD_EPS;
+        double fm = f(ctx);
+        x[j] = x0;
+        g[j] = (fp - fm) / (2 * FD_EPS);
+    }
+}
+
+/* LayerNorm: loss = sum(out * R) */
+typedef struct {
+    double *x, *w, *b, *R, *out;
+    int N, C;
+} ln_ctx;
+
+static double ln_loss(void *p) {
+    ln_ctx *c = p;
+    ln_ref(c->out, c->x, c->w, c->b, c->N, c->C);
+    double s = 0;
+    for (int i = 0; i < c->N * c->C; i++) s += c->out[i] * c->R[i];
+    return s;
+}
+
+static void test_layernorm(void) {
+    const int N = 6, C = 20;
+    float *x = randf((size_t)N * C, 2.0f, 1), *w = randf(C, 1.0f, 2), *b = randf(C, 1.0f, 3);
+    float *R = randf((size_t)N * C, 1.0f, 4);
+    for (int i = 0; i < N * C; i++) x[i] += 3.0f; /* a mean far from zero */
+    float *out = xmalloc(sizeof(float) * N * C), mean[6], rstd[6];
+    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    ln_ctx c = {to_f64(x, N * C),
+                to_f64(w, C),
+                to_f64(b, C),
+                to_f64(R, N * C),
+                xmalloc(sizeof(double) * N * C),
+                N,
+                C};
+    ln_loss(&c);
+    double e = relerr(out, c.out, (size_t)N * C);
+    CHECK(e < 1e-6, "layernorm forward rel err %.3g", e);
+
+    /* the backward accumulates: start from known values */
+    float *dx = xmalloc(sizeof(float) * N * C), dw[20], db[20];
+    for (int i = 0; i < N * C; i++) dx[i] = 0.5f;
+    for (int i = 0; i < C; i++) dw[i] = db[i] = 0.25f;
+    layernorm_backward(dx, dw, db, R, x, w, mean, rstd, N, C);
+    double *gx = xmalloc(sizeof(double) * N * C), gw[20], gb[20];
+    fd_grad(gx, c.x, (size_t)N * C, ln_loss, &c);
+    fd_grad(gw, c.w, C, ln_loss, &c);
+    fd_grad(gb, c.b, C, ln_loss, &c);
+    for (int i = 0; i < N * C; i++) gx[i] += 0.5;
+    for (int i = 0; i < C; i++) {
+        gw[i] += 0.25;
+        gb[i] += 0.25;
+    }
+    double ex = relerr(dx, gx, (size_t)N * C), ew = relerr(dw, gw, C), eb = relerr(db, gb, C);
+    CHECK(ex < 2e-5 && ew < 2e-5 && eb < 2e-5, "layernorm backward rel err dx %.3g dw %.3g db %.3g",
+          ex, ew, eb);
+    printf("layernorm: forward %.2g, backward dx %.2g dw %.2g db %.2g\n", e, ex, ew, eb);
+    free(x), free(w), free(b), free(R), free(out), free(dx), free(gx);
+    free(c.x), free(c.w), free(c.b), free(c.R), free(c.out);
+}
+
+/* Matmul: loss = sum(out * R) */
+typedef struct {
+    double *x, *W, *b, *R, *out;
+    int N, C, OC;
+} mm_ctx;
+
+static double mm_loss(void *p) {
+    mm_ctx *c = p;
+    mm_ref(c->out, c->x, c->W, c->b, c->N, c->C, c->OC);
+    double s = 0;
+    for (int i = 0; i < c->N * c->OC; i++) s += c->out[i] * c->R[i];
+    return s;
+}
+
+static void test_matmul(void) {
+    /* N above one row block and OC above one column block, so the blocking is exercised */
+    const int N = 300, C = 12, OC = 70;
+    float *x = randf((size_t)N * C, 1.0f, 10), *W = randf((size_t)OC * C, 1.0f, 11);
+    float *b = randf(OC, 1.0f, 12), *R = randf((size_t)N * OC, 1.0f, 13);
+    float *out = xmalloc(sizeof(float) * N * OC);
+    matmul_forward(out, x, W, b, N, C, OC);
+    mm_ctx c = {to_f64(x, N * C),
+                to_f64(W, OC * C),
+                to_f64(b, OC),
+                to_f64(R, N * OC),
+                xmalloc(sizeof(double) * N * OC),
+                N,
+                C,
+                OC};
+    mm_loss(&c);
+    double e = relerr(out, c.out, (size_t)N * OC);
+    CHECK(e < 1e-6, "matmul forward rel err %.3g", e);
+
+    float *dx = xmalloc(sizeof(float) * N * C), *dW = xmalloc(sizeof(float) * OC * C);
+    float *db = xmalloc(sizeof(float) * OC);
+    for (int i = 0; i < N * C; i++) dx[i] = 99.0f; /* overwritten */
+    for (int i = 0; i < OC * C; i++) dW[i] = 1.0f; /* accumulated */
+    for (int i = 0; i < OC; i++) db[i] = 1.0f;
+    matmul_backward(dx, dW, db, R, x, W, N, C, OC);
+    /* the loss is linear in each argument, so finite differences are exact up to rounding */
+    double *gx = xmalloc(sizeof(double) * N * C), *gW = xmalloc(sizeof(double) * OC * C);
+    double *gb = xmalloc(sizeof(double) * OC);
+    fd_grad(gx, c.x, (size_t)N * C, mm_loss, &c);
+    fd_grad(gW, c.W, (size_t)OC * C, mm_loss, &c);
+    fd_grad(gb, c.b, OC, mm_loss, &c);
+    for (int i = 0; i < OC * C; i++) gW[i] += 1.0;
+    for (int i = 0; i < OC; i++) gb[i] += 1.0;
+    double ex = relerr(dx, gx, (size_t)N * C), eW = relerr(dW, gW, (size_t)OC * C);
+    double eb = relerr(db, gb, OC);
+    CHECK(ex < 1e-5 && eW < 1e-5 && eb < 1e-5, "matmul backward rel err dx %.3g dW %.3g db %.3g",
+          ex, eW, eb);
+    printf("matmul: forward %.2g, backward dx %.2g dW %.2g db %.2g\n", e, ex, eW, eb);
+    free(x), free(W), free(b), free(R), free(out), free(dx), free(dW), free(db);
+    free(gx), free(gW), free(gb), free(c.x), free(c.W), free(c.b), free(c.R), free(c.out);
+}
+
+typedef struct {
+    double *x, *R;
+    int n;
+} gelu_ctx;
+
+static double gelu_loss(void *p) {
+    gelu_ctx *c = p;
+    double s = 0;
+    for (int i = 0; i < c->n; i++) s += gelu_ref(c->x[i]) * c->R[i];
+    return s;
+}
+
+static void test_gelu(void) {
+    const int n = 200;
+    float *x = randf(n, 3.0f, 20), *R = randf(n, 1.0f, 21), *y = xmalloc(sizeof(float) * n);
+    float *dx = xmalloc(sizeof(float) * n);
+    gelu_forward(y, x, n);
+    gelu_ctx c = {to_f64(x, n), to_f64(R, n), n};
+    double *ry = xmalloc(sizeof(double) * n), *g = xmalloc(sizeof(double) * n);
+    for (int i = 0; i < n; i++) ry[i] = gelu_ref(c.x[i]);
+    double e = relerr(y, ry, n);
+    gelu_backward(dx, x, R, n);
+    fd_grad(g, c.x, n, gelu_loss, &c);
+    double eg = relerr(dx, g, n);
+    CHECK(e < 1e-6 && eg < 1e-5, "gelu rel err forward %.3g backward %.3g", e, eg);
+    printf("gelu: forward %.2g, backward %.2g\n", e, eg);
+    free(x), free(R), free(y), free(dx), free(c.x), free(c.R), free(ry), free(g);
+}
+
+typedef struct {
+    double *l;
+    const int32_t *tg;
+    int N;
+} ce_ctx;
+
+static double ce_loss(void *p) {
+    ce_ctx *c = p;
+    double tot = 0;
+    int cnt = 0;
+    for (int i = 0; i < c->N; i++) {
+        if (c->tg[i] < 0) continue;
+        const double *r = c->l + (size_t)i * V;
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) mx = fmax(mx, r[j]);
+        for (int j = 0; j < V; j++) s += exp(r[j] - mx);
+        tot += log(s) + mx - r[c->tg[i]];
+        cnt++;
+    }
+    return tot / cnt;
+}
+
+static void test_crossentropy(void) {
+    const int N = 5;
+    float *l = randf((size_t)N * V, 4.0f, 30);
+    int32_t tg[5] = {3, 255, -1, 0, 3};
+    float *probs = xmalloc(sizeof(float) * N * V), losses[5];
+    float *dl = xmalloc(sizeof(float) * N * V);
+    int64_t cnt = crossentropy_forward(probs, losses, l, tg, N, V);
+    CHECK(cnt == 4, "counted %lld targets, expected 4", (long long)cnt);
+    ce_ctx c = {to_f64(l, (size_t)N * V), tg, N};
+    double sum = 0;
+    for (int i = 0; i < N; i++) sum += losses[i];
+    CHECK_CLOSE(sum / 4, ce_loss(&c), 0, 1e-6);
+    CHECK(losses[2] == 0.0f, "ignored target's loss %g", losses[2]);
+    double psum = 0;
+    for (int j = 0; j < V; j++) psum += probs[j];
+    CHECK_CLOSE(psum, 1.0, 1e-6, 0);
+    crossentropy_backward(dl, probs, tg, 0.25f, N, V);
+    double *g = xmalloc(sizeof(double) * N * V);
+    fd_grad(g, c.l, (size_t)N * V, ce_loss, &c);
+    double e = relerr(dl, g, (size_t)N * V);
+    CHECK(e < 1e-5, "crossentropy backward rel err %.3g", e);
+    printf("crossentropy: backward %.2g\n", e);
+    free(l), free(probs), free(dl), free(c.l), free(g);
+}
+
+static void test_encoder(void) {
+    const int B = 2, T = 5, C = 40, Tctx = 7;
+    int32_t tok[10] = {1, 2, 1, 255, 0, 2, 2, 2, 7, 1}; /* repeats, across and within rows */
+    float *wte = randf((size_t)V * C, 1.0f, 40), *wpe = randf((size_t)Tctx * C, 1.0f, 41);
+    float *out = xmalloc(sizeof(float) * B * T * C), *R = randf((size_t)B * T * C, 1.0f, 42);
+    encoder_forward(out, tok, wte, wpe, B, T, C);
+    int ok = 1;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                ok &= out[((size_t)b * T + t) * C + c] ==
+                      wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+    CHECK(ok, "encoder forward is not wte[token] + wpe[t]");
+    /* the loss sum(out * R) is linear: d/dwte[v] = sum of R over the rows holding v */
+    float *dwte = xmalloc(sizeof(float) * V * C), *dwpe = xmalloc(sizeof(float) * Tctx * C);
+    memset(dwte, 0, sizeof(float) * V * C);
+    memset(dwpe, 0, sizeof(float) * Tctx * C);
+    encoder_backward(dwte, dwpe, R, tok, B, T, C);
+    double *gte = calloc((size_t)V * C, sizeof(double)), *gpe = calloc((size_t)Tctx * C, 8);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                gte[(size_t)tok[b * T + t] * C + c] += R[((size_t)b * T + t) * C + c];
+                gpe[(size_t)t * C + c] += R[((size_t)b * T + t) * C + c];
+            }
+    double e1 = relerr(dwte, gte, (size_t)V * C), e2 = relerr(dwpe, gpe, (size_t)Tctx * C);
+    CHECK(e1 < 1e-6 && e2 < 1e-6, "encoder backward rel err dwte %.3g dwpe %.3g", e1, e2);
+    printf("encoder: backward dwte %.2g dwpe %.2g\n", e1, e2);
+    free(wte), free(wpe), free(out), free(R), free(dwte), free(dwpe), free(gte), free(gpe);
+}
+
+typedef struct {
+    double *x, *R, *y;
+    int B, H, T, hd;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    size_t n = (size_t)c->B * c->H * c->T * c->hd;
+    memcpy(c->y, c->x, sizeof(double) * n);
+    /* (B,H,T,hd) is (B*H, T, hd): one "batch" row per head with ld = hd */
+    rope_ref(c->y, c->hd, 0, c->B * c->H, c->T, 1, c->hd);
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += c->y[i] * c->R[i];
+    return s;
+}
+
+static void test_rope(void) {
+    const int B = 2, H = 3, T = 9, hd = 8;
+    size_t n = (size_t)B * H * T * hd;
+    float *x = randf(n, 1.0f, 50), *R = randf(n, 1.0f, 51), *cs = xmalloc(sizeof(float) * T * hd);
+    rope_table(cs, T, hd);
+    rope_ctx c = {to_f64(x, n), to_f64(R, n), xmalloc(sizeof(double) * n), B, H, T, hd};
+    rope_loss(&c);
+    float *y = xmalloc(sizeof(float) * n), *d = xmalloc(sizeof(float) * n);
+    memcpy(y, x, sizeof(float) * n);
+    rope_forward(y, cs, B, H, T, hd);
+    double e = relerr(y, c.y, n);
+    memcpy(d, R, sizeof(float) * n);
+    rope_backward(d, cs, B, H, T, hd);
+    double *g = xmalloc(sizeof(double) * n);
+    fd_grad(g, c.x, n, rope_loss, &c);
+    double eg = relerr(d, g, n);
+    CHECK(e < 1e-6 && eg < 1e-5, "rope rel err forward %.3g backward %.3g", e, eg);
+    /* a rotation keeps norms and the relative property: q(t).k(t) depends on t only via t-s */
+    printf("rope: forward %.2g, backward %.2g\n", e, eg);
+    free(x), free(R), free(cs), free(c.x), free(c.R), free(c.y), free(y), free(d), free(g);
+}
+
+/* The attention wrapper: permutes, rotary, the library's attention, back. */
+typedef struct {
+    double *qkv, *R, *out;
+    int B, T, C, H, rotary;
+    const float *W;
+    int m;
+    pf_kernel kern;
+    double eps;
+} att_ctx;
+
+static double att_loss(void *p) {
+    att_ctx *c = p;
+    attn_ref(c->out, c->qkv, c->B, c->T, c->C, c->H, c->rotary, c->W, c->m, c->kern, c->eps);
+    double s = 0;
+    for (int i = 0; i < c->B * c->T * c->C; i++) s += c->out[i] * c->R[i];
+    return s;
+}
+
+static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
+    const int B = 2, T = 7, C = 12, H = 3, hd = C / H, m = 16;
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C;
+    float *qkv = randf(n3, 1.0f, 60), *R = randf(n, 1.0f, 61);
+    float *W = xmalloc(sizeof(float) * m * hd);
+    pf_projection_draw(W, m, hd, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 3, 0);
+    float *cs = xmalloc(sizeof(float) * T * hd);
+    rope_table(cs, T, hd);
+    lm_attn_spec spec = {kind, kern, kind == PF_LM_EXACT ? NULL : W, kind == PF_LM_EXACT ? 0 : m,
+                         kern == PF_KERNEL_RELU ? 1e-3f : 0.0f};
+    float *q = xmalloc(sizeof(float) * n), *k = xmalloc(sizeof(float) * n);
+    float *v = xmalloc(sizeof(float) * n), *att = xmalloc(sizeof(float) * n);
+    float *lse = xmalloc(sizeof(float) * B * H * T), *out = xmalloc(sizeof(float) * n);
+    float *dqkv = xmalloc(sizeof(float) * n3), *s4 = xmalloc(sizeof(float) * 4 * n);
+    pf_status st =
+        attention_forward(out, q, k, v, att, lse, qkv, rotary ? cs : NULL, &spec, B, T, C, H);
+    CHECK_STATUS(st, PF_OK);
+    att_ctx c = {to_f64(qkv, n3),
+                 to_f64(R, n),
+                 xmalloc(sizeof(double) * n),
+                 B,
+                 T,
+                 C,
+                 H,
+                 rotary,
+                 spec.W,
+                 spec.m,
+                 kern,
+                 spec.eps};
+    att_loss(&c);
+    double e = relerr(out, c.out, n);
+    st = attention_backward(dqkv, s4, s4 + n, s4 + 2 * n, s4 + 3 * n, R, q, k, v, att, lse,
+                            rotary ? cs : NULL, &spec, B, T, C, H);
+    CHECK_STATUS(st, PF_OK);
+    double *g = xmalloc(sizeof(double) * n3);
+    fd_grad(g, c.qkv, n3, att_loss, &c);
+    double eg = relerr(dqkv, g, n3);
+    const char *name = kind == PF_LM_EXACT ? "exact" : pf_kernel_name(kern);
+    CHECK(e < 1e-5 && eg < 1e-4, "attention %s rotary %d rel err forward %.3g backward %.3g", name,
+          rotary, e, eg);
+    printf("attention %s%s: forward %.2g, backward %.2g\n", name, rotary ? "+rotary" : "", e, eg);
+    free(qkv), free(R), free(W), free(cs), free(q), free(k), free(v), free(att), free(lse);
+    free(out), free(dqkv), free(s4), free(c.qkv), free(c.R), free(c.out), free(g);
+}
+
+/* ---- the whole model --------------------------------------------------------------------- */
+
+static pf_model_config tiny_config(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
+    pf_model_config c = pf_model_config_default();
+    c.context = 8;
+    c.layers = 2;
+    c.d_model = 16;
+    c.heads = 2;
+    c.attention = att;
+    c.positions = pos;
+    c.kernel = kern;
+    c.features = 16;
+    c.seed = 5;
+    return c;
+}
+
+/* Makes the tiny model's weights larger than GPT-2's 0.02 so every path carries signal. */
+static void perturb(pf_model *m) {
+    pf_rng rng;
+    pf_rng_init(&rng, 77, 0);
+    for (size_t i = 0; i < m->num_params; i++)
+        m->params_memory[i] += 0.2f * (float)pf_rng_normal(&rng);
+}
+
+static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
+    pf_model_config cfg = tiny_config(att, pos, kern);
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
+    if (!m) return;
+    perturb(m);
+    const int B = 2, T = 7;
+    int32_t tok[14], tgt[14];
+    pf_rng rng;
+    pf_rng_init(&rng, 9, 1);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(pf_rng_u32(&rng) % V);
+    for (int i = 0; i < B * T; i++) tgt[i] = (int32_t)(pf_rng_u32(&rng) % V);
+    tgt[3] = -1;
+    float loss;
+    CHECK_STATUS(pf_model_set_training(m, 1), PF_OK);
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, B, T), PF_OK);
+    CHECK_STATUS(pf_model_backward(m), PF_OK);
+    double *P = to_f64(m->params_memory, m->num_params);
+    double ref = model_ref(m, P, tok, tgt, B, T, NULL);
+    CHECK_CLOSE(loss, ref, 0, 1e-5);
+
+    /* finite differences on 8 entries of every tensor (all entries of the small ones) */
+    double worst = 0;
+    size_t off = 0;
+    for (int i = 0; i < LM_NUM_PARAMS; i++) {
+        size_t n = m->param_sizes[i];
+        double num = 0, den = 0;
+        for (int s = 0; s < 8 && n > 0; s++) {
+            size_t j = off + (size_t)(pf_rng_u32(&rng) % n);
+            double x0 = P[j];
+            P[j] = x0 + FD_EPS;
+            double fp = model_ref(m, P, tok, tgt, B, T, NULL);
+            P[j] = x0 - FD_EPS;
+            double fm = model_ref(m, P, tok, tgt, B, T, NULL);
+            P[j] = x0;
+            double g = (fp - fm) / (2 * FD_EPS), got = m->grads_memory[j];
+            num += (got - g) * (got - g);
+            den += g * g;
+        }
+        double e = den > 0 ? sqrt(num / den) : sqrt(num);
+        const char *name;
+        int64_t shape[3];
+        lm_param_shape(&cfg, i, &name, shape);
+        if (n > 0) CHECK(e < 1e-4, "model gradient of %s: rel err %.3g", name, e);
+        if (e > worst) worst = e;
+        off += n;
+    }
+    printf("model %s/%s/%s: loss %.6f (ref %.6f), worst gradient rel err %.2g\n",
+           att == PF_LM_EXACT ? "exact" : "favor", pf_kernel_name(kern),
+           pos == PF_LM_ROTARY ? "rotary" : "learned", loss, ref, worst);
+    free(P);
+    pf_model_free(m);
+}
+
+/* The same forward and backward at 1 and 2 threads: identical bits. */
+static void test_threads(void) {
+#ifdef _OPENMP
+    pf_model_config cfg = tiny_config(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    cfg.context = 64;
+    cfg.d_model = 32;
+    pf_model *m1 = NULL, *m2 = NULL;
+    pf_model_create(&m1, &cfg);
+    pf_model_create(&m2, &cfg);
+    if (!m1 || !m2) {
+        CHECK(0, "create failed");
+        return;
+    }
+    const int B = 3, T = 64;
+    int32_t tok[192], tgt[192];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % V;
+        tgt[i] = (i * 53 + 5) % V;
+    }
+    float l1, l2;
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    pf_model_forward(m1, &l1, NULL, tok, tgt, B, T);
+    pf_model_backward(m1);
+    omp_set_num_threads(2);
+    pf_model_forward(m2, &l2, NULL, tok, tgt, B, T);
+    pf_model_backward(m2);
+    omp_set_num_threads(saved);
+    CHECK(memcmp(&l1, &l2, sizeof(float)) == 0, "loss differs: %.9g vs %.9g", l1, l2);
+    CHECK(memcmp(m1->grads_memory, m2->grads_memory, sizeof(float) * m1->num_params) == 0,
+          "gradients differ between 1 and 2 threads");
+    pf_model_free(m1);
+    pf_model_free(m2);
+#endif
+}
+
+/* ---- optimizer and schedule -------------------------------------------------------------- */
+
+static void test_adamw(void) {
+    pf_model_config cfg = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    pf_model *m = NULL;
+    pf_model_create(&m, &cfg);
+    if (!m) {
+        CHECK(0, "create failed");
+        return;
+    }
+    size_t n = m->num_params;
+    float *p0 = xmalloc(sizeof(float) * n);
+    memcpy(p0, m->params_memory, sizeof(float) * n);
+
+    /* A constant gradient g every step, weight decay wd on decayed tensors: with
+     * mhat = g and vhat = g^2 exactly, each step is p <- p (1 - lr wd) - lr g / (|g| + eps),
+     * so after k steps p_k = a^k p0 - lr u (1 - a^k) / (1 - a), a = 1 - lr wd,
+     * u = g / (|g| + eps). eps = 0.5 makes u depend on |g|. */
+    pf_adamw o = pf_adamw_default();
+    o.lr = 0.01f;
+    o.eps = 0.5f;
+    o.weight_decay = 0.1f;
+    o.clip = 0;
+    const int K = 5;
+    for (int s = 0; s < K; s++) {
+        for (size_t i = 0; i < n; i++) m->grads_memory[i] = (float)((int)(i % 7) - 3) * 0.3f;
+        CHECK_STATUS(pf_model_step(m, &o, NULL), PF_OK);
+    }
+    CHECK(pf_model_steps(m) == K, "steps %lld", (long long)pf_model_steps(m));
+    double num = 0, den = 0;
+    size_t off = 0;
+    for (int t = 0; t < LM_NUM_PARAMS; t++) {
+        double wd = lm_param_decays(t) ? o.weight_decay : 0;
+        double a = 1 - o.lr * wd;
+        for (size_t j = off; j < off + m->param_sizes[t]; j++) {
+            double g = (double)(float)((int)(j % 7) - 3) * 0.3f, u = g / (fabs(g) + o.eps);
+            double ak = pow(a, K);
+            double ref = ak * p0[j] - o.lr * u * (wd > 0 ? (1 - ak) / (1 - a) : K);
+            num += (m->params_memory[j] - ref) * (m->params_memory[j] - ref);
+            den += ref * ref;
+        }
+        off += m->param_sizes[t];
+    }
+    double e = sqrt(num / den);
+    CHECK(e < 1e-5, "AdamW after %d steps: rel err %.3g against the closed form", K, e);
+
+    /* Clipping: one step from zero moments with g scaled by s = clip / |g|:
+     * mhat = g s, vhat = (g s)^2, so the step is lr g s / (|g| s + eps). */
+    pf_model_free(m);
+    m = NULL;
+    pf_model_create(&m, &cfg);
+    memcpy(p0, m->params_memory, sizeof(float) * n);
+    double sq = 0;
+    for (size_t i = 0; i < n; i++) {
+        float g = (float)((int)(i % 5) - 2);
+        m->grads_memory[i] = g;
+        sq += (double)g * g;
+    }
+    o.weight_decay = 0;
+    o.clip = 1.0f;
+    float gn = 0;
+    CHECK_STATUS(pf_model_step(m, &o, &gn), PF_OK);
+    CHECK_CLOSE(gn, sqrt(sq), 0, 1e-6);
+    double s = 1.0 / sqrt(sq);
+    num = den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = (int)(i % 5) - 2;
+        double ref = p0[i] - o.lr * g * s / (fabs(g) * s + o.eps);
+        num += (m->params_memory[i] - ref) * (m->params_memory[i] - ref);
+        den += (p0[i] - ref) * (p0[i] - ref);
+    }
+    e = sqrt(num / den);
+    CHECK(e < 1e-3, "clipped step: rel err of the update %.3g", e);
+
+    /* a non-finite gradient changes nothing */
+    memcpy(p0, m->params_memory, sizeof(float) * n);
+    m->grads_memory[3] = NAN;
+    CHECK_STATUS(pf_model_step(m, &o, NULL), PF_ENONFINITE);
+    CHECK(memcmp(p0, m->params_memory, sizeof(float) * n) == 0, "NaN step changed parameters");
+    CHECK(pf_model_steps(m) == 1, "NaN step counted");
+    o.beta1 = 1.0f;
+    CHECK_STATUS(pf_model_step(m, &o, NULL), PF_EINVAL);
+    printf("adamw: closed form rel err %.2g\n", e);
+    free(p0);
+    pf_model_free(m);
+}
+
+static void test_schedule(void) {
+    /* warm-up: lr (s+1)/W; then lr_min + (lr - lr_min)(1 + cos(pi p))/2, p = (s-W)/(S-W) */
+    CHECK_CLOSE(pf_lr_schedule(0, 1000, 100, 1e-3, 1e-4), 1e-5, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(49, 1000, 100, 1e-3, 1e-4), 5e-4, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(99, 1000, 100, 1e-3, 1e-4), 1e-3, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(100, 1000, 100, 1e-3, 1e-4), 1e-3, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(550, 1000, 100, 1e-3, 1e-4), 5.5e-4, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(325, 1000, 100, 1e-3, 1e-4),
+                1e-4 + 0.45e-3 * (1 + cos(3.141592653589793 / 4)), 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(1000, 1000, 100, 1e-3, 1e-4), 1e-4, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(5000, 1000, 100, 1e-3, 1e-4), 1e-4, 0, 1e-12);
+    CHECK_CLOSE(pf_lr_schedule(0, 10, 0, 2e-3, 0), 2e-3, 0, 1e-12);
+}
+
+/* ---- FAVOR++ statistics ------------------------------------------------------------------ */
+
+static void test_favorpp_stats(void) {
+    /* A*(0) = 0 (FAVOR+); A* < 0 and decreasing for rho > 0; A* minimises the variance
+     * exponent (1-4A)^d (1-8A)^(-d/2) exp(2(1-4A)s/(1-8A)) for s = rho d: check the minimum by
+     * comparing with A* +- 1e-3 at d = 16. */
+    CHECK_CLOSE(favorpp_a(0), 0, 1e-15, 0);
+    CHECK(favorpp_a(1) < 0 && favorpp_a(2) < favorpp_a(1), "A* not decreasing");
+    for (double rho = 0.25; rho <= 4; rho *= 2) {
+        int d = 16;
+        double s = rho * d;
+        double a = favorpp_a(rho);
+#define LOGVAR(A)                                                                                  \
+    (d * log(1 - 4 * (A)) - d / 2.0 * log(1 - 8 * (A)) + 2 * (1 - 4 * (A)) * s / (1 - 8 * (A)))
+        CHECK(LOGVAR(a) < LOGVAR(a + 1e-3) && LOGVAR(a) < LOGVAR(a - 1e-3),
+              "A*(%g) = %g is not a minimum", rho, a);
+#undef LOGVAR
+    }
+    /* rho of a batch against a direct mean over pairs */
+    const int B = 2, H = 2, T = 5, hd = 4;
+    size_t n = (size_t)B * H * T * hd;
+    float *q = randf(n, 1.0f, 70), *k = randf(n, 1.0f, 71);
+    for (size_t i = 0; i < n; i++) q[i] += 0.5f;
+    double s = 1.0 / sqrt(hd), tot = 0;
+    for (int bh = 0; bh < B * H; bh++)
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) {
+                double e = 0;
+                for (int c = 0; c < hd; c++) {
+                    double x =
+                        (double)q[((size_t)bh * T + i) * hd + c] + k[((size_t)bh * T + j) * hd + c];
+                    e += x * x;
+                }
+                tot += e * s;
+            }
+    CHECK_CLOSE(favorpp_rho(q, k, B, H, T, hd, 0), tot / (B * H * T * T) / hd, 0, 1e-12);
+    free(q), free(k);
+}
+
+/* ---- arguments --------------------------------------------------------------------------- */
+
+static void test_arguments(void) {
+    pf_model *m = NULL;
+    pf_model_config c = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    CHECK_STATUS(pf_model_create(NULL, &c), PF_EINVAL);
+    CHECK_STATUS(pf_model_create(&m, NULL), PF_EINVAL);
+    c.heads = 3;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c = tiny_config(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    c.d_model = 6;
+    c.heads = 2; /* head width 3: odd, no rotary */
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c = tiny_config(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    CHECK_STATUS(pf_model_create(&m, &c), PF_ENOTSUP);
+    c = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    c.features = 0;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    CHECK(m == NULL, "failed create left a model");
+    c = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
+    int32_t tok[4] = {1, 2, 3, 4}, bad[4] = {1, 256, 3, 4}, tgt[4] = {2, 3, 4, -2};
+    float loss;
+    CHECK_STATUS(pf_model_backward(m), PF_EINVAL); /* no forward yet */
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, bad, NULL, 1, 4), PF_EINVAL);
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, 1, 4), PF_EINVAL);
+    CHECK_STATUS(pf_model_forward(m, NULL, NULL, tok, NULL, 1, 9), PF_EINVAL); /* > context */
+    CHECK_STATUS(pf_model_forward(m, NULL, NULL, tok, NULL, 0, 4), PF_EINVAL);
+    CHECK_STATUS(pf_model_forward(m, NULL, NULL, tok, NULL, 1, 4), PF_OK);
+    CHECK_STATUS(pf_model_backward(m), PF_EINVAL); /* that forward had no targets */
+    CHECK(pf_model_num_params(m) == 256 * 16 + 8 * 16 + 2 * 12 * 16 * 16 + 2 * 13 * 16 + 2 * 16,
+          "parameter count %lld", (long long)pf_model_num_params(m));
+    pf_model_free(m);
+    pf_model_free(NULL);
+}
+
+int main(void) {
+    test_layernorm();
+    test_matmul();
+    test_gelu();
+    test_crossentropy();
+    test_encoder();
+    test_rope();
+    test_attention(PF_LM_EXACT, PF_KERNEL_POSITIVE, 0);
+    test_attention(PF_LM_EXACT, PF_KERNEL_POSITIVE, 1);
+    test_model_gradients(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    test_model_gradients(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_threads();
+    test_adamw();
+    test_schedule();
+    test_favorpp_stats();
+    test_arguments();
+    TEST_MAIN_END();
+}
