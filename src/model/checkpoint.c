@@ -1,0 +1,271 @@
+/* checkpoint.c: a model to and from a safetensors file.
+ *
+ * Tensors: the parameters by name (model.c's param_names, llm.c's stacked (L, ...) layout),
+ * "favor.W" (L, m, hd) the current projections, "favorpp.rho" (L) the running statistic, and
+ * with the optimizer "adamw.m.<name>" and "adamw.v.<name>". The "__metadata__" holds
+ * "format" = "performer-lm-1", the configuration and counters as "pf.<key>" strings, and any
+ * pairs the caller adds (a training run's settings). Everything a run needs to continue bit for
+ * bit is there: weights, moments, step, W and its stream. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/safetensors.h"
+#include "model/model.h"
+
+#define FORMAT "performer-lm-1"
+#define MAX_META 64
+
+static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *path, const char *msg,
+                      const char *arg) {
+    if (errmsg && errlen > 0) snprintf(errmsg, errlen, "%s: %s%s", path ? path : "", msg, arg);
+    return st;
+}
+
+static const char *attention_name(pf_lm_attention a) {
+    return a == PF_LM_EXACT ? "exact" : a == PF_LM_FAVOR ? "favor" : "favor++";
+}
+
+pf_status pf_model_save(const pf_model *m, const char *path, const char *const *meta,
+                        int with_optimizer, char *errmsg, size_t errlen) {
+    if (errmsg && errlen > 0) errmsg[0] = '\0';
+    if (!m || !path || (with_optimizer != 0 && with_optimizer != 1))
+        return fail(PF_EINVAL, errmsg, errlen, path, "bad argument", "");
+    const pf_model_config *c = &m->config;
+    int hd = c->d_model / c->heads;
+
+    /* metadata: ours, then the caller's */
+    char vals[14][32];
+    const char *kv[2 * MAX_META + 1];
+    int k = 0;
+    kv[k++] = "format";
+    kv[k++] = FORMAT;
+#define META_INT(key, fmt, v, slot)                                                                \
+    do {                                                                                           \
+        snprintf(vals[slot], sizeof(vals[slot]), fmt, v);                                          \
+        kv[k++] = key;                                                                             \
+        kv[k++] = vals[slot];                                                                      \
+    } while (0)
+    META_INT("pf.context", "%d", c->context, 0);
+    META_INT("pf.layers", "%d", c->layers, 1);
+    META_INT("pf.d_model", "%d", c->d_model, 2);
+    META_INT("pf.heads", "%d", c->heads, 3);
+    kv[k++] = "pf.attention";
+    kv[k++] = attention_name(c->attention);
+    kv[k++] = "pf.positions";
+    kv[k++] = c->positions == PF_LM_ROTARY ? "rotary" : "learned";
+    kv[k++] = "pf.kernel";
+    kv[k++] = pf_kernel_name(c->kernel);
+    META_INT("pf.features", "%d", c->features, 4);
+    META_INT("pf.redraw", "%d", c->redraw, 5);
+    META_INT("pf.seed", "%" PRIu64, c->seed, 6);
+    META_INT("pf.step", "%" PRId64, m->step, 7);
+    META_INT("pf.w_stream", "%" PRId64, m->w_stream, 8);
+    META_INT("pf.rho_count", "%" PRId64, m->rho_count, 9);
+#undef META_INT
+    for (int i = 0; meta && meta[i]; i += 2) {
+        if (!meta[i + 1] || strncmp(meta[i], "pf.", 3) == 0 || strcmp(meta[i], "format") == 0)
+            return fail(PF_EINVAL, errmsg, errlen, path, "bad or reserved metadata key: ", meta[i]);
+        if (k + 2 > 2 * MAX_META)
+            return fail(PF_EINVAL, errmsg, errlen, path, "too many metadata pairs", "");
+        kv[k++] = meta[i];
+        kv[k++] = meta[i + 1];
+    }
+    kv[k] = NULL;
+
+    /* tensors */
+    enum { MAX_T = 3 * LM_NUM_PARAMS + 2 };
+    pf_st_entry t[MAX_T];
+    char names[2][LM_NUM_PARAMS][64];
+    int n = 0;
+    for (int pass = 0; pass < (with_optimizer ? 3 : 1); pass++) {
+        const float *mem = pass == 0 ? m->params_memory : pass == 1 ? m->m_memory : m->v_memory;
+        size_t off = 0;
+        for (int i = 0; i < LM_NUM_PARAMS; i++) {
+            const char *name;
+            pf_st_entry *e = &t[n];
+            e->ndim = lm_param_shape(c, i, &name, e->shape);
+            e->data = mem + off;
+            off += m->param_sizes[i];
+            if (m->param_sizes[i] == 0) continue; /* no wpe with rotary positions */
+            if (pass > 0) {
+                snprintf(names[pass - 1][i], sizeof(names[0][0]), "adamw.%s.%s",
+                         pass == 1 ? "m" : "v", name);
+                name = names[pass - 1][i];
+            }
+            e->name = name;
+            n++;
+        }
+    }
+    if (c->attention != PF_LM_EXACT) {
+        t[n] = (pf_st_entry){.name = "favor.W", .ndim = 3, .data = m->W};
+        t[n].shape[0] = c->layers;
+        t[n].shape[1] = c->features;
+        t[n].shape[2] = hd;
+        n++;
+        t[n] = (pf_st_entry){.name = "favorpp.rho", .ndim = 1, .data = m->rho};
+        t[n].shape[0] = c->layers;
+        n++;
+    }
+    return pf_st_write(path, t, n, kv, errmsg, errlen);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading
+ * ------------------------------------------------------------------------------------------ */
+
+/* A metadata integer in [lo, hi]; 0 if missing or malformed. */
+static int meta_int(const pf_st_file *f, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+    const char *s = pf_st_meta(f, key);
+    if (!s || !*s) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno || v < lo || v > hi || s[0] == ' ') return 0;
+    *out = v;
+    return 1;
+}
+
+/* Copies tensor `name` of the expected shape into dst; an error message otherwise. */
+static pf_status load_tensor(const pf_st_file *f, const char *name, int ndim, const int64_t *shape,
+                             float *dst, const char *path, char *errmsg, size_t errlen) {
+    const pf_st_tensor *t = pf_st_find(f, name);
+    if (!t) return fail(PF_EFORMAT, errmsg, errlen, path, "missing tensor ", name);
+    int same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+    if (!same)
+        return fail(PF_EFORMAT, errmsg, errlen, path,
+                    "shape disagrees with the configuration: tensor ", name);
+    memcpy(dst, t->data, sizeof(float) * t->count);
+    if (pf_any_nonfinite(dst, t->count))
+        return fail(PF_EFORMAT, errmsg, errlen, path, "NaN or Inf in tensor ", name);
+    return PF_OK;
+}
+
+static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path, char *errmsg,
+                           size_t errlen) {
+    const char *fmt = pf_st_meta(f, "format");
+    if (!fmt || strcmp(fmt, FORMAT) != 0)
+        return fail(
+            PF_EFORMAT, errmsg, errlen, path,
+            "not a performer language-model checkpoint (no format=" FORMAT " in __metadata__)", "");
+    pf_model_config c = pf_model_config_default();
+    int64_t v[8], step, w_stream, rho_count;
+    int ok = meta_int(f, "pf.context", 1, INT32_MAX, &v[0]) &&
+             meta_int(f, "pf.layers", 1, INT32_MAX, &v[1]) &&
+             meta_int(f, "pf.d_model", 1, INT32_MAX, &v[2]) &&
+             meta_int(f, "pf.heads", 1, INT32_MAX, &v[3]) &&
+             meta_int(f, "pf.features", 0, INT32_MAX, &v[4]) &&
+             meta_int(f, "pf.redraw", 0, INT32_MAX, &v[5]) &&
+             meta_int(f, "pf.step", 0, INT64_MAX, &step) &&
+             meta_int(f, "pf.w_stream", -1, INT64_MAX, &w_stream) &&
+             meta_int(f, "pf.rho_count", 0, INT64_MAX, &rho_count);
+    const char *seed = pf_st_meta(f, "pf.seed");
+    const char *att = pf_st_meta(f, "pf.attention"), *pos = pf_st_meta(f, "pf.positions");
+    const char *kern = pf_st_meta(f, "pf.kernel");
+    if (!ok || !seed || !att || !pos || !kern)
+        return fail(PF_EFORMAT, errmsg, errlen, path,
+                    "missing or malformed configuration in __metadata__", "");
+    char *end;
+    errno = 0;
+    c.seed = strtoull(seed, &end, 10);
+    if (*end || errno || seed[0] < '0' || seed[0] > '9')
+        return fail(PF_EFORMAT, errmsg, errlen, path, "malformed pf.seed: ", seed);
+    c.context = (int)v[0];
+    c.layers = (int)v[1];
+    c.d_model = (int)v[2];
+    c.heads = (int)v[3];
+    c.features = (int)v[4];
+    c.redraw = (int)v[5];
+    if (strcmp(att, "exact") == 0)
+        c.attention = PF_LM_EXACT;
+    else if (strcmp(att, "favor") == 0)
+        c.attention = PF_LM_FAVOR;
+    else if (strcmp(att, "favor++") == 0)
+        c.attention = PF_LM_FAVORPP;
+    else
+        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.attention: ", att);
+    if (strcmp(pos, "learned") == 0)
+        c.positions = PF_LM_LEARNED;
+    else if (strcmp(pos, "rotary") == 0)
+        c.positions = PF_LM_ROTARY;
+    else
+        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.positions: ", pos);
+    if (pf_kernel_parse(kern, &c.kernel) != PF_OK)
+        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.kernel: ", kern);
+    if (c.attention == PF_LM_EXACT && c.features < 1) c.features = 1;
+
+    pf_status st = lm_config_check(&c);
+    if (st == PF_ENOTSUP)
+        return fail(st, errmsg, errlen, path, "this build cannot run attention ", att);
+    if (st != PF_OK) return fail(PF_EFORMAT, errmsg, errlen, path, "invalid configuration", "");
+    pf_model *m = NULL;
+    st = pf_model_create(&m, &c);
+    if (st != PF_OK)
+        return fail(st, errmsg, errlen, path, "cannot create the model: ", pf_status_str(st));
+
+    int with_opt = pf_st_find(f, "adamw.m.wte") != NULL;
+    size_t off = 0;
+    for (int i = 0; i < LM_NUM_PARAMS && st == PF_OK; i++) {
+        const char *name;
+        int64_t shape[3];
+        int nd = lm_param_shape(&c, i, &name, shape);
+        if (m->param_sizes[i] > 0) {
+            st = load_tensor(f, name, nd, shape, m->params_memory + off, path, errmsg, errlen);
+            for (int pass = 1; pass <= 2 && with_opt && st == PF_OK; pass++) {
+                char oname[80];
+                snprintf(oname, sizeof(oname), "adamw.%s.%s", pass == 1 ? "m" : "v", name);
+                st = load_tensor(f, oname, nd, shape, (pass == 1 ? m->m_memory : m->v_memory) + off,
+                                 path, errmsg, errlen);
+            }
+        }
+        off += m->param_sizes[i];
+    }
+    if (st == PF_OK && c.attention != PF_LM_EXACT) {
+        int64_t ws[3] = {c.layers, c.features, c.d_model / c.heads}, rs[1] = {c.layers};
+        st = load_tensor(f, "favor.W", 3, ws, m->W, path, errmsg, errlen);
+        if (st == PF_OK) st = load_tensor(f, "favorpp.rho", 1, rs, m->rho, path, errmsg, errlen);
+        m->w_stream = w_stream;
+    }
+    m->step = step;
+    m->rho_count = rho_count;
+
+    /* keep every metadata pair for pf_model_meta */
+    if (st == PF_OK) {
+        m->meta = calloc((size_t)(2 * f->nmeta + 1), sizeof(char *));
+        if (!m->meta) st = PF_ENOMEM;
+        for (int i = 0; i < 2 * f->nmeta && st == PF_OK; i++) {
+            m->meta[i] = strdup(f->meta[i]);
+            if (!m->meta[i]) st = PF_ENOMEM;
+        }
+        if (st == PF_ENOMEM) fail(st, errmsg, errlen, path, "out of memory", "");
+    }
+    if (st != PF_OK) {
+        pf_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PF_OK;
+}
+
+pf_status pf_model_load(pf_model **model, const char *path, char *errmsg, size_t errlen) {
+    if (errmsg && errlen > 0) errmsg[0] = '\0';
+    if (!model || !path) return fail(PF_EINVAL, errmsg, errlen, path, "bad argument", "");
+    *model = NULL;
+    pf_st_file f;
+    pf_status st = pf_st_read(path, &f, errmsg, errlen);
+    if (st != PF_OK) return st;
+    st = load_into(model, &f, path, errmsg, errlen);
+    pf_st_free(&f);
+    return st;
+}
+
+const char *pf_model_meta(const pf_model *m, const char *key) {
+    if (!m || !key || !m->meta) return NULL;
+    for (char **p = m->meta; p[0]; p += 2) {
+        if (strcmp(p[0], key) == 0) return p[1];
+    }
+    return NULL;
+}
