@@ -1,0 +1,464 @@
+/* attn_favor.c: FAVOR+ attention, out = D^-1 phi(Q) (phi(K)^T V) (SPEC §4), forward.
+ *
+ * One (b, h) pair is one unit of work, done by one thread, so the arithmetic (and the result,
+ * bit for bit) does not depend on the thread count. Within a head, rows go in blocks that stay
+ * in cache: a block of inputs becomes stabilised features (features.c) and goes straight into
+ * an sgemm; no L x r matrix is ever formed.
+ *
+ * Values are augmented with a ones column, [V | 1] (Lk, dv+1), so one product gives numerator
+ * (columns 0..dv-1) and denominator (column dv).
+ *
+ * Stabilisation. phi(x) = phi~(x) exp(c(x)) with phi~ = O(1) (see favor.h). out_i is unchanged by
+ * a positive factor on query i's features, so a query's c simply drops. Key factors exp(c_j)
+ * differ per key and are kept relative to a reference M >= c_j: key j enters as
+ * phi~_j exp(c_j - M) <= phi~_j, and when M grows the accumulated state is rescaled by
+ * exp(M_old - M_new) <= 1. Nothing overflows whatever the input norms. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_common.h"
+#include "favor.h"
+
+enum {
+    FAVOR_BLOCK = 256,    /* rows per block, bidirectional */
+    FAVOR_CHUNK = 16      /* causal chunk when opts->chunk is 0 (see favor_chunk) */
+};
+
+pf_favor_opts pf_favor_opts_default(void) {
+    pf_favor_opts o = {.kernel = PF_KERNEL_POSITIVE,
+                       .W = NULL,
+                       .m = 0,
+                       .w_per_head = 0,
+                       .eps = 0.0f,
+                       .chunk = 0};
+    return o;
+}
+
+pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts,
+                         const pf_favor_opts *fv) {
+    pf_status st = pf_attn_check(shape, opts);
+    if (st != PF_OK) return st;
+    if (!fv || !fv->W) return PF_EINVAL;
+    if (fv->m <= 0 || pf_kernel_width(fv->kernel, fv->m) == 0) return PF_EINVAL;
+    if (fv->w_per_head != 0 && fv->w_per_head != 1) return PF_EINVAL;
+    if (!isfinite(fv->eps) || fv->eps < 0) return PF_EINVAL;
+    if (fv->chunk < 0) return PF_EINVAL;
+    /* W holds (H or 1) * m * d floats; that count, in bytes, must fit in size_t */
+    size_t nw = (size_t)fv->m * (size_t)shape->d; /* both < 2^31: no overflow */
+    size_t heads = fv->w_per_head ? (size_t)shape->H : 1;
+    if (nw > SIZE_MAX / sizeof(float) / heads) return PF_EINVAL;
+    if (pf_nonfinite_f32(fv->W, nw * heads)) return PF_ENONFINITE;
+    return PF_OK;
+}
+
+pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts, const pf_favor_opts *fv,
+                      int h) {
+    const size_t nw = (size_t)fv->m * (size_t)shape->d;
+    const float *W = fv->W + (fv->w_per_head ? (size_t)h * nw : 0);
+    return pf_fmap_make(fv->kernel, W, fv->m, shape->d, opts->scale, fv->eps);
+}
+
+/* The causal chunk C: the user's, or 16. Per chunk the masked intra-chunk products cost
+ * 2 C^2 (r + dv + 1) flops against 2 C r (2d + 2(dv + 1)) for the features and the state, so
+ * the extra work grows as C / d, while sgemm wants C large. Measured on AVX-512 with OpenBLAS
+ * (B = 1, H = 8, L = 4096): causal / bidirectional time is lowest at C = 8..20 for d = 16..128
+ * and r = 64..512 (d = 64, r = 256: 1.08 at 16, 1.1 at 32, 1.35 at 64). */
+static int favor_chunk(const pf_favor_opts *fv, int L) {
+    int C = fv->chunk ? fv->chunk : FAVOR_CHUNK;
+    return C < L ? C : L;
+}
+
+/* Rows per block of features: FAVOR_BLOCK, or for causal a whole number of chunks near it. */
+static int favor_block(int causal, int C) {
+    if (!causal) return FAVOR_BLOCK;
+    return C >= FAVOR_BLOCK ? C : FAVOR_BLOCK / C * C;
+}
+
+/* ---- per-thread scratch ------------------------------------------------------------------- */
+
+typedef struct favor_ws {
+    float *phi;   /* (nb, r + C): features of a block of rows; causal: Q~ and, in the last C
+                     columns of a chunk's rows, its masked scores A */
+    float *kphi;  /* (nb, r): causal: K~ of the block */
+    float *vaug;  /* (nb, dv+1): bidirectional: weighted [V | 1] rows */
+    float *vs;    /* (C, dv+1): causal: [V | 1] rows weighted for the state update */
+    float *o;     /* (nb, dv+1): numerators and denominators of a block of queries */
+    float *state; /* (r + C, dv+1): K~^T [V | 1] (bidirectional); causal: the state S, then the
+                     chunk's weighted [V | 1] rows right below it */
+    double *c;    /* (nb): log factors of a block of keys */
+    double *cq;   /* (nb): log factors of a block of queries (not needed, they cancel) */
+    double *p;    /* (C): prefix maxima of the key log factors (causal) */
+    void *mem;
+} favor_ws;
+
+/* Rounds a count of 4- or 8-byte items up to a whole number of 64-byte lines. */
+static size_t lines(size_t n, size_t size) {
+    return (n * size + 63) / 64 * 64;
+}
+
+/* C = 0 for bidirectional. Returns 0, or -1 when out of memory. */
+static int favor_ws_alloc(favor_ws *ws, int nb, int C, int r, int dv) {
+    const size_t dv1 = (size_t)dv + 1, R = (size_t)r, NB = (size_t)nb, CC = (size_t)C;
+    const size_t sz[9] = {lines(NB * (R + CC), 4), lines(C ? NB * R : 0, 4),
+                          lines(NB * dv1, 4),      lines(CC * dv1, 4),
+                          lines(NB * dv1, 4),      lines((R + CC) * dv1, 4),
+                          lines(NB, 8),            lines(NB, 8),
+                          lines(CC, 8)};
+    memset(ws, 0, sizeof *ws);
+    size_t total = 0;
+    for (int i = 0; i < 9; i++) total += sz[i]; /* r, dv, nb, C < 2^31: no overflow */
+    char *m = pf_alloc(total, 1);
+    if (!m) return -1;
+    ws->mem = m;
+    float **f[6] = {&ws->phi, &ws->kphi, &ws->vaug, &ws->vs, &ws->o, &ws->state};
+    for (int i = 0; i < 6; i++) {
+        *f[i] = (float *)m;
+        m += sz[i];
+    }
+    ws->c = (double *)m;
+    m += sz[6];
+    ws->cq = (double *)m;
+    m += sz[7];
+    ws->p = (double *)m;
+    return 0;
+}
+
+/* ---- one head ----------------------------------------------------------------------------- */
+
+typedef struct favor_head {
+    const float *Q; /* (Lq, d) */
+    const float *K; /* (Lk, d) */
+    const float *V; /* (Lk, dv) */
+    float *out;     /* (Lq, dv) */
+    int Lq, Lk, klen, dv;
+} favor_head;
+
+/* dst row j = w_j [v_j | 1] for n rows, w_j = exp(c_j - ref_j), ref_j = ref[j] if ref is not
+ * NULL, else ref0. */
+static void weighted_values(float *dst, const float *V, int dv, const double *c,
+                            const double *ref, double ref0, int n) {
+    const int dv1 = dv + 1;
+    for (int j = 0; j < n; j++) {
+        const float w = (float)exp(c[j] - (ref ? ref[j] : ref0));
+        const float *v = V + (size_t)j * (size_t)dv;
+        float *row = dst + (size_t)j * (size_t)dv1;
+        for (int k = 0; k < dv; k++) row[k] = w * v[k];
+        row[dv] = w;
+    }
+}
+
+/* out_i = o_i[0..dv) / o_i[dv] for n rows. A zero denominator is PF_EDOMAIN, a non-finite
+ * one (or quotient) PF_ENONFINITE; such a row is written as zeros, never NaN. Adding +0 turns
+ * a -0 into +0, so a zero output has one bit pattern whatever the order of exact zeros. */
+static pf_status readout(float *out, const float *o, int n, int dv) {
+    pf_status st = PF_OK;
+    for (int i = 0; i < n; i++) {
+        const float *row = o + (size_t)i * (size_t)(dv + 1);
+        float *dst = out + (size_t)i * (size_t)dv;
+        const float den = row[dv];
+        pf_status bad = PF_OK;
+        if (!isfinite(den)) bad = PF_ENONFINITE;
+        else if (den == 0.0f) bad = PF_EDOMAIN;
+        else {
+            const float inv = 1.0f / den;
+            for (int k = 0; k < dv; k++) dst[k] = row[k] * inv + 0.0f;
+            if (!isfinite(inv) || pf_nonfinite_f32(dst, (size_t)dv)) bad = PF_ENONFINITE;
+        }
+        if (bad != PF_OK) {
+            memset(dst, 0, sizeof(float) * (size_t)dv);
+            if (bad > st) st = bad;
+        }
+    }
+    return st;
+}
+
+static pf_status worse(pf_status a, pf_status b) {
+    return a > b ? a : b;
+}
+
+/* Bidirectional: KV = sum_j k~_j exp(c_j - M) [v_j | 1] over key blocks with the running max M
+ * (the state rescaled by exp(M_old - M_new) through sgemm's beta), then per query block
+ * (Q~ KV)[:, :dv] / (Q~ KV)[:, dv]. */
+static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, favor_ws *ws) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
+    float *KV = ws->state;
+    memset(KV, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    double M = -INFINITY;
+    for (int j0 = 0; j0 < hd->klen; j0 += FAVOR_BLOCK) {
+        const int nb = hd->klen - j0 < FAVOR_BLOCK ? hd->klen - j0 : FAVOR_BLOCK;
+        const float *Vb = hd->V + (size_t)j0 * (size_t)dv;
+        if (pf_nonfinite_f32(Vb, (size_t)nb * (size_t)dv)) return PF_ENONFINITE;
+        /* (K rows are checked by pf_fmap_rows) */
+        pf_status st = pf_fmap_rows(fm, ws->phi, r, ws->c, hd->K + (size_t)j0 * (size_t)d, nb);
+        if (st != PF_OK) return st;
+        double cb = -INFINITY;
+        for (int j = 0; j < nb; j++) cb = ws->c[j] > cb ? ws->c[j] : cb;
+        float beta = 1.0f;
+        if (cb > M) {
+            beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
+            M = cb;
+        }
+        weighted_values(ws->vaug, Vb, dv, ws->c, NULL, M, nb);
+        /* KV = beta KV + K~^T [V | 1]_w   (r x dv1) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, ws->phi, r,
+                    ws->vaug, dv1, beta, KV, dv1);
+    }
+    pf_status st = PF_OK;
+    for (int i0 = 0; i0 < hd->Lq; i0 += FAVOR_BLOCK) {
+        const int nb = hd->Lq - i0 < FAVOR_BLOCK ? hd->Lq - i0 : FAVOR_BLOCK;
+        pf_status s1 = pf_fmap_rows(fm, ws->phi, r, ws->cq, hd->Q + (size_t)i0 * (size_t)d, nb);
+        if (s1 != PF_OK) return s1;
+        /* O = Q~ KV   (nb x dv1) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, ws->phi, r, KV,
+                    dv1, 0.0f, ws->o, dv1);
+        st = worse(st, readout(hd->out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
+    }
+    return st;
+}
+
+/* Causal, in chunks of C rows with a state S = sum_{j in earlier chunks} k~_j e^(c_j - M) [v_j|1]
+ * referenced to M, the max key log factor so far. Query i of a chunk uses the prefix max
+ * P_i = max(M, c_t0..c_i) as its reference, which looks at no later key:
+ *   n_i = e^(M - P_i) q~_i S + sum_{t0 <= j <= i} (q~_i.k~_j) e^(P_j - P_i) e^(c_j - P_j) [v_j|1]
+ * Every factor is <= 1. Then S = e^(M - M') S + sum_j k~_j e^(c_j - M') [v_j|1], M' = P_last.
+ *
+ * Features are made a block of whole chunks at a time (so sgemm packs W once per block). The
+ * two terms of n_i are one sgemm: [e^(M - P) Q~ | A] (C x (r + C)) times [S ; [V|1]_w]
+ * ((r + C) x dv1); the scores A sit in C spare columns after each Q~ row, the weighted values
+ * in C spare rows below S. Rows j > i of A are exact zeros, so later keys and values change no
+ * bit of n_i (0 * finite adds +-0). */
+static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favor_ws *ws, int C) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, L = hd->Lq;
+    const int NB = favor_block(1, C), ldq = r + C;
+    float *S = ws->state, *Vw = ws->state + (size_t)r * (size_t)dv1;
+    memset(S, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    double M = -INFINITY; /* -inf until the first key has been added */
+    double *P = ws->p;
+    pf_status st = PF_OK;
+    for (int b0 = 0; b0 < L; b0 += NB) {
+        const int nb = L - b0 < NB ? L - b0 : NB;
+        int nkb = hd->klen - b0; /* valid keys in the block */
+        nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
+        if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv))
+            return PF_ENONFINITE;
+        pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, hd->Q + (size_t)b0 * (size_t)d, nb);
+        if (s1 == PF_OK && nkb > 0)
+            s1 = pf_fmap_rows(fm, ws->kphi, r, ws->c, hd->K + (size_t)b0 * (size_t)d, nkb);
+        if (s1 != PF_OK) return s1;
+
+        for (int t0 = b0; t0 < b0 + nb; t0 += C) {
+            const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
+            int nk = hd->klen - t0; /* valid keys in the chunk */
+            nk = nk < 0 ? 0 : (nk > n ? n : nk);
+            float *Qc = ws->phi + (size_t)(t0 - b0) * (size_t)ldq, *A = Qc + r;
+            const float *Kc = ws->kphi + (size_t)(t0 - b0) * (size_t)r;
+            const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
+            const double *ck = ws->c + (t0 - b0);
+            const int have_state = M > -INFINITY;
+            double run = M;
+            for (int j = 0; j < n; j++) {
+                if (j < nk && ck[j] > run) run = ck[j];
+                P[j] = run;
+            }
+            if (nk > 0) {
+                /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1 */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, ldq, Kc,
+                            r, 0.0f, A, ldq);
+                for (int i = 0; i < n; i++) {
+                    float *row = A + (size_t)i * (size_t)ldq;
+                    const int jmax = i < nk - 1 ? i : nk - 1;
+                    for (int j = 0; j <= jmax; j++) {
+                        if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
+                    }
+                    for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
+                }
+                weighted_values(Vw, Vc, dv, ck, P, 0.0, nk); /* e^(c_j - P_j) [v_j | 1] */
+            }
+            if (have_state) {
+                /* row i of Q~ times e^(M - P_i) <= 1 (A has been formed from the plain Q~) */
+                for (int i = 0; i < n; i++) {
+                    if (P[i] == M) continue;
+                    const float f = (float)exp(M - P[i]);
+                    float *row = Qc + (size_t)i * (size_t)ldq;
+                    for (int k = 0; k < r; k++) row[k] *= f;
+                }
+            }
+            /* O = [e^(M-P) Q~ | A] [S ; Vw]; before the first key only A Vw. klen >= 1 puts a
+             * key at position 0, so every chunk has a state or a key. */
+            const int kdim = (have_state ? r : 0) + nk;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, kdim, 1.0f,
+                        have_state ? Qc : A, ldq, have_state ? S : Vw, dv1, 0.0f, ws->o, dv1);
+            st = worse(st, readout(hd->out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
+            if (nk > 0) {
+                /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
+                const double Mn = P[n - 1];
+                const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
+                weighted_values(ws->vs, Vc, dv, ck, NULL, Mn, nk);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nk, 1.0f, Kc, r,
+                            ws->vs, dv1, beta, S, dv1);
+                M = Mn;
+            }
+        }
+    }
+    return st;
+}
+
+/* ---- the driver --------------------------------------------------------------------------- */
+
+pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
+                        const pf_shape *shape, const pf_attn_opts *opts,
+                        const pf_favor_opts *favor) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st0 = pf_favor_check(shape, opts, favor);
+    if (st0 != PF_OK) return st0;
+    const pf_shape s = *shape;
+    const int r = pf_kernel_width(favor->kernel, favor->m);
+    const int C = opts->causal ? favor_chunk(favor, s.Lq) : 0;
+    const int nb = favor_block(opts->causal, C);
+    int nt = pf_threads(opts->threads);
+    if (nt > s.B * s.H) nt = s.B * s.H;
+
+    int worst = PF_OK;
+#pragma omp parallel num_threads(nt) reduction(max : worst)
+    {
+        favor_ws ws;
+        const int ok = favor_ws_alloc(&ws, nb, C, r, s.dv) == 0;
+        if (!ok) worst = PF_ENOMEM;
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < s.B; b++) {
+            for (int h = 0; h < s.H; h++) {
+                if (!ok) continue;
+                const size_t bh = (size_t)b * (size_t)s.H + (size_t)h;
+                favor_head hd = {
+                    .Q = Q + bh * (size_t)s.Lq * (size_t)s.d,
+                    .K = K + bh * (size_t)s.Lk * (size_t)s.d,
+                    .V = V + bh * (size_t)s.Lk * (size_t)s.dv,
+                    .out = out + bh * (size_t)s.Lq * (size_t)s.dv,
+                    .Lq = s.Lq,
+                    .Lk = s.Lk,
+                    .klen = pf_attn_key_len(opts, b, s.Lk),
+                    .dv = s.dv,
+                };
+                /* Inputs are checked for NaN/Inf block by block where they are used (while
+                 * in cache); only the padded keys, never used, are checked here. */
+                const size_t pad = (size_t)(s.Lk - hd.klen);
+                pf_status st;
+                if (pf_nonfinite_f32(hd.K + (size_t)hd.klen * (size_t)s.d, pad * (size_t)s.d) ||
+                    pf_nonfinite_f32(hd.V + (size_t)hd.klen * (size_t)s.dv, pad * (size_t)s.dv)) {
+                    st = PF_ENONFINITE;
+                } else {
+                    const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+                    st = opts->causal ? favor_causal_head(&fm, &hd, &ws, C)
+                                      : favor_bidir_head(&fm, &hd, &ws);
+                }
+                if (st == PF_ENONFINITE || st == PF_ENOMEM)
+                    memset(hd.out, 0, sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
+                if ((int)st > worst) worst = (int)st;
+            }
+        }
+        pf_free(ws.mem);
+    }
+    return (pf_status)worst;
+}
+
+/* ---- the float64 reference ---------------------------------------------------------------- */
+
+/* out (dv) = num[0..dv) / num[dv], checked like readout. */
+static pf_status readout_f64(float *out, const double *num, int dv) {
+    const double den = num[dv];
+    pf_status bad = PF_OK;
+    if (!isfinite(den)) bad = PF_ENONFINITE;
+    else if (den == 0.0) bad = PF_EDOMAIN;
+    for (int k = 0; k < dv && bad == PF_OK; k++) {
+        double q = num[k] / den;
+        if (!isfinite(q)) bad = PF_ENONFINITE;
+        out[k] = (float)q;
+    }
+    if (bad != PF_OK) memset(out, 0, sizeof(float) * (size_t)dv);
+    return bad;
+}
+
+pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const float *V,
+                            const pf_shape *shape, const pf_attn_opts *opts,
+                            const pf_favor_opts *favor) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    const pf_shape s = *shape;
+    const pf_attn_sizes n = pf_attn_sizes_of(&s);
+    if (pf_nonfinite_f32(Q, n.q) || pf_nonfinite_f32(K, n.k) || pf_nonfinite_f32(V, n.v))
+        return PF_ENONFINITE;
+    const int r = pf_kernel_width(favor->kernel, favor->m), dv = s.dv, dv1 = s.dv + 1;
+    double *phiK = malloc(sizeof(double) * (size_t)s.Lk * (size_t)r);
+    double *phiq = malloc(sizeof(double) * (size_t)r);
+    double *u = malloc(sizeof(double) * (size_t)favor->m);
+    double *KV = malloc(sizeof(double) * (size_t)r * (size_t)dv1);
+    double *num = malloc(sizeof(double) * (size_t)dv1);
+    if (!phiK || !phiq || !u || !KV || !num) {
+        st = PF_ENOMEM;
+        goto done;
+    }
+    for (int b = 0; b < s.B; b++) {
+        const int klen = pf_attn_key_len(opts, b, s.Lk);
+        for (int h = 0; h < s.H; h++) {
+            const size_t bh = (size_t)b * (size_t)s.H + (size_t)h;
+            const float *Qh = Q + bh * (size_t)s.Lq * (size_t)s.d;
+            const float *Kh = K + bh * (size_t)s.Lk * (size_t)s.d;
+            const float *Vh = V + bh * (size_t)s.Lk * (size_t)dv;
+            float *Oh = out + bh * (size_t)s.Lq * (size_t)dv;
+            const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+            int bad = 0;
+            for (int j = 0; j < klen; j++)
+                bad |= pf_fmap_row_f64(&fm, phiK + (size_t)j * r, u, Kh + (size_t)j * s.d);
+            if (bad) {
+                st = worse(st, PF_ENONFINITE);
+                memset(Oh, 0, sizeof(float) * (size_t)s.Lq * (size_t)dv);
+                continue;
+            }
+            /* KV = sum_j phi(k_j) [v_j | 1]^T: all keys (bidirectional) or, causal, the prefix
+             * j <= i, grown one key per query */
+            memset(KV, 0, sizeof(double) * (size_t)r * (size_t)dv1);
+            const int kend = opts->causal ? 0 : klen;
+            for (int j = 0; j < kend; j++) {
+                const double *pk = phiK + (size_t)j * r;
+                const float *v = Vh + (size_t)j * dv;
+                for (int f = 0; f < r; f++) {
+                    double *row = KV + (size_t)f * dv1;
+                    for (int k = 0; k < dv; k++) row[k] += pk[f] * (double)v[k];
+                    row[dv] += pk[f];
+                }
+            }
+            for (int i = 0; i < s.Lq; i++) {
+                if (opts->causal && i < klen) {
+                    const double *pk = phiK + (size_t)i * r;
+                    const float *v = Vh + (size_t)i * dv;
+                    for (int f = 0; f < r; f++) {
+                        double *row = KV + (size_t)f * dv1;
+                        for (int k = 0; k < dv; k++) row[k] += pk[f] * (double)v[k];
+                        row[dv] += pk[f];
+                    }
+                }
+                if (pf_fmap_row_f64(&fm, phiq, u, Qh + (size_t)i * s.d)) {
+                    st = worse(st, PF_ENONFINITE);
+                    memset(Oh + (size_t)i * dv, 0, sizeof(float) * (size_t)dv);
+                    continue;
+                }
+                for (int k = 0; k < dv1; k++) num[k] = 0;
+                for (int f = 0; f < r; f++) {
+                    const double *row = KV + (size_t)f * dv1;
+                    for (int k = 0; k < dv1; k++) num[k] += phiq[f] * row[k];
+                }
+                st = worse(st, readout_f64(Oh + (size_t)i * dv, num, dv));
+            }
+        }
+    }
+done:
+    free(phiK);
+    free(phiq);
+    free(u);
+    free(KV);
+    free(num);
+    return st;
+}

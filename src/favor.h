@@ -1,0 +1,62 @@
+/* favor.h: what the feature maps (features.c) and the FAVOR+ attention files share.
+ *
+ * A feature map is fixed by (kernel, W, m, d, scale, eps). The fast path works on blocks of rows
+ * and returns *stabilised* features phi~ = phi / exp(c) with a per-row log factor c (SPEC §2,
+ * "Stabilisers"), in float, with c in double. The float64 path (for the references) works on one
+ * row at a time and returns the features themselves. */
+#ifndef PF_FAVOR_H
+#define PF_FAVOR_H
+
+#include "internal.h"
+
+typedef struct pf_fmap {
+    pf_kernel kernel;
+    const float *W; /* (m,d) */
+    int m, d, r;    /* r = pf_kernel_width(kernel, m) */
+    float sqrt_s;   /* x' = x sqrt(s) */
+    double s;       /* the effective scale s */
+    float eps;      /* >= 0, see pf_features */
+    double wmax;    /* the largest row norm of W (bounds |u| for the overflow test) */
+} pf_fmap;
+
+/* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). */
+PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale,
+                                 float eps);
+
+/* Stabilised features of n rows X (n,d), row stride d: phi (n, ldphi >= r) gets phi~ and c (n)
+ * the removed log factor, phi(x) = phi~(x) exp(c). Per kernel (u = W x', h = |x'|^2/2):
+ *   positive    c = max u - h,     phi~ = exp(u - max u)/sqrt(m)
+ *   hyperbolic  c = max |u| - h,   phi~ = [exp(u - max|u|), exp(-u - max|u|)]/sqrt(2m)
+ * (for these two the 1/sqrt(.) is folded into the float shift of the exp, so c and the largest
+ * feature move by the rounding of that shift, consistently: phi~ exp(c) is unchanged)
+ *   trig        c = h,             phi~ = [sin u, cos u]/sqrt(m)
+ *   relu        c = 0,             phi~ = relu(u)/sqrt(m) + eps
+ * and for the softmax maps phi~ += eps * max|phi~|. Row i depends on row i of X only.
+ * PF_ENONFINITE if a row of X holds NaN or Inf or its u overflowed (that row is zeroed, the
+ * others are computed). W must be finite. No allocation. */
+PF_INTERNAL pf_status pf_fmap_rows(const pf_fmap *f, float *phi, int ldphi, double *c,
+                                   const float *X, int n);
+
+/* Unstabilised float64 features of one row x (d): phi (r), u (m) receives W x'. The reference
+ * code, independent of pf_fmap_rows. Returns 0, or -1 if a feature is not finite. */
+PF_INTERNAL int pf_fmap_row_f64(const pf_fmap *f, double *phi, double *u, const float *x);
+
+/* The backward of pf_fmap_row_f64: given dphi (r), the row x and its u (m) from the forward,
+ * writes dx (d), the gradient with respect to x (through x' = x sqrt(s)); W is a constant. */
+PF_INTERNAL void pf_fmap_row_f64_backward(const pf_fmap *f, double *dx, const double *dphi,
+                                          const float *x, const double *u);
+
+/* The checks every FAVOR+ entry point makes: pf_attn_check, then the FAVOR options (W not
+ * NULL, m > 0, known kernel, w_per_head 0 or 1, eps finite and >= 0, chunk >= 0): PF_EINVAL;
+ * then W finite: PF_ENONFINITE. */
+PF_INTERNAL pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts,
+                                     const pf_favor_opts *favor);
+
+/* The feature map of head h under checked options. */
+PF_INTERNAL pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts,
+                                  const pf_favor_opts *favor, int h);
+
+/* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
+PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);
+
+#endif

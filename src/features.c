@@ -1,0 +1,307 @@
+/* features.c: the random feature maps of SPEC §2 and their stabilised block form.
+ *
+ * Each map is phi(x) with exp(x'.y') ~ phi(x).phi(y) for x' = x sqrt(s). The block form used by
+ * the attention (pf_fmap_rows) projects a block of rows with one sgemm, U = sqrt(s) X W^T, and
+ * then turns each row of U into features in place, removing a per-row log factor c so that the
+ * largest feature is O(1) whatever the input norm: exp(u - h) overflows (trig: exp(+h)) or
+ * underflows for |x'| ~ 10, while u - max u never does. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "favor.h"
+
+int pf_kernel_width(pf_kernel kernel, int m) {
+    if (m <= 0) return 0;
+    switch (kernel) {
+    case PF_KERNEL_POSITIVE:
+    case PF_KERNEL_RELU: return m;
+    case PF_KERNEL_HYPERBOLIC:
+    case PF_KERNEL_TRIG: return m <= INT32_MAX / 2 ? 2 * m : 0;
+    }
+    return 0;
+}
+
+static const char *const kernel_names[] = {"positive", "hyperbolic", "trig", "relu"};
+
+pf_status pf_kernel_parse(const char *name, pf_kernel *kernel) {
+    if (!name || !kernel) return PF_EINVAL;
+    for (int k = 0; k < 4; k++) {
+        if (strcmp(name, kernel_names[k]) == 0) {
+            *kernel = (pf_kernel)k;
+            return PF_OK;
+        }
+    }
+    return PF_EINVAL;
+}
+
+const char *pf_kernel_name(pf_kernel kernel) {
+    if ((int)kernel < 0 || (int)kernel > 3) return "unknown";
+    return kernel_names[kernel];
+}
+
+int pf_nonfinite_f32(const float *x, size_t n) {
+    /* x * 0 is 0 for finite x and NaN for Inf or NaN; 16 independent sums with a fixed inner
+     * trip count, so that -O2 vectorises the loop. */
+    float acc[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[i + k] * 0.0f;
+    for (; i < n; i++) acc[0] += x[i] * 0.0f;
+    int bad = 0;
+    for (int k = 0; k < 16; k++) bad |= acc[k] != 0.0f;
+    return bad;
+}
+
+pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale, float eps) {
+    pf_fmap f;
+    f.kernel = kernel;
+    f.W = W;
+    f.m = m;
+    f.d = d;
+    f.r = pf_kernel_width(kernel, m);
+    f.s = (double)pf_effective_scale(scale, d);
+    f.sqrt_s = (float)sqrt(f.s);
+    f.eps = eps;
+    double wmax = 0;
+    for (int i = 0; i < m; i++) {
+        double sq = 0;
+        for (int k = 0; k < d; k++) sq += (double)W[(size_t)i * d + k] * W[(size_t)i * d + k];
+        wmax = fmax(wmax, sqrt(sq));
+    }
+    f.wmax = wmax;
+    return f;
+}
+
+/* sum of x[k]^2 in double with 8 independent partial sums (a fixed order, so the same bits
+ * every time): a single chain of dependent adds would cost as much as the row's exps. */
+static double sumsq_f64(const float *x, int d) {
+    double acc[8] = {0};
+    int k = 0;
+    for (; k + 8 <= d; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
+    for (; k < d; k++) acc[0] += (double)x[k] * (double)x[k];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* p[0..n) += add */
+static void add_const(float *p, int n, float add) {
+    for (int f = 0; f < n; f++) p[f] += add;
+}
+
+pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, const float *X,
+                       int n) {
+    const int m = fm->m, d = fm->d;
+    const pf_simd_table *vk = pf_simd();
+    /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x'. */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, d, fm->sqrt_s, X, d, fm->W, d,
+                0.0f, phi, ldphi);
+    /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
+    const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
+    const float eps = fm->eps;
+    pf_status st = PF_OK;
+    for (int i = 0; i < n; i++) {
+        float *p = phi + (size_t)i * (size_t)ldphi;
+        const float *x = X + (size_t)i * (size_t)d;
+        const double sq = sumsq_f64(x, d);
+        const double h = 0.5 * s2 * sq;
+        /* |u_f| and every partial sum of the sgemm are <= |x'| max|w| (Cauchy-Schwarz): only
+         * rows near that bound, or with a NaN or Inf in x (then sq and every u_f are NaN or
+         * Inf too), need the full test */
+        if (!(sqrt(s2 * sq) * fm->wmax <= 1e38) && pf_nonfinite_f32(p, (size_t)m)) {
+            memset(p, 0, sizeof(float) * (size_t)fm->r);
+            c[i] = 0;
+            st = PF_ENONFINITE;
+            continue;
+        }
+        switch (fm->kernel) {
+        case PF_KERNEL_POSITIVE: {
+            /* exp(u - h)/sqrt(m) = exp(u - t) exp(c), t = max u + ln sqrt(m) rounded to float
+             * and c = t - ln sqrt(m) - h: the 1/sqrt(m) rides in the shift, and c uses the
+             * rounded t, so phi~ exp(c) is the feature to float rounding */
+            const double lnr = 0.5 * log((double)m);
+            const float mx = vk->max(p, (size_t)m);
+            const float t = (float)((double)mx + lnr);
+            vk->exp_sub_sum(p, p, t, (size_t)m);
+            c[i] = (double)t - lnr - h;
+            if (eps > 0) add_const(p, m, eps * (float)exp((double)mx - (double)t));
+            break;
+        }
+        case PF_KERNEL_HYPERBOLIC: {
+            /* [exp(u - h), exp(-u - h)]/sqrt(2m) likewise, shifted by a = max|u| */
+            const double lnr = 0.5 * log(2.0 * (double)m);
+            float *q = p + m;
+            for (int f = 0; f < m; f++) q[f] = -p[f];
+            const float a = fmaxf(vk->max(p, (size_t)m), vk->max(q, (size_t)m));
+            const float t = (float)((double)a + lnr);
+            vk->exp_sub_sum(p, p, t, (size_t)(2 * m));
+            c[i] = (double)t - lnr - h;
+            if (eps > 0) add_const(p, 2 * m, eps * (float)exp((double)a - (double)t));
+            break;
+        }
+        case PF_KERNEL_TRIG: {
+            /* exp(h) [sin u, cos u]/sqrt(m): the whole norm factor goes to c */
+            const float inv = (float)(1.0 / sqrt((double)m));
+            float *q = p + m;
+            float amax = 0;
+            for (int f = 0; f < m; f++) {
+                const float sn = sinf(p[f]), cs = cosf(p[f]);
+                p[f] = sn * inv;
+                q[f] = cs * inv;
+                amax = fmaxf(amax, fmaxf(fabsf(p[f]), fabsf(q[f])));
+            }
+            c[i] = h;
+            if (eps > 0) add_const(p, 2 * m, eps * amax);
+            break;
+        }
+        case PF_KERNEL_RELU: {
+            const float inv = (float)(1.0 / sqrt((double)m));
+            for (int f = 0; f < m; f++) p[f] = (p[f] > 0.0f ? p[f] : 0.0f) * inv + eps;
+            c[i] = 0;
+            break;
+        }
+        }
+    }
+    return st;
+}
+
+pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d, const float *W,
+                      int m, pf_kernel kernel, float scale, float eps) {
+    if (!phi || !X || !W) return PF_EINVAL;
+    if (n <= 0 || d <= 0 || m <= 0) return PF_EINVAL;
+    const int r = pf_kernel_width(kernel, m);
+    if (r == 0) return PF_EINVAL;
+    if (!isfinite(scale) || scale < 0 || !isfinite(eps) || eps < 0) return PF_EINVAL;
+    if (pf_nonfinite_f32(X, (size_t)n * (size_t)d) || pf_nonfinite_f32(W, (size_t)m * (size_t)d))
+        return PF_ENONFINITE;
+
+    const pf_fmap fm = pf_fmap_make(kernel, W, m, d, scale, eps);
+    enum { NB = 128 };
+    double c[NB];
+    for (int i0 = 0; i0 < n; i0 += NB) {
+        const int nb = n - i0 < NB ? n - i0 : NB;
+        float *p0 = phi + (size_t)i0 * (size_t)r;
+        pf_status st = pf_fmap_rows(&fm, p0, r, c, X + (size_t)i0 * (size_t)d, nb);
+        if (st != PF_OK) return st;
+        for (int i = 0; i < nb; i++) {
+            if (logscale) {
+                logscale[i0 + i] = (float)c[i];
+                continue;
+            }
+            /* the unstabilised features, phi~ exp(c), rounded once from double */
+            float *p = p0 + (size_t)i * (size_t)r;
+            const double e = exp(c[i]);
+            for (int f = 0; f < r; f++) p[f] = (float)((double)p[f] * e);
+            if (pf_nonfinite_f32(p, (size_t)r)) return PF_ENONFINITE;
+        }
+    }
+    return PF_OK;
+}
+
+/* ---- float64 features, one row at a time: the references' own code ----------------------- */
+
+/* u = W x' into u (m) for x' = x sqrt(s); returns h = |x'|^2 / 2. */
+static double project_f64(const pf_fmap *fm, double *u, const float *x) {
+    const int m = fm->m, d = fm->d;
+    const double sq = sqrt(fm->s);
+    double h = 0;
+    for (int k = 0; k < d; k++) h += ((double)x[k] * sq) * ((double)x[k] * sq);
+    for (int f = 0; f < m; f++) {
+        const float *w = fm->W + (size_t)f * (size_t)d;
+        double acc = 0;
+        for (int k = 0; k < d; k++) acc += (double)w[k] * ((double)x[k] * sq);
+        u[f] = acc;
+    }
+    return 0.5 * h;
+}
+
+/* The feature g_f before eps (f < r), from u and h. */
+static double base_f64(const pf_fmap *fm, const double *u, double h, int f) {
+    const int m = fm->m;
+    switch (fm->kernel) {
+    case PF_KERNEL_POSITIVE: return exp(u[f] - h) / sqrt((double)m);
+    case PF_KERNEL_HYPERBOLIC:
+        return (f < m ? exp(u[f] - h) : exp(-u[f - m] - h)) / sqrt(2.0 * (double)m);
+    case PF_KERNEL_TRIG: return exp(h) * (f < m ? sin(u[f]) : cos(u[f - m])) / sqrt((double)m);
+    case PF_KERNEL_RELU: return (u[f] > 0 ? u[f] : 0.0) / sqrt((double)m);
+    }
+    return 0;
+}
+
+int pf_fmap_row_f64(const pf_fmap *fm, double *phi, double *u, const float *x) {
+    const int r = fm->r;
+    const double h = project_f64(fm, u, x);
+    double amax = 0;
+    for (int f = 0; f < r; f++) {
+        phi[f] = base_f64(fm, u, h, f);
+        amax = fmax(amax, fabs(phi[f]));
+    }
+    /* eps: relative to the row's largest |feature| for the softmax maps, absolute for relu */
+    const double add = fm->kernel == PF_KERNEL_RELU ? (double)fm->eps : (double)fm->eps * amax;
+    int bad = 0;
+    for (int f = 0; f < r; f++) {
+        phi[f] += add;
+        bad |= !isfinite(phi[f]);
+    }
+    return bad ? -1 : 0;
+}
+
+/* dg_f: the upstream gradient of feature f plus the eps term's share at the argmax. */
+static inline double dg_at(const double *dphi, int f, int fmax_i, double extra) {
+    return dphi[f] + (f == fmax_i ? extra : 0.0);
+}
+
+void pf_fmap_row_f64_backward(const pf_fmap *fm, double *dx, const double *dphi, const float *x,
+                              const double *u) {
+    const int m = fm->m, d = fm->d, r = fm->r;
+    const double sq = sqrt(fm->s);
+    double h = 0;
+    for (int k = 0; k < d; k++) h += ((double)x[k] * sq) * ((double)x[k] * sq);
+    h *= 0.5;
+
+    /* phi = g + eps max|g|: the max passes eps * sign * sum(dphi) to its argmax (a.e.) */
+    int fmax_i = 0;
+    double gmax = 0, dsum = 0;
+    for (int f = 0; f < r; f++) {
+        double g = base_f64(fm, u, h, f);
+        dsum += dphi[f];
+        if (fabs(g) > fabs(gmax)) {
+            gmax = g;
+            fmax_i = f;
+        }
+    }
+    double extra = 0;
+    if (fm->kernel != PF_KERNEL_RELU) extra = (double)fm->eps * (gmax < 0 ? -1.0 : 1.0) * dsum;
+
+    /* dx' = sum_f (dg/du_f) w_f + (dg/dh) x'  (du_f/dx' = w_f, dh/dx' = x') */
+    for (int k = 0; k < d; k++) dx[k] = 0;
+    double b = 0;
+    for (int f = 0; f < m; f++) {
+        /* dg of feature f and, for the two-block maps, of its partner m + f */
+        const double d1 = dg_at(dphi, f, fmax_i, extra);
+        const double d2 = r > m ? dg_at(dphi, m + f, fmax_i, extra) : 0.0;
+        const double g1 = base_f64(fm, u, h, f);
+        const double g2 = r > m ? base_f64(fm, u, h, m + f) : 0.0;
+        double a = 0;
+        switch (fm->kernel) {
+        case PF_KERNEL_POSITIVE: /* g = exp(u - h)/sqrt(m) */
+            a = d1 * g1;
+            b -= d1 * g1;
+            break;
+        case PF_KERNEL_HYPERBOLIC: /* g1 = exp(u - h)/sqrt(2m), g2 = exp(-u - h)/sqrt(2m) */
+            a = d1 * g1 - d2 * g2;
+            b -= d1 * g1 + d2 * g2;
+            break;
+        case PF_KERNEL_TRIG: /* g1 = exp(h) sin(u)/sqrt(m), g2 = exp(h) cos(u)/sqrt(m) */
+            a = d1 * g2 - d2 * g1;
+            b += d1 * g1 + d2 * g2;
+            break;
+        case PF_KERNEL_RELU: /* g = relu(u)/sqrt(m) */
+            a = u[f] > 0 ? d1 / sqrt((double)m) : 0.0;
+            break;
+        }
+        const float *w = fm->W + (size_t)f * (size_t)d;
+        for (int k = 0; k < d; k++) dx[k] += a * (double)w[k];
+    }
+    for (int k = 0; k < d; k++) dx[k] = (dx[k] + b * ((double)x[k] * sq)) * sq;
+}
