@@ -683,6 +683,102 @@ static void test_threads(void) {
 #endif
 }
 
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+/* Incremental decoding gives the logits of the full forward at every position. */
+static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
+    pf_model_config cfg = tiny_config(att, pos, PF_KERNEL_POSITIVE);
+    cfg.context = 24;
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
+    if (!m) return;
+    perturb(m);
+    const int T = 24;
+    int32_t tok[24];
+    for (int t = 0; t < T; t++) tok[t] = (t * 91 + 7) % V;
+    float *full = xmalloc(sizeof(float) * T * V), row[V];
+    CHECK_STATUS(pf_model_forward(m, NULL, full, tok, NULL, 1, T), PF_OK);
+    pf_decoder *d = NULL;
+    pf_status st = pf_decoder_create(&d, m);
+    CHECK_STATUS(st, PF_OK);
+    if (st != PF_OK) {
+        free(full);
+        pf_model_free(m);
+        return;
+    }
+    double worst = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        for (int t = 0; t < T; t++) {
+            CHECK_STATUS(pf_decoder_step(d, row, tok[t]), PF_OK);
+            double num = 0, den = 0;
+            for (int j = 0; j < V; j++) {
+                double e = (double)row[j] - full[(size_t)t * V + j];
+                num += e * e;
+                den += (double)full[(size_t)t * V + j] * full[(size_t)t * V + j];
+            }
+            double e = sqrt(num / den);
+            worst = e > worst ? e : worst;
+        }
+        CHECK(pf_decoder_position(d) == T, "position %lld", (long long)pf_decoder_position(d));
+        if (att == PF_LM_EXACT || pos == PF_LM_LEARNED)
+            CHECK_STATUS(pf_decoder_step(d, row, 1), PF_EINVAL); /* past the context */
+        CHECK_STATUS(pf_decoder_reset(d), PF_OK);
+    }
+    /* float rounding through ~30 operations of different blocking: ~1e-6 */
+    CHECK(worst < 1e-5, "decoder logits vs full forward: rel err %.3g", worst);
+    printf("decoder %s/%s: worst rel err of the logits %.2g\n",
+           att == PF_LM_EXACT ? "exact" : "favor", pos == PF_LM_ROTARY ? "rotary" : "learned",
+           worst);
+    CHECK_STATUS(pf_decoder_step(d, row, 256), PF_EINVAL);
+    CHECK_STATUS(pf_decoder_step(d, NULL, 1), PF_EINVAL);
+    pf_decoder_free(d);
+    pf_decoder_free(NULL);
+    free(full);
+    pf_model_free(m);
+}
+
+static void test_sampling(void) {
+    float l[6] = {0.0f, 0.6931472f, 1.0986123f, 1.3862944f, -1.0f, 1.3862944f};
+    int32_t tok = -1;
+    pf_rng rng;
+    pf_rng_init(&rng, 3, 0);
+    CHECK_STATUS(pf_sample_logits(&tok, l, 6, 0.0f, 0, &rng), PF_OK);
+    CHECK(tok == 3, "greedy took %d, expected the first maximum 3", tok);
+    CHECK_STATUS(pf_sample_logits(&tok, l, 6, 1.0f, 1, &rng), PF_OK);
+    CHECK(tok == 3, "top-1 took %d", tok);
+    /* softmax at temperature 1 over top 4 (ties at the cut kept): weights 2, 3, 4, 4 for
+     * bytes 1, 2, 3, 5, total 13. 26000 draws: each count within 5 SD of its mean. */
+    int cnt[6] = {0};
+    const int N = 26000;
+    for (int i = 0; i < N; i++) {
+        pf_sample_logits(&tok, l, 6, 1.0f, 4, &rng);
+        cnt[tok]++;
+    }
+    double w[6] = {0, 2, 3, 4, 0, 4};
+    for (int j = 0; j < 6; j++) {
+        double p = w[j] / 13, mean = N * p, sd = sqrt(N * p * (1 - p));
+        CHECK(fabs(cnt[j] - mean) <= 5 * sd + 1e-9, "byte %d drawn %d times, expected %.0f", j,
+              cnt[j], mean);
+    }
+    /* temperature 2 and all bytes: weights exp(l/2) */
+    memset(cnt, 0, sizeof(cnt));
+    double z = 0;
+    for (int j = 0; j < 6; j++) z += exp(l[j] / 2.0);
+    for (int i = 0; i < N; i++) {
+        pf_sample_logits(&tok, l, 6, 2.0f, 0, &rng);
+        cnt[tok]++;
+    }
+    for (int j = 0; j < 6; j++) {
+        double p = exp(l[j] / 2.0) / z, mean = N * p, sd = sqrt(N * p * (1 - p));
+        CHECK(fabs(cnt[j] - mean) <= 5 * sd, "T=2: byte %d drawn %d times, expected %.0f", j,
+              cnt[j], mean);
+    }
+    CHECK_STATUS(pf_sample_logits(&tok, l, 6, -1.0f, 0, &rng), PF_EINVAL);
+    CHECK_STATUS(pf_sample_logits(&tok, l, 6, 1.0f, 0, NULL), PF_EINVAL);
+    l[2] = NAN;
+    CHECK_STATUS(pf_sample_logits(&tok, l, 6, 1.0f, 0, &rng), PF_ENONFINITE);
+}
+
 /* ---- optimizer and schedule -------------------------------------------------------------- */
 
 static void test_adamw(void) {
@@ -871,6 +967,9 @@ int main(void) {
     test_model_gradients(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
     test_threads();
+    test_decoder(PF_LM_EXACT, PF_LM_LEARNED);
+    test_decoder(PF_LM_EXACT, PF_LM_ROTARY);
+    test_sampling();
     test_adamw();
     test_schedule();
     test_favorpp_stats();

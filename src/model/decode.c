@@ -1,0 +1,252 @@
+/* decode.c: one token at a time, and drawing the next byte.
+ *
+ * The decoder runs the same layer functions as pf_model_forward on a single row. Exact
+ * attention keeps each layer's keys and values (L, H, context, hd) and attends over the first
+ * pos + 1 of them (the library's exact attention, one head at a time); FAVOR keeps a
+ * pf_favor_state per layer: O(H m hd) memory and time per token, whatever the position. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#define V PF_LM_VOCAB
+
+/* The library's streaming FAVOR+ state (performer.h). TODO: call pf_favor_state_* once the
+ * library implements them; until then FAVOR models cannot decode. */
+static pf_status state_create(pf_favor_state **st, int H, int d, int dv, float scale,
+                              const pf_favor_opts *fav) {
+    (void)H, (void)d, (void)dv, (void)scale, (void)fav;
+    *st = NULL;
+    return PF_ENOTSUP;
+}
+static void state_free(pf_favor_state *st) {
+    (void)st;
+}
+static pf_status state_reset(pf_favor_state *st) {
+    (void)st;
+    return PF_ENOTSUP;
+}
+static pf_status state_step(pf_favor_state *st, float *out, const float *q, const float *k,
+                            const float *v, int n) {
+    (void)st, (void)out, (void)q, (void)k, (void)v, (void)n;
+    return PF_ENOTSUP;
+}
+
+struct pf_decoder {
+    const pf_model *m;
+    int64_t pos;
+    float *kcache, *vcache;  /* (L, H, context, hd), exact attention */
+    pf_favor_state **states; /* (L), FAVOR */
+    float *mem;              /* the scratch below, one allocation */
+    float *x;                /* (C) the residual stream */
+    float *ln;               /* (C) */
+    float *qkv;              /* (3C): q, k, v, each (H, 1, hd) */
+    float *att;              /* (C) = (H, 1, hd) */
+    float *tmp;              /* (C) */
+    float *fch, *fch_gelu;   /* (4C) */
+};
+
+void pf_decoder_free(pf_decoder *d) {
+    if (!d) return;
+    if (d->states) {
+        for (int l = 0; l < d->m->config.layers; l++) state_free(d->states[l]);
+        free(d->states);
+    }
+    pf_free(d->kcache);
+    pf_free(d->vcache);
+    pf_free(d->mem);
+    free(d);
+}
+
+pf_status pf_decoder_create(pf_decoder **out, const pf_model *m) {
+    if (!out) return PF_EINVAL;
+    *out = NULL;
+    if (!m) return PF_EINVAL;
+    const pf_model_config *c = &m->config;
+    const int L = c->layers, C = c->d_model, H = c->heads, hd = C / H;
+    pf_decoder *d = calloc(1, sizeof(*d));
+    if (!d) return PF_ENOMEM;
+    d->m = m;
+    size_t C16 = ((size_t)C + 15) / 16 * 16;
+    d->mem = pf_alloc(C16 * 16, sizeof(float));
+    if (!d->mem) {
+        pf_decoder_free(d);
+        return PF_ENOMEM;
+    }
+    d->x = d->mem;
+    d->ln = d->x + C16;
+    d->qkv = d->ln + C16;
+    d->att = d->qkv + 3 * C16;
+    d->tmp = d->att + C16;
+    d->fch = d->tmp + C16;
+    d->fch_gelu = d->fch + 4 * C16;
+    if (c->attention == PF_LM_EXACT) {
+        size_t n = (size_t)L * H * c->context * hd;
+        d->kcache = pf_alloc(n, sizeof(float));
+        d->vcache = pf_alloc(n, sizeof(float));
+        if (!d->kcache || !d->vcache) {
+            pf_decoder_free(d);
+            return PF_ENOMEM;
+        }
+    } else {
+        d->states = calloc((size_t)L, sizeof(pf_favor_state *));
+        if (!d->states) {
+            pf_decoder_free(d);
+            return PF_ENOMEM;
+        }
+        for (int l = 0; l < L; l++) {
+            lm_attn_spec s = lm_layer_spec(m, l);
+            pf_favor_opts fav = pf_favor_opts_default();
+            fav.kernel = s.kernel;
+            fav.W = s.W;
+            fav.m = s.m;
+            fav.eps = s.eps;
+            pf_status st = state_create(&d->states[l], H, hd, hd, 0.0f, &fav);
+            if (st != PF_OK) {
+                pf_decoder_free(d);
+                return st;
+            }
+        }
+    }
+    *out = d;
+    return PF_OK;
+}
+
+pf_status pf_decoder_reset(pf_decoder *d) {
+    if (!d) return PF_EINVAL;
+    d->pos = 0;
+    if (d->states) {
+        for (int l = 0; l < d->m->config.layers; l++) {
+            pf_status st = state_reset(d->states[l]);
+            if (st != PF_OK) return st;
+        }
+    }
+    return PF_OK;
+}
+
+int64_t pf_decoder_position(const pf_decoder *d) {
+    return d ? d->pos : 0;
+}
+
+/* Rotates the pairs of each head row of x (H, hd) by position t (as rope_forward). */
+static void rope_row(float *x, int64_t t, int H, int hd, const float *table, int context) {
+    for (int i = 0; i < hd / 2; i++) {
+        float c, s;
+        if (t < context) {
+            c = table[((size_t)t * (hd / 2) + i) * 2];
+            s = table[((size_t)t * (hd / 2) + i) * 2 + 1];
+        } else {
+            rope_angle(t, i, hd, &c, &s);
+        }
+        for (int h = 0; h < H; h++) {
+            float *r = x + (size_t)h * hd;
+            float x0 = r[2 * i], x1 = r[2 * i + 1];
+            r[2 * i] = x0 * c - x1 * s;
+            r[2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
+    if (!d || !logits || token < 0 || token >= V) return PF_EINVAL;
+    const pf_model *m = d->m;
+    const pf_model_config *c = &m->config;
+    const int L = c->layers, C = c->d_model, H = c->heads, hd = C / H;
+    const int64_t t = d->pos;
+    if ((c->positions == PF_LM_LEARNED || c->attention == PF_LM_EXACT) && t >= c->context)
+        return PF_EINVAL;
+    const lm_params *p = &m->params;
+    float mean, rstd;
+
+    encoder_forward(d->x, &token, p->wte, c->positions == PF_LM_LEARNED ? p->wpe + t * C : NULL, 1,
+                    1, C);
+    for (int l = 0; l < L; l++) {
+        layernorm_forward(d->ln, &mean, &rstd, d->x, p->ln1w + (size_t)l * C,
+                          p->ln1b + (size_t)l * C, 1, C);
+        matmul_forward(d->qkv, d->ln, p->qkvw + (size_t)l * 3 * C * C, p->qkvb + (size_t)l * 3 * C,
+                       1, C, 3 * C);
+        float *q = d->qkv, *k = d->qkv + C, *v = d->qkv + 2 * C; // each (H, 1, hd)
+        if (m->rope) {
+            rope_row(q, t, H, hd, m->rope, c->context);
+            rope_row(k, t, H, hd, m->rope, c->context);
+        }
+        pf_status st;
+        if (c->attention == PF_LM_EXACT) {
+            pf_shape shape = {.B = 1, .H = 1, .Lq = 1, .Lk = (int)t + 1, .d = hd, .dv = hd};
+            pf_attn_opts opts = pf_attn_opts_default();
+            st = PF_OK;
+            for (int h = 0; h < H && st == PF_OK; h++) {
+                size_t head = ((size_t)l * H + h) * c->context * hd;
+                float *kc = d->kcache + head, *vc = d->vcache + head;
+                memcpy(kc + t * hd, k + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                memcpy(vc + t * hd, v + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                st = pf_attn_exact(d->att + (size_t)h * hd, NULL, q + (size_t)h * hd, kc, vc,
+                                   &shape, &opts);
+            }
+        } else {
+            st = state_step(d->states[l], d->att, q, k, v, 1);
+        }
+        if (st != PF_OK) return st;
+        matmul_forward(d->tmp, d->att, p->attprojw + (size_t)l * C * C, p->attprojb + (size_t)l * C,
+                       1, C, C);
+        residual_forward(d->x, d->x, d->tmp, (size_t)C);
+        layernorm_forward(d->ln, &mean, &rstd, d->x, p->ln2w + (size_t)l * C,
+                          p->ln2b + (size_t)l * C, 1, C);
+        matmul_forward(d->fch, d->ln, p->fcw + (size_t)l * 4 * C * C, p->fcb + (size_t)l * 4 * C, 1,
+                       C, 4 * C);
+        gelu_forward(d->fch_gelu, d->fch, (size_t)4 * C);
+        matmul_forward(d->tmp, d->fch_gelu, p->fcprojw + (size_t)l * 4 * C * C,
+                       p->fcprojb + (size_t)l * C, 1, 4 * C, C);
+        residual_forward(d->x, d->x, d->tmp, (size_t)C);
+    }
+    layernorm_forward(d->ln, &mean, &rstd, d->x, p->lnfw, p->lnfb, 1, C);
+    matmul_forward(logits, d->ln, p->wte, NULL, 1, C, V);
+    d->pos++;
+    return PF_OK;
+}
+
+pf_status pf_sample_logits(int32_t *token, const float *logits, int n, float temperature, int top_k,
+                           pf_rng *rng) {
+    if (!token || !logits || n < 1 || !(temperature >= 0) || !isfinite(temperature) || top_k < 0 ||
+        (temperature > 0 && !rng))
+        return PF_EINVAL;
+    if (pf_any_nonfinite(logits, (size_t)n)) return PF_ENONFINITE;
+    int best = 0;
+    for (int i = 1; i < n; i++) best = logits[i] > logits[best] ? i : best;
+    if (temperature == 0 || top_k == 1) {
+        *token = best;
+        return PF_OK;
+    }
+    /* the top_k-th largest logit is the cut: keep l >= cut (ties at the cut kept, in order) */
+    float cut = -INFINITY;
+    if (top_k > 0 && top_k < n) {
+        float *s = malloc(sizeof(float) * (size_t)n);
+        if (!s) return PF_ENOMEM;
+        memcpy(s, logits, sizeof(float) * (size_t)n);
+        /* partial selection sort: n is a vocabulary (256), k small */
+        for (int i = 0; i < top_k; i++) {
+            int j = i;
+            for (int r = i + 1; r < n; r++) j = s[r] > s[j] ? r : j;
+            float tmp = s[i];
+            s[i] = s[j];
+            s[j] = tmp;
+        }
+        cut = s[top_k - 1];
+        free(s);
+    }
+    double mx = logits[best], total = 0;
+    for (int i = 0; i < n; i++) {
+        if (logits[i] >= cut) total += exp(((double)logits[i] - mx) / temperature);
+    }
+    double u = pf_rng_uniform(rng) * total, acc = 0;
+    int last = best;
+    for (int i = 0; i < n; i++) {
+        if (logits[i] < cut) continue;
+        acc += exp(((double)logits[i] - mx) / temperature);
+        last = i;
+        if (u < acc) break;
+    }
+    *token = last;
+    return PF_OK;
+}
