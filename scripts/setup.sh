@@ -6,9 +6,12 @@
 #   zlib1g-dev        reading gzip-compressed FASTA (the protein data)
 #   python3-numpy     test fixtures and independent references in the end-to-end tests
 #   python3-matplotlib  plots of benchmarks and experiments
+#   mmseqs2-examples  20,000 UniProt protein sequences (DB.fasta.gz): the language model's data
+#   bible-kjv         the King James Bible and its `bible` program: the language model's text
 set -e
 need=""
-for p in gcc make libc6-dev libopenblas-pthread-dev zlib1g-dev python3-numpy python3-matplotlib; do
+for p in gcc make libc6-dev libopenblas-pthread-dev zlib1g-dev python3-numpy python3-matplotlib \
+         mmseqs2-examples bible-kjv; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0

@@ -241,6 +241,10 @@ static const command commands[] = {
      cmd_attn_help},
     {"demo", "exact vs FAVOR+ time, memory and error as L grows", cmd_demo_synopsis, cmd_demo,
      cmd_demo_help},
+    {"train", "train the byte-level language model (proteins, Bible, any text)",
+     cmd_train_synopsis, cmd_train, cmd_train_help},
+    {"sample", "continue a prompt with a trained language model", cmd_sample_synopsis,
+     cmd_sample, cmd_sample_help},
 };
 static const int n_commands = (int)(sizeof(commands) / sizeof(commands[0]));
 

@@ -26,6 +26,14 @@ int cmd_demo(int argc, char **argv);
 void cmd_demo_help(void);
 extern const char cmd_demo_synopsis[];
 
+int cmd_train(int argc, char **argv);
+void cmd_train_help(void);
+extern const char cmd_train_synopsis[];
+
+int cmd_sample(int argc, char **argv);
+void cmd_sample_help(void);
+extern const char cmd_sample_synopsis[];
+
 /* ---- messages ----------------------------------------------------------------------------- */
 
 /* Prints "performer <cmd>: <message>\n" to stderr. Returns TOOL_EXIT_FAIL. */

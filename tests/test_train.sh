@@ -1,0 +1,197 @@
+#!/bin/sh
+# test_train.sh: end-to-end tests of `performer train` and `performer sample` on tiny models.
+#
+#   PERFORMER=build/performer sh tests/test_train.sh
+#
+# - a run stopped after a checkpoint (--stop-after) and resumed, at another thread count, ends
+#   with the same bits in every tensor (weights, AdamW moments) as the run never stopped, and
+#   the same log; so does a run killed with SIGKILL at an arbitrary moment and resumed;
+#   the checkpoints are read by an independent reader (Python json + numpy.frombuffer);
+# - the log has a header and one row per step, evaluations on schedule, a falling loss;
+# - text data: the Bible is exported by the `bible` program and cached; a plain text file
+#   trains;
+# - sampling: the prompt comes first, the same seed gives the same bytes, --tokens 0 prints
+#   the prompt only, temperature 0 is deterministic whatever the seed;
+# - bad input: missing, empty or binary data, a context longer than the data, a checkpoint
+#   that exists without --resume, settings given with --resume, a damaged checkpoint, bad
+#   flags: each a clear message and the right exit status.
+# No `set -e`: every check runs, failures are counted, exit 1 if any.
+
+P=${PERFORMER:-build/performer}
+case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
+PY=/usr/bin/python3
+checks=0
+fails=0
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_train.XXXXXX") || { echo "mktemp failed"; exit 1; }
+cleanup() { rm -rf "$T"; }
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+pass() { checks=$((checks + 1)); }
+fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+check() { # check "what" command...: the command must succeed
+    what=$1; shift
+    if "$@"; then pass; else fail "$what"; fi
+}
+# expect_fail STATUS KEYWORD command...: exits with STATUS and says KEYWORD on stderr
+expect_fail() {
+    want=$1; key=$2; shift 2
+    "$@" >"$T/out" 2>"$T/err"
+    got=$?
+    if [ "$got" -ne "$want" ]; then
+        fail "$* exited $got, expected $want: $(cat "$T/err")"
+    elif ! grep -q -- "$key" "$T/err"; then
+        fail "$*: message lacks '$key': $(cat "$T/err")"
+    else
+        pass
+    fi
+}
+
+if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
+if ! $PY -c 'import numpy' 2>/dev/null; then echo "FAIL: $PY has no numpy"; exit 1; fi
+
+# Compares two checkpoints tensor by tensor with an independent reader; prints differences.
+cat >"$T/same.py" <<'EOF'
+import json, struct, sys
+import numpy as np
+
+def load(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    meta = h.pop("__metadata__")
+    data = b[8 + n:]
+    t = {}
+    for k, e in h.items():
+        assert e["dtype"] == "F32"
+        s, end = e["data_offsets"]
+        t[k] = np.frombuffer(data[s:end], dtype="<f4").reshape(e["shape"])
+    return t, meta
+
+a, ma = load(sys.argv[1])
+b, mb = load(sys.argv[2])
+bad = [k for k in a if k not in b or a[k].shape != b[k].shape or
+       a[k].tobytes() != b[k].tobytes()]
+assert set(a) == set(b), (sorted(a), sorted(b))
+assert ma["pf.step"] == mb["pf.step"], (ma["pf.step"], mb["pf.step"])
+assert any(k.startswith("adamw.m.") for k in a), "no optimizer moments"
+if bad:
+    sys.exit("tensors differ: " + ", ".join(bad))
+EOF
+
+TINY="--layers 2 --d-model 32 --heads 2 --context 32 --batch 4 --eval-batches 2 --no-plot"
+
+# ---- stop and resume gives the uninterrupted run's bits ---------------------------------------
+for pos in learned rotary; do
+    A="$T/full-$pos"; B="$T/stopped-$pos"
+    $P train --out "$A" $TINY --positions $pos --steps 24 --eval-every 8 --threads 2 \
+        >"$T/a.out" 2>"$T/a.err"
+    check "train ($pos) exits 0: $(tail -3 "$T/a.err")" [ $? -eq 0 ]
+    $P train --out "$B" $TINY --positions $pos --steps 24 --eval-every 8 --threads 2 \
+        --stop-after 12 >/dev/null 2>&1
+    check "stop-after exits 0" [ $? -eq 0 ]
+    $P train --out "$B" --resume --threads 1 --no-plot >/dev/null 2>&1
+    check "resume exits 0" [ $? -eq 0 ]
+    check "$pos: resumed run = uninterrupted run, bit for bit" \
+        $PY "$T/same.py" "$A/checkpoint.safetensors" "$B/checkpoint.safetensors"
+    # the logs agree except for timings (columns 5-6)
+    check "$pos: resumed log = uninterrupted log" \
+        sh -c "cut -d, -f1-4,7-9 '$A/log.csv' >'$T/la'; cut -d, -f1-4,7-9 '$B/log.csv' >'$T/lb';
+               cmp -s '$T/la' '$T/lb'"
+done
+
+# ---- the log --------------------------------------------------------------------------------
+L="$T/full-learned/log.csv"
+check "log header" sh -c "head -1 '$L' | grep -q '^step,lr,train_loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_acc$'"
+tail -n +2 "$L" | cut -d, -f1 >"$T/steps"
+seq 0 24 >"$T/want"
+check "log rows 0..24" cmp -s "$T/steps" "$T/want"
+check "evaluations at 0, 8, 16, 24" sh -c "[ \"\$(awk -F, 'NR > 1 && \$7 != \"\" {print \$1}' \
+'$L' | tr '\n' ' ')\" = '0 8 16 24 ' ]"
+# learning: the mean training loss of the last 6 steps is below the first 6 (ln 256 = 5.55)
+check "training loss falls" sh -c "awk -F, 'NR >= 3 && NR <= 8 {a += \$3} NR >= 21 {b += \$3}
+    END {exit !(b < a - 0.3)}' '$L'"
+check "summary printed" grep -q "validation loss" "$T/a.out"
+
+# ---- killed at a random moment and resumed ----------------------------------------------------
+K="$T/killed"; F="$T/kill-full"
+KARGS="$TINY --steps 150 --eval-every 50 --checkpoint-every 5"
+$P train --out "$F" $KARGS >/dev/null 2>&1
+$P train --out "$K" $KARGS >/dev/null 2>&1 &
+pid=$!
+i=0
+while [ ! -f "$K/checkpoint.safetensors" ] && [ $i -lt 400 ]; do sleep 0.01; i=$((i + 1)); done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+check "no temporary file is visible as the checkpoint" [ -f "$K/checkpoint.safetensors" ]
+$P train --out "$K" --resume --no-plot >/dev/null 2>"$T/k.err"
+check "resume after SIGKILL exits 0: $(cat "$T/k.err")" [ $? -eq 0 ]
+check "no temporary checkpoint left after the resume" \
+    sh -c "! ls '$K' | grep -q tmp"
+check "killed + resumed = uninterrupted, bit for bit" \
+    $PY "$T/same.py" "$F/checkpoint.safetensors" "$K/checkpoint.safetensors"
+
+# ---- text data --------------------------------------------------------------------------------
+if command -v bible >/dev/null 2>&1; then
+    $P train --out "$T/bible" --data bible $TINY --steps 3 --eval-every 3 >/dev/null 2>"$T/b.err"
+    check "bible run exits 0: $(tail -2 "$T/b.err")" [ $? -eq 0 ]
+    check "bible exported and cached" sh -c "[ \$(wc -l <'$T/bible/bible-kjv.txt') -eq 31102 ]"
+    check "bible text starts with Genesis 1:1" \
+        sh -c "head -1 '$T/bible/bible-kjv.txt' | grep -q '^In the beginning God created'"
+else
+    fail "the bible program is missing (Debian package bible-kjv; scripts/setup.sh)"
+fi
+$PY -c "
+import random
+r = random.Random(4)
+words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']
+with open('$T/words.txt', 'w') as f:
+    for i in range(3000):
+        f.write(' '.join(r.choice(words) for _ in range(8)) + '\n')
+"
+$P train --out "$T/text" --data "$T/words.txt" $TINY --steps 3 --eval-every 3 >/dev/null 2>&1
+check "a plain text file trains" [ $? -eq 0 ]
+
+# ---- sampling ---------------------------------------------------------------------------------
+C="$T/full-rotary/checkpoint.safetensors"
+$P sample --checkpoint "$C" --prompt "MKV" --tokens 40 --seed 5 >"$T/s1" 2>"$T/s.err"
+check "sample exits 0: $(cat "$T/s.err")" [ $? -eq 0 ]
+$P sample --checkpoint "$C" --prompt "MKV" --tokens 40 --seed 5 --threads 1 >"$T/s2" 2>/dev/null
+check "sample starts with the prompt" sh -c "head -c 3 '$T/s1' | grep -q '^MKV$'"
+check "sample prints prompt + 40 bytes (+ newline)" sh -c "[ \$(wc -c <'$T/s1') -ge 43 ]"
+check "same seed, same sample" cmp -s "$T/s1" "$T/s2"
+$P sample --checkpoint "$C" --prompt "MKV" --tokens 40 --seed 6 >"$T/s3" 2>/dev/null
+check "another seed, another sample" sh -c "! cmp -s '$T/s1' '$T/s3'"
+$P sample --checkpoint "$C" --prompt "MA" --tokens 0 >"$T/s4" 2>/dev/null
+check "--tokens 0 prints the prompt" sh -c "[ \"\$(cat '$T/s4')\" = MA ]"
+$P sample --checkpoint "$C" --tokens 30 --temperature 0 --seed 1 >"$T/g1" 2>/dev/null
+$P sample --checkpoint "$C" --tokens 30 --temperature 0 --seed 2 >"$T/g2" 2>/dev/null
+check "greedy decoding ignores the seed" cmp -s "$T/g1" "$T/g2"
+# longer than the context (32): the decoder slides its window
+$P sample --checkpoint "$C" --tokens 100 >"$T/s5" 2>/dev/null
+check "sampling past the context" [ $? -eq 0 ]
+
+# ---- bad input --------------------------------------------------------------------------------
+expect_fail 1 "No such file" $P train --out "$T/e1" --data "$T/none.fa" $TINY
+: >"$T/empty.txt"
+expect_fail 1 "empty" $P train --out "$T/e2" --data "$T/empty.txt" $TINY
+printf 'ab\000cd\n' >"$T/bin.dat"
+expect_fail 1 "binary" $P train --out "$T/e3" --data "$T/bin.dat" $TINY
+printf '>a\nMKVLA\n>b\nMKVVA\n' >"$T/small.fa"
+expect_fail 1 "needs at least 33" $P train --out "$T/e4" --data "$T/small.fa" $TINY
+expect_fail 1 "use --resume" $P train --out "$T/full-learned" $TINY --steps 3
+expect_fail 2 "saved settings\|checkpoint's settings" $P train --out "$T/full-learned" --resume \
+    --lr 0.1
+expect_fail 1 "cannot resume" $P train --out "$T/nothing-here" --resume
+expect_fail 2 "unknown option" $P train --out "$T/e5" --bogus
+expect_fail 2 "expected a positive integer" $P train --out "$T/e6" --steps 0
+expect_fail 2 "multiple of --heads" $P train --out "$T/e7" --d-model 30 --heads 4
+expect_fail 2 "missing --out" $P train --steps 3
+head -c 100 "$C" >"$T/cut.safetensors"
+expect_fail 1 "truncated\|safetensors" $P sample --checkpoint "$T/cut.safetensors"
+expect_fail 2 "missing --checkpoint" $P sample --tokens 3
+expect_fail 2 "--top-k" $P sample --checkpoint "$C" --top-k 300
+
+echo "test_train.sh: $checks checks, $fails failed"
+[ "$fails" -eq 0 ]

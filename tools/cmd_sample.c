@@ -1,0 +1,140 @@
+/* cmd_sample.c: `performer sample`: continue a prompt with a trained language model.
+ *
+ * The model decodes one byte at a time (pf_decoder): exact attention with a key/value cache,
+ * FAVOR+ with its recurrent state (constant memory and time per byte). When a model with
+ * learned positions or exact attention reaches its context, the decoder restarts on the last
+ * half-context of bytes (a sliding window). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "tool.h"
+
+#define CMD "sample"
+
+const char cmd_sample_synopsis[] =
+    "performer sample --checkpoint FILE [--prompt TEXT] [--tokens N] [--temperature T]\n"
+    "     [--top-k K] [--seed S] [--threads N]\n";
+
+void cmd_sample_help(void) {
+    printf("usage: %s\n"
+           "Writes the prompt and N sampled bytes to stdout; the speed goes to stderr.\n"
+           "\n"
+           "  --checkpoint FILE   a model written by `performer train`\n"
+           "                                                                      [default]\n"
+           "  --prompt TEXT       the start; empty begins a new document (a '\\n')  [\"\"]\n"
+           "  --tokens N          bytes to generate                               [200]\n"
+           "  --temperature T     softmax temperature, 0 = always the likeliest   [0.8]\n"
+           "  --top-k K           draw among the K likeliest bytes, 0 = all       [40]\n"
+           "  --seed S            the draws (same seed, same text)                [0]\n"
+           "  --threads N         threads, 0 = OpenMP's default                   [0]\n"
+           "\n"
+           "Exit status: 0 success, 1 bad checkpoint or failed decoding, 2 bad command line.\n",
+           cmd_sample_synopsis);
+}
+
+int cmd_sample(int argc, char **argv) {
+    const char *ckpt = NULL, *prompt = "";
+    int tokens = 200, top_k = 40, threads = 0;
+    double temperature = 0.8;
+    uint64_t seed = 0;
+    tool_args a;
+    tool_args_init(&a, CMD, argc, argv);
+    while (tool_next(&a)) {
+        const char *v = NULL;
+        if (tool_opt(&a, "--checkpoint", &v)) {
+            ckpt = v;
+        } else if (tool_opt(&a, "--prompt", &v)) {
+            if (v) prompt = v;
+        } else if (tool_opt(&a, "--tokens", &v)) {
+            if (v) tool_parse_int(&a, "--tokens", v, 0, INT_MAX, &tokens);
+        } else if (tool_opt(&a, "--temperature", &v)) {
+            if (v) tool_parse_double(&a, "--temperature", v, 0, 100, 0, &temperature);
+        } else if (tool_opt(&a, "--top-k", &v)) {
+            if (v) tool_parse_int(&a, "--top-k", v, 0, PF_LM_VOCAB, &top_k);
+        } else if (tool_opt(&a, "--seed", &v)) {
+            if (v) tool_parse_u64(&a, "--seed", v, &seed);
+        } else if (tool_opt(&a, "--threads", &v)) {
+            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &threads);
+        } else {
+            return tool_unknown(&a);
+        }
+    }
+    if (a.failed) return TOOL_EXIT_USAGE;
+    if (!ckpt) return tool_usage(CMD, "missing --checkpoint FILE");
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#endif
+
+    char msg[1024];
+    pf_model *m = NULL;
+    if (pf_model_load(&m, ckpt, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    pf_model_config c = pf_model_get_config(m);
+    pf_decoder *d = NULL;
+    pf_status st = pf_decoder_create(&d, m);
+    if (st != PF_OK) {
+        pf_model_free(m);
+        return tool_fail(CMD, "cannot decode with this model: %s", pf_status_str(st));
+    }
+    /* the decoder can go past the context only with FAVOR and rotary positions */
+    int64_t limit =
+        c.attention != PF_LM_EXACT && c.positions == PF_LM_ROTARY ? INT64_MAX : c.context;
+    size_t plen = strlen(prompt);
+    size_t cap = plen + (size_t)tokens + 1;
+    int32_t *text = malloc(sizeof(int32_t) * cap);
+    if (!text) {
+        pf_decoder_free(d);
+        pf_model_free(m);
+        return tool_fail(CMD, "out of memory");
+    }
+    size_t n = 0;
+    if (plen == 0) text[n++] = '\n';
+    for (size_t i = 0; i < plen; i++) text[n++] = (unsigned char)prompt[i];
+    fwrite(prompt, 1, plen, stdout);
+
+    float logits[PF_LM_VOCAB];
+    pf_rng rng;
+    pf_rng_init(&rng, seed, 0);
+    size_t fed = 0; /* text[0..fed) is in the decoder */
+    double t0 = tool_now_ms();
+    int64_t steps = 0;
+    for (int i = 0; i <= tokens && st == PF_OK; i++) {
+        /* feed everything not yet seen, restarting on the last half-context when full */
+        while (fed < n && st == PF_OK) {
+            if (pf_decoder_position(d) >= limit) {
+                size_t keep = (size_t)(c.context / 2 > 0 ? c.context / 2 : 1);
+                st = pf_decoder_reset(d);
+                fed = n > keep ? n - keep : 0;
+                continue;
+            }
+            st = pf_decoder_step(d, logits, text[fed++]);
+            steps++;
+        }
+        if (st != PF_OK || i == tokens) break;
+        int32_t next;
+        st = pf_sample_logits(&next, logits, PF_LM_VOCAB, (float)temperature, top_k, &rng);
+        if (st != PF_OK) break;
+        text[n++] = next;
+        fputc(next, stdout);
+        fflush(stdout);
+    }
+    double ms = tool_now_ms() - t0;
+    if (st == PF_OK) {
+        if (n > 0 && text[n - 1] != '\n') fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr, "performer sample: %d bytes, %lld decoder steps, %.2f ms per step (%s)\n",
+                tokens, (long long)steps, steps ? ms / (double)steps : 0.0,
+                c.attention == PF_LM_EXACT ? "exact attention, key/value cache"
+                                           : "FAVOR+, recurrent state");
+    }
+    free(text);
+    pf_decoder_free(d);
+    pf_model_free(m);
+    if (st != PF_OK) return tool_fail(CMD, "decoding failed: %s", pf_status_str(st));
+    return TOOL_EXIT_OK;
+}

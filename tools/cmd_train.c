@@ -1,0 +1,755 @@
+/* cmd_train.c: `performer train`: train the byte-level language model on proteins, the King
+ * James Bible or any text/FASTA file, with evaluation, a CSV log, a plot and checkpoints that
+ * --resume continues bit for bit.
+ *
+ * Every step is a function of (settings, step): the batch is drawn from (seed, step), the
+ * learning rate from the schedule, FAVOR's W from (seed, step / redraw). So a run stopped after
+ * its last checkpoint and resumed gives the same parameters as one never stopped. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "model/data.h"
+#include "tool.h"
+
+#define CMD "train"
+#define PROTEINS "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz"
+#define DATA_SEED_MIX UINT64_C(0x9e3779b97f4a7c15) /* data draws apart from weight draws */
+#define EVAL_STREAM (UINT64_C(1) << 63)
+
+const char cmd_train_synopsis[] =
+    "performer train --out DIR [--data proteins|bible|FILE] [--attention exact|favor]\n"
+    "     [--kernel K] [--features M] [--redraw N] [--positions learned|rotary] [--layers L]\n"
+    "     [--d-model C] [--heads H] [--context T] [--steps S] [--batch B] [--lr LR]\n"
+    "     [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N] [--eval-batches N]\n"
+    "     [--seed S] [--threads N] [--resume] [--stop-after N]\n";
+
+void cmd_train_help(void) {
+    printf("usage: %s\n"
+           "Trains a decoder-only byte Transformer (pre-norm, GELU MLP, tied embeddings) with\n"
+           "exact softmax or FAVOR+ attention. Writes to DIR: checkpoint.safetensors (weights,\n"
+           "AdamW moments, settings; written atomically), log.csv (one row per step, with\n"
+           "validation loss, perplexity and next-byte accuracy on evaluation steps) and\n"
+           "curves.png (scripts/plot_train.py). A progress line goes to stderr.\n"
+           "\n"
+           "data:                                                                 [default]\n"
+           "  --data NAME|FILE    proteins: Debian's mmseqs2-examples DB.fasta.gz (20,000\n"
+           "                      UniProt sequences); bible: the King James text exported by\n"
+           "                      the bible program (package bible-kjv; cached in DIR); or a\n"
+           "                      FASTA or text file, gzip or plain                [proteins]\n"
+           "  --format NAME       auto | fasta | text: how FILE is read           [auto]\n"
+           "  --val-fraction F    documents held out for validation, by hash      [0.05]\n"
+           "\n"
+           "model:\n"
+           "  --layers L          Transformer blocks                              [4]\n"
+           "  --d-model C         width                                           [128]\n"
+           "  --heads H           attention heads (C/H even for rotary)           [4]\n"
+           "  --context T         sequence length of training windows            [256]\n"
+           "  --attention NAME    exact | favor                                   [exact]\n"
+           "  --kernel NAME       FAVOR map: positive | hyperbolic | trig | relu  [positive]\n"
+           "  --features M        FAVOR projections per layer                     [64]\n"
+           "  --redraw N          a new FAVOR W every N steps, 0 = never          [1000]\n"
+           "  --positions NAME    learned | rotary                                [learned]\n"
+           "\n"
+           "training:\n"
+           "  --steps S           optimizer steps                                 [1000]\n"
+           "  --batch B           windows per step                                [8]\n"
+           "  --lr LR             peak learning rate (AdamW)                      [1e-3]\n"
+           "  --lr-min LR         final learning rate of the cosine               [lr/10]\n"
+           "  --warmup W          linear warm-up steps                            [100]\n"
+           "  --weight-decay WD   decoupled decay of matrices and embeddings      [0.1]\n"
+           "  --clip G            clip the gradient's global norm to G, 0 = off   [1.0]\n"
+           "  --eval-every N      evaluate every N steps (and at the end)         [100]\n"
+           "  --eval-batches N    validation batches per evaluation (fixed ones)  [8]\n"
+           "  --checkpoint-every N  write the checkpoint every N steps            [eval-every]\n"
+           "  --seed S            weights, W and batches                          [1]\n"
+           "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
+           "  --log-every N       without a terminal, a progress line every N steps [steps/20]\n"
+           "  --no-plot           do not draw curves.png\n"
+           "\n"
+           "continuing:\n"
+           "  --resume            continue DIR's run from its checkpoint with its saved\n"
+           "                      settings (only --threads, --log-every, --no-plot and\n"
+           "                      --stop-after may be given); the result is bit for bit that\n"
+           "                      of an uninterrupted run\n"
+           "  --stop-after N      stop after step N with a checkpoint, as if killed there\n"
+           "\n"
+           "Exit status: 0 success, 1 bad data or a failed run, 2 bad command line.\n",
+           cmd_train_synopsis);
+}
+
+typedef struct train_cfg {
+    const char *out, *data;
+    int format; /* pf_corpus_format */
+    double val_fraction;
+    pf_model_config model;
+    int steps, batch, warmup, eval_every, eval_batches, checkpoint_every;
+    double lr, lr_min, weight_decay, clip;
+    int threads, log_every, no_plot, resume, stop_after;
+    int explicit_settings; /* a model or training flag was given */
+} train_cfg;
+
+/* ---- command line -------------------------------------------------------------------------- */
+
+static int parse_args(train_cfg *c, int argc, char **argv) {
+    static const char *const atts[] = {"exact", "favor", NULL};
+    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
+    static const char *const poss[] = {"learned", "rotary", NULL};
+    static const char *const formats[] = {"auto", "fasta", "text", NULL};
+    int lr_min_given = 0, ckpt_given = 0;
+    tool_args a;
+    tool_args_init(&a, CMD, argc, argv);
+    while (tool_next(&a)) {
+        const char *v = NULL;
+        int idx, setting = 1;
+        pf_model_config *m = &c->model;
+        if (tool_opt(&a, "--out", &v)) {
+            c->out = v;
+            setting = 0;
+        } else if (tool_opt(&a, "--data", &v)) {
+            c->data = v;
+        } else if (tool_opt(&a, "--format", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--format", v, formats)) >= 0) c->format = idx;
+        } else if (tool_opt(&a, "--val-fraction", &v)) {
+            if (v) tool_parse_double(&a, "--val-fraction", v, 0, 0.5, 1, &c->val_fraction);
+        } else if (tool_opt(&a, "--layers", &v)) {
+            if (v) tool_parse_int(&a, "--layers", v, 1, 1024, &m->layers);
+        } else if (tool_opt(&a, "--d-model", &v)) {
+            if (v) tool_parse_int(&a, "--d-model", v, 1, 65536, &m->d_model);
+        } else if (tool_opt(&a, "--heads", &v)) {
+            if (v) tool_parse_int(&a, "--heads", v, 1, 65536, &m->heads);
+        } else if (tool_opt(&a, "--context", &v)) {
+            if (v) tool_parse_int(&a, "--context", v, 1, 1 << 20, &m->context);
+        } else if (tool_opt(&a, "--attention", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--attention", v, atts)) >= 0)
+                m->attention = idx == 0 ? PF_LM_EXACT : PF_LM_FAVOR;
+        } else if (tool_opt(&a, "--kernel", &v)) {
+            if (v && tool_parse_choice(&a, "--kernel", v, kernels) >= 0 &&
+                pf_kernel_parse(v, &m->kernel) != PF_OK) {
+                tool_fail(CMD, "--kernel: '%s' is not known to this library", v);
+                a.failed = 1;
+            }
+        } else if (tool_opt(&a, "--features", &v)) {
+            if (v) tool_parse_int(&a, "--features", v, 1, 65536, &m->features);
+        } else if (tool_opt(&a, "--redraw", &v)) {
+            if (v) tool_parse_int(&a, "--redraw", v, 0, INT_MAX, &m->redraw);
+        } else if (tool_opt(&a, "--positions", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--positions", v, poss)) >= 0)
+                m->positions = idx == 0 ? PF_LM_LEARNED : PF_LM_ROTARY;
+        } else if (tool_opt(&a, "--steps", &v)) {
+            if (v) tool_parse_int(&a, "--steps", v, 1, INT_MAX, &c->steps);
+        } else if (tool_opt(&a, "--batch", &v)) {
+            if (v) tool_parse_int(&a, "--batch", v, 1, 1 << 20, &c->batch);
+        } else if (tool_opt(&a, "--lr", &v)) {
+            if (v) tool_parse_double(&a, "--lr", v, 0, 10, 1, &c->lr);
+        } else if (tool_opt(&a, "--lr-min", &v)) {
+            if (v) tool_parse_double(&a, "--lr-min", v, 0, 10, 0, &c->lr_min);
+            lr_min_given = 1;
+        } else if (tool_opt(&a, "--warmup", &v)) {
+            if (v) tool_parse_int(&a, "--warmup", v, 0, INT_MAX, &c->warmup);
+        } else if (tool_opt(&a, "--weight-decay", &v)) {
+            if (v) tool_parse_double(&a, "--weight-decay", v, 0, 10, 0, &c->weight_decay);
+        } else if (tool_opt(&a, "--clip", &v)) {
+            if (v) tool_parse_double(&a, "--clip", v, 0, 1e30, 0, &c->clip);
+        } else if (tool_opt(&a, "--eval-every", &v)) {
+            if (v) tool_parse_int(&a, "--eval-every", v, 1, INT_MAX, &c->eval_every);
+        } else if (tool_opt(&a, "--eval-batches", &v)) {
+            if (v) tool_parse_int(&a, "--eval-batches", v, 1, 1 << 20, &c->eval_batches);
+        } else if (tool_opt(&a, "--checkpoint-every", &v)) {
+            if (v) tool_parse_int(&a, "--checkpoint-every", v, 1, INT_MAX, &c->checkpoint_every);
+            ckpt_given = 1;
+        } else if (tool_opt(&a, "--seed", &v)) {
+            if (v) tool_parse_u64(&a, "--seed", v, &m->seed);
+        } else if (tool_opt(&a, "--threads", &v)) {
+            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
+            setting = 0;
+        } else if (tool_opt(&a, "--log-every", &v)) {
+            if (v) tool_parse_int(&a, "--log-every", v, 1, INT_MAX, &c->log_every);
+            setting = 0;
+        } else if (tool_opt(&a, "--stop-after", &v)) {
+            if (v) tool_parse_int(&a, "--stop-after", v, 1, INT_MAX, &c->stop_after);
+            setting = 0;
+        } else if (tool_flag(&a, "--no-plot")) {
+            c->no_plot = 1;
+            setting = 0;
+        } else if (tool_flag(&a, "--resume")) {
+            c->resume = 1;
+            setting = 0;
+        } else {
+            return tool_unknown(&a);
+        }
+        if (setting) c->explicit_settings = 1;
+    }
+    if (a.failed) return TOOL_EXIT_USAGE;
+    if (!c->out) return tool_usage(CMD, "missing --out DIR");
+    if (c->resume && c->explicit_settings)
+        return tool_usage(CMD, "--resume continues with the checkpoint's settings; give only "
+                               "--out, --threads, --log-every, --no-plot or --stop-after");
+    if (!lr_min_given) c->lr_min = c->lr / 10;
+    if (c->lr_min > c->lr) return tool_usage(CMD, "--lr-min must not exceed --lr");
+    if (!ckpt_given) c->checkpoint_every = c->eval_every;
+    if (c->model.d_model % c->model.heads != 0)
+        return tool_usage(CMD, "--d-model %d is not a multiple of --heads %d", c->model.d_model,
+                          c->model.heads);
+    if (c->model.positions == PF_LM_ROTARY && (c->model.d_model / c->model.heads) % 2)
+        return tool_usage(CMD, "rotary positions need an even head width (d-model/heads)");
+    return TOOL_EXIT_OK;
+}
+
+/* ---- settings in the checkpoint's metadata ----------------------------------------------- */
+
+enum { NRUN = 16 };
+typedef struct run_meta {
+    char val[NRUN][64];
+    const char *kv[2 * NRUN + 1];
+} run_meta;
+
+static void meta_set(run_meta *r, int i, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void meta_set(run_meta *r, int i, const char *key, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->val[i], sizeof(r->val[i]), fmt, ap);
+    va_end(ap);
+    r->kv[2 * i] = key;
+    r->kv[2 * i + 1] = r->val[i];
+    r->kv[2 * i + 2] = NULL;
+}
+
+/* The run's settings and counters as "run.*" metadata (doubles printed to round-trip). */
+static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, double elapsed,
+                      int64_t tokens) {
+    int i = 0;
+    meta_set(r, i++, "run.data", "%s", c->data);
+    meta_set(r, i++, "run.format", "%d", c->format);
+    meta_set(r, i++, "run.val_fraction", "%.17g", c->val_fraction);
+    meta_set(r, i++, "run.steps", "%d", c->steps);
+    meta_set(r, i++, "run.batch", "%d", c->batch);
+    meta_set(r, i++, "run.lr", "%.17g", c->lr);
+    meta_set(r, i++, "run.lr_min", "%.17g", c->lr_min);
+    meta_set(r, i++, "run.warmup", "%d", c->warmup);
+    meta_set(r, i++, "run.weight_decay", "%.17g", c->weight_decay);
+    meta_set(r, i++, "run.clip", "%.17g", c->clip);
+    meta_set(r, i++, "run.eval_every", "%d", c->eval_every);
+    meta_set(r, i++, "run.eval_batches", "%d", c->eval_batches);
+    meta_set(r, i++, "run.checkpoint_every", "%d", c->checkpoint_every);
+    meta_set(r, i++, "run.data_hash", "%016llx", (unsigned long long)data_hash);
+    meta_set(r, i++, "run.elapsed", "%.17g", elapsed);
+    meta_set(r, i++, "run.tokens", "%lld", (long long)tokens);
+}
+
+static int get_int(const pf_model *m, const char *key, int *out) {
+    const char *s = pf_model_meta(m, key);
+    char *end;
+    if (!s) return 0;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*end || errno || v < INT_MIN || v > INT_MAX) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int get_double(const pf_model *m, const char *key, double *out) {
+    const char *s = pf_model_meta(m, key);
+    char *end;
+    if (!s) return 0;
+    *out = strtod(s, &end);
+    return *end == '\0' && isfinite(*out);
+}
+
+/* Restores the settings of a resumed run; 0 if the metadata is incomplete. */
+static int settings_from_meta(train_cfg *c, const pf_model *m, uint64_t *data_hash, double *elapsed,
+                              int64_t *tokens) {
+    static char data[4096];
+    const char *d = pf_model_meta(m, "run.data"), *h = pf_model_meta(m, "run.data_hash");
+    const char *t = pf_model_meta(m, "run.tokens");
+    if (!d || !h || !t) return 0;
+    snprintf(data, sizeof(data), "%s", d);
+    c->data = data;
+    *data_hash = strtoull(h, NULL, 16);
+    *tokens = strtoll(t, NULL, 10);
+    c->model = pf_model_get_config(m);
+    return get_int(m, "run.format", &c->format) &&
+           get_double(m, "run.val_fraction", &c->val_fraction) &&
+           get_int(m, "run.steps", &c->steps) && get_int(m, "run.batch", &c->batch) &&
+           get_double(m, "run.lr", &c->lr) && get_double(m, "run.lr_min", &c->lr_min) &&
+           get_int(m, "run.warmup", &c->warmup) &&
+           get_double(m, "run.weight_decay", &c->weight_decay) &&
+           get_double(m, "run.clip", &c->clip) && get_int(m, "run.eval_every", &c->eval_every) &&
+           get_int(m, "run.eval_batches", &c->eval_batches) &&
+           get_int(m, "run.checkpoint_every", &c->checkpoint_every) &&
+           get_double(m, "run.elapsed", elapsed);
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+/* Exports the Bible with `bible` into path (verse text only, one verse per line), atomically. */
+static int export_bible(const char *path) {
+    char tmp[4300];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) return tool_fail(CMD, "%s: cannot write: %s", tmp, strerror(errno));
+    /* -f turns pretty-printing off: one verse per line, "Ge1:1 In the beginning..." */
+    FILE *in = popen("bible -f Ge1:1-Re22:21 2>/dev/null", "r");
+    if (!in) {
+        fclose(out);
+        unlink(tmp);
+        return tool_fail(CMD, "cannot run the bible program: %s", strerror(errno));
+    }
+    char line[65536];
+    long verses = 0;
+    while (fgets(line, sizeof(line), in)) {
+        char *sp = strchr(line, ' ');
+        if (!sp) continue;
+        fputs(sp + 1, out);
+        verses++;
+    }
+    int rc = pclose(in);
+    int werr = ferror(out);
+    if (fclose(out) != 0) werr = 1;
+    if (rc != 0 || verses < 30000 || werr) {
+        unlink(tmp);
+        if (werr) return tool_fail(CMD, "%s: write error", tmp);
+        return tool_fail(CMD,
+                         "exporting the Bible failed (%ld verses): is the bible program "
+                         "installed? (Debian package bible-kjv; scripts/setup.sh)",
+                         verses);
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return tool_fail(CMD, "%s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+/* The file for --data; may export the Bible. 0 or an exit code. */
+static int data_path(const train_cfg *c, char *path, size_t cap, int *format) {
+    *format = c->format;
+    if (strcmp(c->data, "proteins") == 0) {
+        snprintf(path, cap, "%s", PROTEINS);
+        if (access(path, R_OK) != 0)
+            return tool_fail(CMD,
+                             "%s: %s; it comes with Debian's mmseqs2-examples package "
+                             "(scripts/setup.sh installs it)",
+                             path, strerror(errno));
+        *format = PF_CORPUS_FASTA;
+    } else if (strcmp(c->data, "bible") == 0) {
+        snprintf(path, cap, "%s/bible-kjv.txt", c->out);
+        struct stat sb;
+        if (stat(path, &sb) != 0 || sb.st_size == 0) {
+            fprintf(stderr, "performer train: exporting the King James Bible to %s\n", path);
+            int rc = export_bible(path);
+            if (rc) return rc;
+        }
+        *format = PF_CORPUS_TEXT;
+    } else {
+        snprintf(path, cap, "%s", c->data);
+    }
+    return 0;
+}
+
+/* ---- the log ----------------------------------------------------------------------------- */
+
+static const char log_header[] =
+    "step,lr,train_loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_acc\n";
+
+/* Keeps the header and the rows of steps <= step (a resumed run rewrites what came after the
+ * checkpoint), atomically. 0 or an exit code. */
+static int truncate_log(const char *path, int64_t step) {
+    FILE *in = fopen(path, "r");
+    char tmp[4300];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        if (in) fclose(in);
+        return tool_fail(CMD, "%s: %s", tmp, strerror(errno));
+    }
+    fputs(log_header, out);
+    char line[1024];
+    while (in && fgets(line, sizeof(line), in)) {
+        char *end;
+        long long s = strtoll(line, &end, 10);
+        if (end != line && *end == ',' && s <= step) fputs(line, out);
+    }
+    if (in) fclose(in);
+    if (fclose(out) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return tool_fail(CMD, "%s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+/* ---- evaluation -------------------------------------------------------------------------- */
+
+typedef struct eval_result {
+    double loss, acc;
+} eval_result;
+
+/* Mean loss and next-byte accuracy over the fixed validation batches. */
+static pf_status evaluate(pf_model *m, const pf_corpus *cor, const train_cfg *c, uint64_t seed,
+                          int32_t *tok, int32_t *tgt, float *logits, eval_result *r) {
+    const int B = c->batch, T = c->model.context;
+    double loss = 0;
+    int64_t right = 0, total = 0;
+    pf_status st = pf_model_set_training(m, 0);
+    for (int i = 0; i < c->eval_batches && st == PF_OK; i++) {
+        st = pf_corpus_batch(cor, PF_SPLIT_VAL, tok, tgt, B, T, seed, EVAL_STREAM + (uint64_t)i);
+        float l = 0;
+        if (st == PF_OK) st = pf_model_forward(m, &l, logits, tok, tgt, B, T);
+        if (st != PF_OK) break;
+        loss += l;
+        for (int64_t j = 0; j < (int64_t)B * T; j++) {
+            const float *row = logits + j * PF_LM_VOCAB;
+            int best = 0;
+            for (int k = 1; k < PF_LM_VOCAB; k++) best = row[k] > row[best] ? k : best;
+            right += best == tgt[j];
+            total++;
+        }
+    }
+    pf_status st2 = pf_model_set_training(m, 1);
+    if (st == PF_OK) st = st2;
+    r->loss = loss / c->eval_batches;
+    r->acc = total ? (double)right / (double)total : 0;
+    return st;
+}
+
+/* ---- progress ---------------------------------------------------------------------------- */
+
+static void fmt_time(char *buf, size_t cap, double s) {
+    if (!(s >= 0) || s > 1e8) {
+        snprintf(buf, cap, "?");
+    } else if (s < 60) {
+        snprintf(buf, cap, "%.0fs", s);
+    } else if (s < 3600) {
+        snprintf(buf, cap, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    } else {
+        snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    }
+}
+
+/* ---- plotting ---------------------------------------------------------------------------- */
+
+/* scripts/plot_train.py: $PERFORMER_SCRIPTS, next to the executable's ../scripts, or ./scripts */
+static int find_script(char *path, size_t cap, const char *name) {
+    const char *env = getenv("PERFORMER_SCRIPTS");
+    if (env) {
+        snprintf(path, cap, "%s/%s", env, name);
+        if (access(path, R_OK) == 0) return 1;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(path, cap, "%s/../scripts/%s", exe, name);
+            if (access(path, R_OK) == 0) return 1;
+        }
+    }
+    snprintf(path, cap, "scripts/%s", name);
+    return access(path, R_OK) == 0;
+}
+
+static void plot(const train_cfg *c, const char *log_path) {
+    char script[4200], png[4200], title[256];
+    if (!find_script(script, sizeof(script), "plot_train.py")) {
+        fprintf(stderr, "performer train: scripts/plot_train.py not found: no plot\n");
+        return;
+    }
+    snprintf(png, sizeof(png), "%s/curves.png", c->out);
+    snprintf(title, sizeof(title), "%s, %s%s%s, %d layers, d_model %d, context %d", c->data,
+             c->model.attention == PF_LM_EXACT ? "exact" : "FAVOR+ ",
+             c->model.attention == PF_LM_EXACT ? "" : pf_kernel_name(c->model.kernel),
+             c->model.positions == PF_LM_ROTARY ? ", rotary" : "", c->model.layers,
+             c->model.d_model, c->model.context);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/usr/bin/python3", "python3", script, log_path, png, title, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr,
+                "performer train: drawing %s failed (needs /usr/bin/python3 with "
+                "matplotlib)\n",
+                png);
+        return;
+    }
+    printf("curves: %s\n", png);
+}
+
+/* Removes temporary checkpoint files a killed run may have left ("checkpoint.safetensors.tmp.*",
+ * see pf_model_save): they are never complete. */
+static void remove_stale_temps(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    const char *pre = "checkpoint.safetensors.tmp.";
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, pre, strlen(pre)) != 0) continue;
+        char p[4400];
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+}
+
+/* ---- the run ----------------------------------------------------------------------------- */
+
+typedef struct run_state {
+    pf_model *model;
+    pf_corpus corpus;
+    int32_t *tok, *tgt;
+    float *logits;
+    FILE *log;
+} run_state;
+
+static void run_free(run_state *r) {
+    pf_model_free(r->model);
+    pf_corpus_free(&r->corpus);
+    free(r->tok);
+    free(r->tgt);
+    free(r->logits);
+    if (r->log) fclose(r->log);
+}
+
+static int save(const run_state *r, const train_cfg *c, const char *path, uint64_t hash,
+                double elapsed, int64_t tokens) {
+    run_meta meta;
+    make_meta(&meta, c, hash, elapsed, tokens);
+    char msg[1024];
+    if (pf_model_save(r->model, path, meta.kv, 1, msg, sizeof(msg)) != PF_OK)
+        return tool_fail(CMD, "%s", msg);
+    return 0;
+}
+
+static int train(train_cfg *c) {
+    char ckpt[4200], log_path[4200], data[4200], msg[1024];
+    struct stat sb;
+    if (stat(c->out, &sb) != 0) {
+        if (c->resume) return tool_fail(CMD, "cannot resume: %s: %s", c->out, strerror(errno));
+        if (mkdir(c->out, 0777) != 0)
+            return tool_fail(CMD, "%s: cannot create: %s", c->out, strerror(errno));
+    } else if (!S_ISDIR(sb.st_mode)) {
+        return tool_fail(CMD, "%s: not a folder", c->out);
+    }
+    snprintf(ckpt, sizeof(ckpt), "%s/checkpoint.safetensors", c->out);
+    remove_stale_temps(c->out);
+    snprintf(log_path, sizeof(log_path), "%s/log.csv", c->out);
+
+    run_state r;
+    memset(&r, 0, sizeof(r));
+    uint64_t want_hash = 0;
+    double elapsed = 0;
+    int64_t tokens = 0;
+    int rc = 0;
+    if (c->resume) {
+        if (pf_model_load(&r.model, ckpt, msg, sizeof(msg)) != PF_OK)
+            return tool_fail(CMD, "cannot resume: %s", msg);
+        if (!settings_from_meta(c, r.model, &want_hash, &elapsed, &tokens)) {
+            run_free(&r);
+            return tool_fail(CMD,
+                             "%s: not a checkpoint of `performer train` (run.* settings "
+                             "missing)",
+                             ckpt);
+        }
+    } else if (access(ckpt, F_OK) == 0) {
+        return tool_fail(CMD, "%s exists: use --resume to continue that run, or another --out",
+                         ckpt);
+    }
+
+    /* data */
+    int format;
+    rc = data_path(c, data, sizeof(data), &format);
+    if (rc) {
+        run_free(&r);
+        return rc;
+    }
+    if (pf_corpus_load(&r.corpus, data, (pf_corpus_format)format, c->val_fraction, msg,
+                       sizeof(msg)) != PF_OK) {
+        run_free(&r);
+        return tool_fail(CMD, "%s", msg);
+    }
+    const int B = c->batch, T = c->model.context;
+    for (int s = 0; s < 2; s++) {
+        if (r.corpus.n[s] < (size_t)T + 1) {
+            tool_fail(CMD,
+                      "%s: the %s split holds %zu bytes (%zu documents); --context %d "
+                      "needs at least %d: use more data or a shorter context",
+                      data, s ? "validation" : "training", r.corpus.n[s], r.corpus.docs[s], T,
+                      T + 1);
+            run_free(&r);
+            return TOOL_EXIT_FAIL;
+        }
+    }
+    uint64_t hash = pf_doc_hash(r.corpus.bytes[0], r.corpus.n[0]) ^
+                    pf_doc_hash(r.corpus.bytes[1], r.corpus.n[1]);
+    if (c->resume && hash != want_hash) {
+        run_free(&r);
+        return tool_fail(CMD,
+                         "%s has changed since the run began: it cannot continue the same "
+                         "way",
+                         data);
+    }
+
+    /* model */
+    if (!c->resume) {
+        pf_status st = pf_model_create(&r.model, &c->model);
+        if (st != PF_OK) {
+            run_free(&r);
+            return tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
+        }
+        rc = truncate_log(log_path, -1);
+    } else {
+        rc = truncate_log(log_path, pf_model_steps(r.model));
+    }
+    size_t bt = (size_t)B * T;
+    r.tok = malloc(sizeof(int32_t) * bt);
+    r.tgt = malloc(sizeof(int32_t) * bt);
+    r.logits = malloc(sizeof(float) * bt * PF_LM_VOCAB);
+    if (!rc && (!r.tok || !r.tgt || !r.logits)) rc = tool_fail(CMD, "out of memory");
+    if (!rc && !(r.log = fopen(log_path, "a")))
+        rc = tool_fail(CMD, "%s: %s", log_path, strerror(errno));
+    if (rc) {
+        run_free(&r);
+        return rc;
+    }
+
+    const pf_model_config *mc = &c->model;
+    const uint64_t dseed = mc->seed ^ DATA_SEED_MIX;
+    printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n", data,
+           r.corpus.n[0], r.corpus.docs[0], r.corpus.n[1], r.corpus.docs[1]);
+    printf("model: %lld parameters, %d layers, d_model %d, %d heads, context %d, %s%s%s, "
+           "%s positions\n",
+           (long long)pf_model_num_params(r.model), mc->layers, mc->d_model, mc->heads, mc->context,
+           mc->attention == PF_LM_EXACT ? "exact attention" : "FAVOR+ ",
+           mc->attention == PF_LM_EXACT ? "" : pf_kernel_name(mc->kernel),
+           mc->attention == PF_LM_EXACT ? "" : " features",
+           mc->positions == PF_LM_ROTARY ? "rotary" : "learned");
+    fflush(stdout);
+
+    int64_t step = pf_model_steps(r.model);
+    int tty = isatty(2);
+    int log_every = c->log_every ? c->log_every : (c->steps >= 20 ? c->steps / 20 : 1);
+    pf_adamw opt = pf_adamw_default();
+    opt.weight_decay = (float)c->weight_decay;
+    opt.clip = (float)c->clip;
+    eval_result ev = {NAN, NAN};
+    pf_status st = PF_OK;
+
+    if (step == 0) {
+        st = evaluate(r.model, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
+        if (st == PF_OK) {
+            fprintf(r.log, "0,,,,,0,%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
+            fflush(r.log);
+        }
+    }
+    pf_model_set_training(r.model, 1);
+    double session_t = 0;
+    int64_t session_steps = 0;
+    while (st == PF_OK && step < c->steps) {
+        double t0 = tool_now_ms();
+        double lr = pf_lr_schedule(step, c->steps, c->warmup, c->lr, c->lr_min);
+        float loss = NAN, gnorm = NAN;
+        st = pf_corpus_batch(&r.corpus, PF_SPLIT_TRAIN, r.tok, r.tgt, B, T, dseed, (uint64_t)step);
+        if (st == PF_OK) st = pf_model_forward(r.model, &loss, NULL, r.tok, r.tgt, B, T);
+        if (st == PF_OK) st = pf_model_backward(r.model);
+        opt.lr = (float)lr;
+        if (st == PF_OK) st = pf_model_step(r.model, &opt, &gnorm);
+        if (st != PF_OK) break;
+        double dt = (tool_now_ms() - t0) / 1e3;
+        elapsed += dt;
+        session_t += dt;
+        session_steps++;
+        tokens += (int64_t)bt;
+        step++;
+        int do_eval = step % c->eval_every == 0 || step == c->steps;
+        fprintf(r.log, "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)step, lr, loss, gnorm,
+                (double)bt / dt, elapsed);
+        if (do_eval) {
+            st = evaluate(r.model, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
+            if (st != PF_OK) break;
+            fprintf(r.log, ",%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
+        } else {
+            fprintf(r.log, ",,,\n");
+        }
+        /* progress */
+        double tps = (double)session_steps * (double)bt / session_t;
+        char eta[32];
+        fmt_time(eta, sizeof(eta), (double)(c->steps - step) * session_t / session_steps);
+        if (tty || step % log_every == 0 || step == c->steps || do_eval) {
+            fprintf(stderr,
+                    "%sstep %lld/%d  loss %.4f  val %.4f (acc %.3f)  %.0f tok/s  "
+                    "left %s%s",
+                    tty ? "\r" : "", (long long)step, c->steps, loss, ev.loss, ev.acc, tps, eta,
+                    tty ? "   " : "\n");
+        }
+        int stop = c->stop_after && step >= c->stop_after;
+        if (step % c->checkpoint_every == 0 || step == c->steps || stop) {
+            fflush(r.log);
+            rc = save(&r, c, ckpt, hash, elapsed, tokens);
+            if (rc) break;
+        }
+        if (stop) break;
+    }
+    if (tty) fputc('\n', stderr);
+    if (st != PF_OK) {
+        if (st == PF_ENONFINITE)
+            tool_fail(CMD,
+                      "step %lld: the loss or gradient is not finite (diverged; try a "
+                      "lower --lr or a smaller --clip); the last checkpoint is kept",
+                      (long long)step + 1);
+        else
+            tool_fail(CMD, "step %lld: %s", (long long)step + 1, pf_status_str(st));
+        rc = TOOL_EXIT_FAIL;
+    }
+    fclose(r.log);
+    r.log = NULL;
+    if (!rc) {
+        printf("step %lld/%d: validation loss %.4f (perplexity %.3f, accuracy %.4f); %.0f "
+               "training tokens/s over %.1f s\n",
+               (long long)step, c->steps, ev.loss, exp(ev.loss), ev.acc,
+               elapsed > 0 ? (double)tokens / elapsed : 0.0, elapsed);
+        printf("checkpoint: %s\nlog: %s\n", ckpt, log_path);
+        if (!c->no_plot) plot(c, log_path);
+    }
+    run_free(&r);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_cfg c;
+    memset(&c, 0, sizeof(c));
+    c.data = "proteins";
+    c.format = PF_CORPUS_AUTO;
+    c.val_fraction = 0.05;
+    c.model = pf_model_config_default();
+    c.steps = 1000;
+    c.batch = 8;
+    c.lr = 1e-3;
+    c.warmup = 100;
+    c.weight_decay = 0.1;
+    c.clip = 1.0;
+    c.eval_every = 100;
+    c.eval_batches = 8;
+    int rc = parse_args(&c, argc, argv);
+    if (rc) return rc;
+#ifdef _OPENMP
+    if (c.threads > 0) omp_set_num_threads(c.threads);
+#endif
+    return train(&c);
+}
