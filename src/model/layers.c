@@ -35,6 +35,7 @@ void encoder_forward(float *out, const int32_t *inp, const float *wte, const flo
         const float *e = wte + (size_t)inp[bt] * C;
         if (wpe) {
             const float *p = wpe + (size_t)t * C;
+#pragma omp simd
             for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
         } else {
             memcpy(o, e, sizeof(float) * (size_t)C);
@@ -94,6 +95,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
         float s = (float)(1.0 / sqrt(v + eps));
         float mf = (float)m;
         float *o = out + (size_t)i * C;
+#pragma omp simd
         for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * s * weight[c] + bias[c];
         mean[i] = mf;
         rstd[i] = s;
@@ -122,6 +124,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
         }
         dn_mean /= C;
         dnn_mean /= C;
+#pragma omp simd
         for (int c = 0; c < C; c++) {
             double n = (double)((x[c] - m) * s);
             double dn = (double)weight[c] * d[c];
@@ -170,6 +173,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
                     inp + (size_t)r0 * C, C, weight, C, 0.0f, o, OC);
         if (bias) {
             for (int i = 0; i < rows; i++) {
+#pragma omp simd
                 for (int j = 0; j < OC; j++) o[(size_t)i * OC + j] += bias[j];
             }
         }
@@ -221,8 +225,10 @@ enum { GELU_BLOCK = 2048 };
  * vector exp: libm's tanhf is scalar and was a fifth of a training step. The absolute error
  * stays at float rounding (exp's relative error times at most 1/2); exp(2u) = inf gives 1. */
 static void gelu_tanh(float *t, const float *x, int n) {
+#pragma omp simd
     for (int i = 0; i < n; i++) t[i] = 2.0f * GELU_K * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
     pf_simd()->exp(t, t, (size_t)n);
+#pragma omp simd
     for (int i = 0; i < n; i++) t[i] = 1.0f - 2.0f / (t[i] + 1.0f);
 }
 
@@ -237,6 +243,7 @@ void gelu_forward(float *out, const float *inp, size_t n) {
         int len = (int)(n - i0 < GELU_BLOCK ? n - i0 : GELU_BLOCK);
         float th[GELU_BLOCK];
         gelu_tanh(th, inp + i0, len);
+#pragma omp simd
         for (int i = 0; i < len; i++) out[i0 + i] = 0.5f * inp[i0 + i] * (1.0f + th[i]);
     }
 }
@@ -253,6 +260,7 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
         float th[GELU_BLOCK];
         const float *x = inp + i0;
         gelu_tanh(th, x, len);
+#pragma omp simd
         for (int i = 0; i < len; i++) {
             float sech2 = 1.0f - th[i] * th[i];
             float g = 0.5f * (1.0f + th[i]) +
@@ -265,7 +273,7 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
 void residual_forward(float *out, const float *a, const float *b, size_t n) {
     const int nt = pf_threads(0); /* also pins BLAS to one thread */
     (void)nt;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for simd num_threads(nt) schedule(static)
     for (int64_t i = 0; i < (int64_t)n; i++) out[i] = a[i] + b[i];
 }
 
@@ -490,6 +498,7 @@ void crossentropy_backward(float *dlogits, const float *probs, const int32_t *ta
             memset(d, 0, sizeof(float) * (size_t)V);
             continue;
         }
+#pragma omp simd
         for (int j = 0; j < V; j++) d[j] = (p[j] - (j == tg ? 1.0f : 0.0f)) * scale;
     }
 }

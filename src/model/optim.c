@@ -67,7 +67,7 @@ pf_status pf_model_step(pf_model *m, const pf_adamw *o, float *grad_norm) {
         float wd = lm_param_decays(i) ? o->weight_decay : 0.0f;
         float *p = m->params_memory + off, *g = m->grads_memory + off;
         float *mm = m->m_memory + off, *vv = m->v_memory + off;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for simd num_threads(nt) schedule(static)
         for (int64_t j = 0; j < (int64_t)n; j++) {
             // m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
             // p -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd p)
