@@ -527,8 +527,12 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     pf_projection_draw(W, m, hd, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 3, 0);
     float *cs = xmalloc(sizeof(float) * T * hd);
     rope_table(cs, T, hd);
-    lm_attn_spec spec = {kind, kern, kind == PF_LM_EXACT ? NULL : W, kind == PF_LM_EXACT ? 0 : m,
-                         kern == PF_KERNEL_RELU ? 1e-3f : 0.0f};
+    lm_attn_spec spec = {kind,
+                         kern,
+                         kind == PF_LM_EXACT ? NULL : W,
+                         kind == PF_LM_EXACT ? 0 : m,
+                         kern == PF_KERNEL_RELU ? 1e-3f : 0.0f,
+                         0.0f};
     float *q = xmalloc(sizeof(float) * n), *k = xmalloc(sizeof(float) * n);
     float *v = xmalloc(sizeof(float) * n), *att = xmalloc(sizeof(float) * n);
     float *lse = xmalloc(sizeof(float) * B * H * T), *out = xmalloc(sizeof(float) * n);
@@ -893,6 +897,17 @@ static void test_favorpp_stats(void) {
               "A*(%g) = %g is not a minimum", rho, a);
 #undef LOGVAR
     }
+    /* the running statistic: the plain mean of the first 100 batches, then exponential */
+    float r = 0;
+    double mean = 0;
+    for (int n = 1; n <= 100; n++) {
+        double x = 1.0 + 0.01 * n;
+        r = favorpp_update(r, x, n);
+        mean += (x - mean) / n;
+    }
+    CHECK_CLOSE(r, mean, 0, 1e-6);
+    float r2 = favorpp_update(r, 5.0, 101);
+    CHECK_CLOSE(r2, r + (5.0 - r) * 0.01, 0, 1e-6);
     /* rho of a batch against a direct mean over pairs */
     const int B = 2, H = 2, T = 5, hd = 4;
     size_t n = (size_t)B * H * T * hd;

@@ -231,6 +231,7 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
     }
     m->step = step;
     m->rho_count = rho_count;
+    lm_favorpp_refresh(m);
 
     /* keep every metadata pair for pf_model_meta */
     if (st == PF_OK) {

@@ -102,6 +102,8 @@ pf_status pf_decoder_create(pf_decoder **out, const pf_model *m) {
             fav.W = s.W;
             fav.m = s.m;
             fav.eps = s.eps;
+            /* FAVOR++: the OPRF kernel with s.A (frozen, from training) goes here once the
+             * library has it; pf_model_create refuses PF_LM_FAVORPP until then */
             pf_status st = state_create(&d->states[l], H, hd, hd, 0.0f, &fav);
             if (st != PF_OK) {
                 pf_decoder_free(d);

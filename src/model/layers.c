@@ -404,7 +404,8 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
         st = pf_attn_favor(att, q, k, v, &shape, &opts, &fav);
         break;
     default:
-        /* FAVOR++ needs the OPRF kernel (scalar A) in the library: not yet. */
+        /* FAVOR++: pf_attn_favor with the OPRF kernel and spec->A, once the library has it
+         * (the model keeps A's running statistic already; see lm_favorpp_refresh) */
         st = PF_ENOTSUP;
     }
     if (st != PF_OK) return st;
@@ -534,4 +535,10 @@ double favorpp_rho(const float *q, const float *k, int B, int H, int T, int hd, 
 
 double favorpp_a(double rho) {
     return (1.0 - 2.0 * rho - sqrt((2.0 * rho + 1.0) * (2.0 * rho + 1.0) + 8.0 * rho)) / 16.0;
+}
+
+float favorpp_update(float rho, double x, int64_t n) {
+    double w = 1.0 / (double)(n > 0 ? n : 1);
+    if (w < 1.0 - FAVORPP_MOMENTUM) w = 1.0 - FAVORPP_MOMENTUM;
+    return (float)((double)rho + (x - (double)rho) * w);
 }

@@ -196,7 +196,14 @@ lm_attn_spec lm_layer_spec(const pf_model *m, int l) {
         s.m = c->features;
         s.eps = m->favor_eps;
     }
+    if (c->attention == PF_LM_FAVORPP) s.A = m->A[l];
     return s;
+}
+
+void lm_favorpp_refresh(pf_model *m) {
+    if (m->config.attention != PF_LM_FAVORPP) return;
+    for (int l = 0; l < m->config.layers; l++)
+        m->A[l] = m->rho_count > 0 ? (float)favorpp_a(m->rho[l]) : 0.0f;
 }
 
 pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
@@ -227,10 +234,11 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
     if (c->attention != PF_LM_EXACT) {
         m->W = pf_alloc((size_t)c->layers * c->features * hd, sizeof(float));
         m->rho = pf_alloc((size_t)c->layers, sizeof(float));
+        m->A = pf_alloc((size_t)c->layers, sizeof(float));
     }
     if (c->positions == PF_LM_ROTARY) m->rope = pf_alloc((size_t)c->context * hd, sizeof(float));
     if (!m->params_memory || !m->grads_memory || !m->m_memory || !m->v_memory ||
-        (c->attention != PF_LM_EXACT && (!m->W || !m->rho)) ||
+        (c->attention != PF_LM_EXACT && (!m->W || !m->rho || !m->A)) ||
         (c->positions == PF_LM_ROTARY && !m->rope)) {
         pf_model_free(m);
         return PF_ENOMEM;
@@ -244,6 +252,7 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
     m->w_stream = -1;
     m->favor_eps = c->kernel == PF_KERNEL_RELU ? 1e-3f : 0.0f;
     if (m->rho) memset(m->rho, 0, sizeof(float) * (size_t)c->layers);
+    if (m->A) memset(m->A, 0, sizeof(float) * (size_t)c->layers);
     if (m->rope) rope_table(m->rope, c->context, hd);
 
     st = init_params(m);
@@ -264,6 +273,7 @@ void pf_model_free(pf_model *m) {
     pf_free(m->v_memory);
     pf_free(m->W);
     pf_free(m->rho);
+    pf_free(m->A);
     pf_free(m->rope);
     pf_free(m->acts_memory);
     pf_free(m->gacts_memory);
@@ -435,6 +445,7 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         st = lm_draw_projections(m, (int64_t)pf_projection_stream((uint64_t)m->step, c->redraw));
         if (st != PF_OK) return st;
     }
+    lm_favorpp_refresh(m); /* A from the batches before this one */
     memcpy(m->tokens, tokens, sizeof(int32_t) * (size_t)N);
     if (targets) memcpy(m->targets, targets, sizeof(int32_t) * (size_t)N);
 
@@ -478,6 +489,11 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         lm_attn_spec spec = lm_layer_spec(m, l);
         st = attention_forward(atty, q, k, v, att, lse, qkv, m->rope, &spec, B, T, C, H);
         if (st != PF_OK) return st;
+        if (c->attention == PF_LM_FAVORPP && m->training) {
+            /* this batch joins the statistic after its own forward used the old A */
+            double x = favorpp_rho(q, k, B, H, T, hd, 0.0f);
+            m->rho[l] = favorpp_update(m->rho[l], x, m->rho_count + 1);
+        }
         matmul_forward(attproj, atty, attprojw, attprojb, N, C, C);
         residual_forward(residual2, residual, attproj, NC);
         layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, ln2w, ln2b, N, C);
@@ -486,8 +502,8 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         matmul_forward(fcproj, fch_gelu, fcprojw, fcprojb, N, 4 * C, C);
         residual_forward(residual3, residual2, fcproj, NC);
         residual = residual3;
-        (void)hd;
     }
+    if (c->attention == PF_LM_FAVORPP && m->training) m->rho_count++;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, residual, p->lnfw, p->lnfb, N, C);
     matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, V); // tied: logits = lnf wte^T
     if (logits) memcpy(logits, a->logits, sizeof(float) * NC / C * V);

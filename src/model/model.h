@@ -62,13 +62,15 @@ PF_INTERNAL void rope_table(float *cos_sin, int T, int hd);
 PF_INTERNAL void rope_forward(float *x, const float *cos_sin, int B, int H, int T, int hd);
 PF_INTERNAL void rope_backward(float *dx, const float *cos_sin, int B, int H, int T, int hd);
 
-/* Which attention a layer runs; W (m,hd) and eps only for FAVOR. */
+/* Which attention a layer runs; W (m,hd) and eps only for FAVOR, A only for FAVOR++ (the
+ * scalar of the OPRF features, SPEC §2b: a constant of the forward, no gradient). */
 typedef struct lm_attn_spec {
     pf_lm_attention kind;
     pf_kernel kernel;
     const float *W;
     int m;
     float eps;
+    float A;
 } lm_attn_spec;
 
 /* Causal multi-head attention on qkv (B,T,3C) (q | k | v, head h at columns h*hd):
@@ -102,6 +104,12 @@ PF_INTERNAL double favorpp_rho(const float *q, const float *k, int B, int H, int
                                float scale);
 /* The A minimising the OPRF variance for rho: (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16. */
 PF_INTERNAL double favorpp_a(double rho);
+
+/* FAVOR++'s running statistic: after n batches, rho_n = rho_{n-1} + (x - rho_{n-1}) w_n with
+ * w_n = max(1/n, 1 - FAVORPP_MOMENTUM): the plain mean of the first batches, then an
+ * exponential average over about 1/(1 - momentum) batches (q and k drift as training goes). */
+#define FAVORPP_MOMENTUM 0.99
+PF_INTERNAL float favorpp_update(float rho, double x, int64_t n);
 
 /* ---- the model (model.c) ----------------------------------------------------------------- */
 
@@ -192,9 +200,13 @@ struct pf_model {
     float *W;
     int64_t w_stream; /* -1: not drawn */
     float favor_eps;
-    /* FAVOR++: per layer the running mean of rho (L) over `rho_count` training batches */
+    /* FAVOR++: per layer the running average of rho (L) over `rho_count` training batches
+     * (favorpp_update); each forward uses A = favorpp_a(rho) from the batches before it, so A
+     * never looks at the tokens it is applied to (SPEC §2b, causal use), and evaluation
+     * mode leaves it frozen */
     float *rho;
     int64_t rho_count;
+    float *A; /* (L) the A of each layer's forwards until the next training step */
     int training;
 
     float *rope; /* (context, hd/2, 2) cos, sin; NULL with learned positions */
@@ -228,6 +240,10 @@ PF_INTERNAL int lm_param_decays(int i);
 
 /* Draws every layer's W for stream `stream` (if it is not already the current one). */
 PF_INTERNAL pf_status lm_draw_projections(pf_model *m, int64_t stream);
+
+/* Sets FAVOR++'s A (L) from the running statistic: favorpp_a(rho), or 0 (FAVOR+) before any
+ * training batch. */
+PF_INTERNAL void lm_favorpp_refresh(pf_model *m);
 
 /* The attention spec of layer l. */
 PF_INTERNAL lm_attn_spec lm_layer_spec(const pf_model *m, int l);
