@@ -22,22 +22,17 @@
 #include "favor.h"
 
 enum {
-    FAVOR_BLOCK = 256,    /* rows per block, bidirectional */
-    FAVOR_CHUNK = 16      /* causal chunk when opts->chunk is 0 (see favor_chunk) */
+    FAVOR_BLOCK = 256, /* rows per block, bidirectional */
+    FAVOR_CHUNK = 16   /* causal chunk when opts->chunk is 0 (see pf_favor_chunk) */
 };
 
 pf_favor_opts pf_favor_opts_default(void) {
-    pf_favor_opts o = {.kernel = PF_KERNEL_POSITIVE,
-                       .W = NULL,
-                       .m = 0,
-                       .w_per_head = 0,
-                       .eps = 0.0f,
-                       .chunk = 0};
+    pf_favor_opts o = {
+        .kernel = PF_KERNEL_POSITIVE, .W = NULL, .m = 0, .w_per_head = 0, .eps = 0.0f, .chunk = 0};
     return o;
 }
 
-pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts,
-                         const pf_favor_opts *fv) {
+pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts, const pf_favor_opts *fv) {
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!fv || !fv->W) return PF_EINVAL;
@@ -65,13 +60,13 @@ pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts, const pf_
  * the extra work grows as C / d, while sgemm wants C large. Measured on AVX-512 with OpenBLAS
  * (B = 1, H = 8, L = 4096): causal / bidirectional time is lowest at C = 8..20 for d = 16..128
  * and r = 64..512 (d = 64, r = 256: 1.08 at 16, 1.1 at 32, 1.35 at 64). */
-static int favor_chunk(const pf_favor_opts *fv, int L) {
+int pf_favor_chunk(const pf_favor_opts *fv, int L) {
     int C = fv->chunk ? fv->chunk : FAVOR_CHUNK;
     return C < L ? C : L;
 }
 
 /* Rows per block of features: FAVOR_BLOCK, or for causal a whole number of chunks near it. */
-static int favor_block(int causal, int C) {
+int pf_favor_block(int causal, int C) {
     if (!causal) return FAVOR_BLOCK;
     return C >= FAVOR_BLOCK ? C : FAVOR_BLOCK / C * C;
 }
@@ -101,10 +96,14 @@ static size_t lines(size_t n, size_t size) {
 /* C = 0 for bidirectional. Returns 0, or -1 when out of memory. */
 static int favor_ws_alloc(favor_ws *ws, int nb, int C, int r, int dv) {
     const size_t dv1 = (size_t)dv + 1, R = (size_t)r, NB = (size_t)nb, CC = (size_t)C;
-    const size_t sz[9] = {lines(NB * (R + CC), 4), lines(C ? NB * R : 0, 4),
-                          lines(NB * dv1, 4),      lines(CC * dv1, 4),
-                          lines(NB * dv1, 4),      lines((R + CC) * dv1, 4),
-                          lines(NB, 8),            lines(NB, 8),
+    const size_t sz[9] = {lines(NB * (R + CC), 4),
+                          lines(C ? NB * R : 0, 4),
+                          lines(NB * dv1, 4),
+                          lines(CC * dv1, 4),
+                          lines(NB * dv1, 4),
+                          lines((R + CC) * dv1, 4),
+                          lines(NB, 8),
+                          lines(NB, 8),
                           lines(CC, 8)};
     memset(ws, 0, sizeof *ws);
     size_t total = 0;
@@ -135,10 +134,8 @@ typedef struct favor_head {
     int Lq, Lk, klen, dv;
 } favor_head;
 
-/* dst row j = w_j [v_j | 1] for n rows, w_j = exp(c_j - ref_j), ref_j = ref[j] if ref is not
- * NULL, else ref0. */
-static void weighted_values(float *dst, const float *V, int dv, const double *c,
-                            const double *ref, double ref0, int n) {
+void pf_favor_weighted_values(float *dst, const float *V, int dv, const double *c,
+                              const double *ref, double ref0, int n) {
     const int dv1 = dv + 1;
     for (int j = 0; j < n; j++) {
         const float w = (float)exp(c[j] - (ref ? ref[j] : ref0));
@@ -159,8 +156,10 @@ static pf_status readout(float *out, const float *o, int n, int dv) {
         float *dst = out + (size_t)i * (size_t)dv;
         const float den = row[dv];
         pf_status bad = PF_OK;
-        if (!isfinite(den)) bad = PF_ENONFINITE;
-        else if (den == 0.0f) bad = PF_EDOMAIN;
+        if (!isfinite(den))
+            bad = PF_ENONFINITE;
+        else if (den == 0.0f)
+            bad = PF_EDOMAIN;
         else {
             const float inv = 1.0f / den;
             for (int k = 0; k < dv; k++) dst[k] = row[k] * inv + 0.0f;
@@ -191,7 +190,8 @@ static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, favor
         const float *Vb = hd->V + (size_t)j0 * (size_t)dv;
         if (pf_nonfinite_f32(Vb, (size_t)nb * (size_t)dv)) return PF_ENONFINITE;
         /* (K rows are checked by pf_fmap_rows) */
-        pf_status st = pf_fmap_rows(fm, ws->phi, r, ws->c, hd->K + (size_t)j0 * (size_t)d, nb);
+        pf_status st =
+            pf_fmap_rows(fm, ws->phi, r, ws->c, NULL, hd->K + (size_t)j0 * (size_t)d, nb);
         if (st != PF_OK) return st;
         double cb = -INFINITY;
         for (int j = 0; j < nb; j++) cb = ws->c[j] > cb ? ws->c[j] : cb;
@@ -200,15 +200,16 @@ static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, favor
             beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
             M = cb;
         }
-        weighted_values(ws->vaug, Vb, dv, ws->c, NULL, M, nb);
+        pf_favor_weighted_values(ws->vaug, Vb, dv, ws->c, NULL, M, nb);
         /* KV = beta KV + K~^T [V | 1]_w   (r x dv1) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, ws->phi, r,
-                    ws->vaug, dv1, beta, KV, dv1);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, ws->phi, r, ws->vaug,
+                    dv1, beta, KV, dv1);
     }
     pf_status st = PF_OK;
     for (int i0 = 0; i0 < hd->Lq; i0 += FAVOR_BLOCK) {
         const int nb = hd->Lq - i0 < FAVOR_BLOCK ? hd->Lq - i0 : FAVOR_BLOCK;
-        pf_status s1 = pf_fmap_rows(fm, ws->phi, r, ws->cq, hd->Q + (size_t)i0 * (size_t)d, nb);
+        pf_status s1 =
+            pf_fmap_rows(fm, ws->phi, r, ws->cq, NULL, hd->Q + (size_t)i0 * (size_t)d, nb);
         if (s1 != PF_OK) return s1;
         /* O = Q~ KV   (nb x dv1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, ws->phi, r, KV,
@@ -231,7 +232,7 @@ static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, favor
  * bit of n_i (0 * finite adds +-0). */
 static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favor_ws *ws, int C) {
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, L = hd->Lq;
-    const int NB = favor_block(1, C), ldq = r + C;
+    const int NB = pf_favor_block(1, C), ldq = r + C;
     float *S = ws->state, *Vw = ws->state + (size_t)r * (size_t)dv1;
     memset(S, 0, sizeof(float) * (size_t)r * (size_t)dv1);
     double M = -INFINITY; /* -inf until the first key has been added */
@@ -243,9 +244,10 @@ static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favo
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
         if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv))
             return PF_ENONFINITE;
-        pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, hd->Q + (size_t)b0 * (size_t)d, nb);
+        pf_status s1 =
+            pf_fmap_rows(fm, ws->phi, ldq, ws->cq, NULL, hd->Q + (size_t)b0 * (size_t)d, nb);
         if (s1 == PF_OK && nkb > 0)
-            s1 = pf_fmap_rows(fm, ws->kphi, r, ws->c, hd->K + (size_t)b0 * (size_t)d, nkb);
+            s1 = pf_fmap_rows(fm, ws->kphi, r, ws->c, NULL, hd->K + (size_t)b0 * (size_t)d, nkb);
         if (s1 != PF_OK) return s1;
 
         for (int t0 = b0; t0 < b0 + nb; t0 += C) {
@@ -264,8 +266,8 @@ static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favo
             }
             if (nk > 0) {
                 /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1 */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, ldq, Kc,
-                            r, 0.0f, A, ldq);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, ldq, Kc, r,
+                            0.0f, A, ldq);
                 for (int i = 0; i < n; i++) {
                     float *row = A + (size_t)i * (size_t)ldq;
                     const int jmax = i < nk - 1 ? i : nk - 1;
@@ -274,7 +276,7 @@ static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favo
                     }
                     for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
                 }
-                weighted_values(Vw, Vc, dv, ck, P, 0.0, nk); /* e^(c_j - P_j) [v_j | 1] */
+                pf_favor_weighted_values(Vw, Vc, dv, ck, P, 0.0, nk); /* e^(c_j - P_j) [v_j | 1] */
             }
             if (have_state) {
                 /* row i of Q~ times e^(M - P_i) <= 1 (A has been formed from the plain Q~) */
@@ -295,7 +297,7 @@ static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favo
                 /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
-                weighted_values(ws->vs, Vc, dv, ck, NULL, Mn, nk);
+                pf_favor_weighted_values(ws->vs, Vc, dv, ck, NULL, Mn, nk);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nk, 1.0f, Kc, r,
                             ws->vs, dv1, beta, S, dv1);
                 M = Mn;
@@ -315,8 +317,8 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     if (st0 != PF_OK) return st0;
     const pf_shape s = *shape;
     const int r = pf_kernel_width(favor->kernel, favor->m);
-    const int C = opts->causal ? favor_chunk(favor, s.Lq) : 0;
-    const int nb = favor_block(opts->causal, C);
+    const int C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
+    const int nb = pf_favor_block(opts->causal, C);
     int nt = pf_threads(opts->threads);
     if (nt > s.B * s.H) nt = s.B * s.H;
 
@@ -369,8 +371,10 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
 static pf_status readout_f64(float *out, const double *num, int dv) {
     const double den = num[dv];
     pf_status bad = PF_OK;
-    if (!isfinite(den)) bad = PF_ENONFINITE;
-    else if (den == 0.0) bad = PF_EDOMAIN;
+    if (!isfinite(den))
+        bad = PF_ENONFINITE;
+    else if (den == 0.0)
+        bad = PF_EDOMAIN;
     for (int k = 0; k < dv && bad == PF_OK; k++) {
         double q = num[k] / den;
         if (!isfinite(q)) bad = PF_ENONFINITE;

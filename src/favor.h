@@ -31,11 +31,21 @@ PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d,
  * feature move by the rounding of that shift, consistently: phi~ exp(c) is unchanged)
  *   trig        c = h,             phi~ = [sin u, cos u]/sqrt(m)
  *   relu        c = 0,             phi~ = relu(u)/sqrt(m) + eps
- * and for the softmax maps phi~ += eps * max|phi~|. Row i depends on row i of X only.
+ * and for the softmax maps phi~ += eps * max|phi~|. amax (n), if not NULL, receives that
+ * max|phi~| before eps (the backward needs it). Row i depends on row i of X only.
  * PF_ENONFINITE if a row of X holds NaN or Inf or its u overflowed (that row is zeroed, the
  * others are computed). W must be finite. No allocation. */
-PF_INTERNAL pf_status pf_fmap_rows(const pf_fmap *f, float *phi, int ldphi, double *c,
+PF_INTERNAL pf_status pf_fmap_rows(const pf_fmap *f, float *phi, int ldphi, double *c, float *amax,
                                    const float *X, int n);
+
+/* The backward of pf_fmap_rows for n rows with the log factors c held constant: out is
+ * homogeneous of degree 0 in each query's features and in the key features a query sees, so
+ * d out / d x through phi~ = phi exp(-c0), c0 fixed, is exact (a.e.). Given phi~ (n, ldphi) and
+ * amax (n) from pf_fmap_rows and dphi (n, lddphi) = d loss / d phi~, writes dX (n,d), the
+ * gradient with respect to X (through x' = x sqrt(s)). dphi is overwritten; b (n) is scratch. */
+PF_INTERNAL void pf_fmap_rows_backward(const pf_fmap *f, float *dX, float *dphi, int lddphi,
+                                       const float *phi, int ldphi, const float *amax,
+                                       const float *X, int n, double *b);
 
 /* Unstabilised float64 features of one row x (d): phi (r), u (m) receives W x'. The reference
  * code, independent of pf_fmap_rows. Returns 0, or -1 if a feature is not finite. */
@@ -55,6 +65,17 @@ PF_INTERNAL pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *
 /* The feature map of head h under checked options. */
 PF_INTERNAL pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts,
                                   const pf_favor_opts *favor, int h);
+
+/* The causal chunk C for sequences of length L (favor->chunk, or the default; at most L). */
+PF_INTERNAL int pf_favor_chunk(const pf_favor_opts *favor, int L);
+
+/* Rows per block of features: bidirectional a fixed block, causal a whole number of chunks. */
+PF_INTERNAL int pf_favor_block(int causal, int C);
+
+/* dst (n, dv+1) row j = w_j [v_j | 1], w_j = exp(c_j - ref_j), ref_j = ref[j] if ref is not
+ * NULL, else ref0. V is (n, dv). */
+PF_INTERNAL void pf_favor_weighted_values(float *dst, const float *V, int dv, const double *c,
+                                          const double *ref, double ref0, int n);
 
 /* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
 PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);

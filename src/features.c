@@ -15,9 +15,11 @@ int pf_kernel_width(pf_kernel kernel, int m) {
     if (m <= 0) return 0;
     switch (kernel) {
     case PF_KERNEL_POSITIVE:
-    case PF_KERNEL_RELU: return m;
+    case PF_KERNEL_RELU:
+        return m;
     case PF_KERNEL_HYPERBOLIC:
-    case PF_KERNEL_TRIG: return m <= INT32_MAX / 2 ? 2 * m : 0;
+    case PF_KERNEL_TRIG:
+        return m <= INT32_MAX / 2 ? 2 * m : 0;
     }
     return 0;
 }
@@ -89,13 +91,13 @@ static void add_const(float *p, int n, float add) {
     for (int f = 0; f < n; f++) p[f] += add;
 }
 
-pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, const float *X,
-                       int n) {
+pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
+                       const float *X, int n) {
     const int m = fm->m, d = fm->d;
     const pf_simd_table *vk = pf_simd();
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x'. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, d, fm->sqrt_s, X, d, fm->W, d,
-                0.0f, phi, ldphi);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, d, fm->sqrt_s, X, d, fm->W, d, 0.0f,
+                phi, ldphi);
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     const float eps = fm->eps;
@@ -111,9 +113,11 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, cons
         if (!(sqrt(s2 * sq) * fm->wmax <= 1e38) && pf_nonfinite_f32(p, (size_t)m)) {
             memset(p, 0, sizeof(float) * (size_t)fm->r);
             c[i] = 0;
+            if (amax) amax[i] = 0;
             st = PF_ENONFINITE;
             continue;
         }
+        float top = 0; /* the row's largest |phi~| before eps */
         switch (fm->kernel) {
         case PF_KERNEL_POSITIVE: {
             /* exp(u - h)/sqrt(m) = exp(u - t) exp(c), t = max u + ln sqrt(m) rounded to float
@@ -124,7 +128,8 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, cons
             const float t = (float)((double)mx + lnr);
             vk->exp_sub_sum(p, p, t, (size_t)m);
             c[i] = (double)t - lnr - h;
-            if (eps > 0) add_const(p, m, eps * (float)exp((double)mx - (double)t));
+            top = (float)exp((double)mx - (double)t);
+            if (eps > 0) add_const(p, m, eps * top);
             break;
         }
         case PF_KERNEL_HYPERBOLIC: {
@@ -136,22 +141,22 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, cons
             const float t = (float)((double)a + lnr);
             vk->exp_sub_sum(p, p, t, (size_t)(2 * m));
             c[i] = (double)t - lnr - h;
-            if (eps > 0) add_const(p, 2 * m, eps * (float)exp((double)a - (double)t));
+            top = (float)exp((double)a - (double)t);
+            if (eps > 0) add_const(p, 2 * m, eps * top);
             break;
         }
         case PF_KERNEL_TRIG: {
             /* exp(h) [sin u, cos u]/sqrt(m): the whole norm factor goes to c */
             const float inv = (float)(1.0 / sqrt((double)m));
             float *q = p + m;
-            float amax = 0;
             for (int f = 0; f < m; f++) {
                 const float sn = sinf(p[f]), cs = cosf(p[f]);
                 p[f] = sn * inv;
                 q[f] = cs * inv;
-                amax = fmaxf(amax, fmaxf(fabsf(p[f]), fabsf(q[f])));
+                top = fmaxf(top, fmaxf(fabsf(p[f]), fabsf(q[f])));
             }
             c[i] = h;
-            if (eps > 0) add_const(p, 2 * m, eps * amax);
+            if (eps > 0) add_const(p, 2 * m, eps * top);
             break;
         }
         case PF_KERNEL_RELU: {
@@ -161,8 +166,147 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, cons
             break;
         }
         }
+        if (amax) amax[i] = top;
     }
     return st;
+}
+
+/* The three per-feature steps of the map backward, over f < n, in blocks of 16 with fixed
+ * trip counts and restrict pointers so that -O2 vectorises them; each returns a sum of terms
+ * kept in 16 float lanes, added in double in a fixed order. g = p - sub is the feature before
+ * eps. */
+static double lanes_sum(const float *acc, double tail) {
+    double s = 0;
+    for (int k = 0; k < 16; k++) s += (double)acc[k];
+    return s + tail;
+}
+
+/* positive: a_f = dp_f g_f in place; returns sum_f a_f */
+static double bwd_positive(float *restrict dp, const float *restrict p, float sub, int n) {
+    float acc[16] = {0};
+    int f = 0;
+    for (; f + 16 <= n; f += 16)
+        for (int k = 0; k < 16; k++) {
+            const float t = dp[f + k] * (p[f + k] - sub);
+            dp[f + k] = t;
+            acc[k] += t;
+        }
+    double tail = 0;
+    for (; f < n; f++) {
+        const float t = dp[f] * (p[f] - sub);
+        dp[f] = t;
+        tail += t;
+    }
+    return lanes_sum(acc, tail);
+}
+
+/* hyperbolic (d1, p1 the exp(u) half, d2, p2 the exp(-u) half): a_f = d1 g1 - d2 g2 into d1;
+ * returns sum_f (d1 g1 + d2 g2) */
+static double bwd_hyperbolic(float *restrict d1, const float *restrict d2, const float *restrict p1,
+                             const float *restrict p2, float sub, int n) {
+    float acc[16] = {0};
+    int f = 0;
+    for (; f + 16 <= n; f += 16)
+        for (int k = 0; k < 16; k++) {
+            const float t1 = d1[f + k] * (p1[f + k] - sub), t2 = d2[f + k] * (p2[f + k] - sub);
+            d1[f + k] = t1 - t2;
+            acc[k] += t1 + t2;
+        }
+    double tail = 0;
+    for (; f < n; f++) {
+        const float t1 = d1[f] * (p1[f] - sub), t2 = d2[f] * (p2[f] - sub);
+        d1[f] = t1 - t2;
+        tail += t1 + t2;
+    }
+    return lanes_sum(acc, tail);
+}
+
+/* trig (1: sin half, 2: cos half): a_f = d1 g2 - d2 g1 into d1; returns sum_f (d1 g1 + d2 g2) */
+static double bwd_trig(float *restrict d1, const float *restrict d2, const float *restrict p1,
+                       const float *restrict p2, float sub, int n) {
+    float acc[16] = {0};
+    int f = 0;
+    for (; f + 16 <= n; f += 16)
+        for (int k = 0; k < 16; k++) {
+            const float g1 = p1[f + k] - sub, g2 = p2[f + k] - sub;
+            const float a = d1[f + k] * g2 - d2[f + k] * g1;
+            acc[k] += d1[f + k] * g1 + d2[f + k] * g2;
+            d1[f + k] = a;
+        }
+    double tail = 0;
+    for (; f < n; f++) {
+        const float g1 = p1[f] - sub, g2 = p2[f] - sub;
+        const float a = d1[f] * g2 - d2[f] * g1;
+        tail += d1[f] * g1 + d2[f] * g2;
+        d1[f] = a;
+    }
+    return lanes_sum(acc, tail);
+}
+
+/* sum of x[0..n), 16 float lanes added in double */
+static double sum_lanes(const float *x, int n) {
+    float acc[16] = {0};
+    int f = 0;
+    for (; f + 16 <= n; f += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[f + k];
+    double tail = 0;
+    for (; f < n; f++) tail += x[f];
+    return lanes_sum(acc, tail);
+}
+
+void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi, const float *phi,
+                           int ldphi, const float *amax, const float *X, int n, double *b) {
+    const int m = fm->m, d = fm->d, r = fm->r;
+    const float eps = fm->eps;
+    for (int i = 0; i < n; i++) {
+        float *dp = dphi + (size_t)i * (size_t)lddphi;
+        const float *p = phi + (size_t)i * (size_t)ldphi;
+        /* g = phi~ before eps */
+        const float sub = fm->kernel == PF_KERNEL_RELU ? eps : eps * amax[i];
+        if (eps > 0 && fm->kernel != PF_KERNEL_RELU) {
+            /* phi~ = g + eps max|g|: the max passes eps sign(g*) sum(dphi) to its argmax */
+            int fs = 0;
+            float best = -1.0f;
+            for (int f = 0; f < r; f++) {
+                const float g = fabsf(p[f] - sub);
+                if (g > best) {
+                    best = g;
+                    fs = f;
+                }
+            }
+            const double dsum = sum_lanes(dp, r);
+            dp[fs] += (float)((double)eps * (p[fs] - sub < 0 ? -dsum : dsum));
+        }
+        /* a_f = dg/du_f into dp[0..m); b = dg/dh */
+        switch (fm->kernel) {
+        case PF_KERNEL_POSITIVE: /* g = exp(u - h - t): dg/du = g, dg/dh = -g */
+            b[i] = -bwd_positive(dp, p, sub, m);
+            break;
+        case PF_KERNEL_HYPERBOLIC: /* g1 = exp(u - h - t), g2 = exp(-u - h - t) */
+            b[i] = -bwd_hyperbolic(dp, dp + m, p, p + m, sub, m);
+            break;
+        case PF_KERNEL_TRIG: /* g1 = exp(h - c) sin u, g2 = exp(h - c) cos u */
+            b[i] = bwd_trig(dp, dp + m, p, p + m, sub, m);
+            break;
+        case PF_KERNEL_RELU: { /* g = relu(u)/sqrt(m): u > 0 exactly where g > 0 */
+            const float inv = (float)(1.0 / sqrt((double)m));
+            for (int f = 0; f < m; f++) dp[f] = p[f] - sub > 0.0f ? dp[f] * inv : 0.0f;
+            b[i] = 0;
+            break;
+        }
+        }
+    }
+    /* dx = sqrt(s) dx' = sqrt(s) (a W + b x') = sqrt(s) a W + s b x */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, m, fm->sqrt_s, dphi, lddphi, fm->W,
+                d, 0.0f, dX, d);
+    const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
+    for (int i = 0; i < n; i++) {
+        if (b[i] == 0) continue;
+        const float f = (float)(s2 * b[i]);
+        float *dx = dX + (size_t)i * (size_t)d;
+        const float *x = X + (size_t)i * (size_t)d;
+        for (int k = 0; k < d; k++) dx[k] += f * x[k];
+    }
 }
 
 pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d, const float *W,
@@ -181,7 +325,7 @@ pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
     for (int i0 = 0; i0 < n; i0 += NB) {
         const int nb = n - i0 < NB ? n - i0 : NB;
         float *p0 = phi + (size_t)i0 * (size_t)r;
-        pf_status st = pf_fmap_rows(&fm, p0, r, c, X + (size_t)i0 * (size_t)d, nb);
+        pf_status st = pf_fmap_rows(&fm, p0, r, c, NULL, X + (size_t)i0 * (size_t)d, nb);
         if (st != PF_OK) return st;
         for (int i = 0; i < nb; i++) {
             if (logscale) {
@@ -219,11 +363,14 @@ static double project_f64(const pf_fmap *fm, double *u, const float *x) {
 static double base_f64(const pf_fmap *fm, const double *u, double h, int f) {
     const int m = fm->m;
     switch (fm->kernel) {
-    case PF_KERNEL_POSITIVE: return exp(u[f] - h) / sqrt((double)m);
+    case PF_KERNEL_POSITIVE:
+        return exp(u[f] - h) / sqrt((double)m);
     case PF_KERNEL_HYPERBOLIC:
         return (f < m ? exp(u[f] - h) : exp(-u[f - m] - h)) / sqrt(2.0 * (double)m);
-    case PF_KERNEL_TRIG: return exp(h) * (f < m ? sin(u[f]) : cos(u[f - m])) / sqrt((double)m);
-    case PF_KERNEL_RELU: return (u[f] > 0 ? u[f] : 0.0) / sqrt((double)m);
+    case PF_KERNEL_TRIG:
+        return exp(h) * (f < m ? sin(u[f]) : cos(u[f - m])) / sqrt((double)m);
+    case PF_KERNEL_RELU:
+        return (u[f] > 0 ? u[f] : 0.0) / sqrt((double)m);
     }
     return 0;
 }

@@ -25,7 +25,9 @@ static void phi_f64(double *phi, const float *x, int d, const float *W, int m, p
         double u = 0;
         for (int k = 0; k < d; k++) u += (double)W[f * d + k] * x[k] * sqrt(scale);
         switch (kernel) {
-        case PF_KERNEL_POSITIVE: phi[f] = exp(u - h) / sqrt(m); break;
+        case PF_KERNEL_POSITIVE:
+            phi[f] = exp(u - h) / sqrt(m);
+            break;
         case PF_KERNEL_HYPERBOLIC:
             phi[f] = exp(u - h) / sqrt(2.0 * m);
             phi[m + f] = exp(-u - h) / sqrt(2.0 * m);
@@ -34,7 +36,9 @@ static void phi_f64(double *phi, const float *x, int d, const float *W, int m, p
             phi[f] = exp(h) * sin(u) / sqrt(m);
             phi[m + f] = exp(h) * cos(u) / sqrt(m);
             break;
-        case PF_KERNEL_RELU: phi[f] = (u > 0 ? u : 0) / sqrt(m); break;
+        case PF_KERNEL_RELU:
+            phi[f] = (u > 0 ? u : 0) / sqrt(m);
+            break;
         }
     }
     int r = pf_kernel_width(kernel, m);
@@ -57,11 +61,10 @@ static void favor_f64(double *out, const float *Q, const float *K, const float *
             const float *W = f->W + (f->w_per_head ? (size_t)h * f->m * s->d : 0);
             const float *Kh = K + bh * s->Lk * s->d, *Vh = V + bh * s->Lk * s->dv;
             for (int j = 0; j < klen; j++)
-                phi_f64(pk + (size_t)j * r, Kh + (size_t)j * s->d, s->d, W, f->m, f->kernel,
-                        scale, f->eps);
-            for (int i = 0; i < s->Lq; i++) {
-                phi_f64(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale,
+                phi_f64(pk + (size_t)j * r, Kh + (size_t)j * s->d, s->d, W, f->m, f->kernel, scale,
                         f->eps);
+            for (int i = 0; i < s->Lq; i++) {
+                phi_f64(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale, f->eps);
                 int jend = o->causal ? (i + 1 < klen ? i + 1 : klen) : klen;
                 double den = 0;
                 for (int k = 0; k < s->dv; k++) num[k] = 0;
@@ -207,8 +210,8 @@ static void test_vs_f64(void) {
             }
         }
     }
-    printf("vs float64 formula (%d cases): fast worst rel err %.3g, ref %.3g\n", cases,
-           worst_fast, worst_ref);
+    printf("vs float64 formula (%d cases): fast worst rel err %.3g, ref %.3g\n", cases, worst_fast,
+           worst_ref);
 }
 
 /* d'. Rows of norm 30 (d = 16, default scale: |x'| = 15, |x'|^2/2 = 112.5). Unstabilised, the
@@ -257,14 +260,14 @@ static void test_large_norms(void) {
                 favor_f64(p.ref, p.Q, p.K, p.V, &p.s, &o, &f);
                 CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
                 double e = rel_err_f64(p.out, p.ref, p.no);
-                printf("norm 30 (keys %s), %s, causal=%d: rel err %.3g\n",
-                       keys ? "1..30" : "30", pf_kernel_name(f.kernel), causal, e);
+                printf("norm 30 (keys %s), %s, causal=%d: rel err %.3g\n", keys ? "1..30" : "30",
+                       pf_kernel_name(f.kernel), causal, e);
                 CHECK(e < 1e-5, "norm 30 %s causal=%d: rel err %.3g", pf_kernel_name(f.kernel),
                       causal, e);
                 CHECK_STATUS(pf_attn_favor_ref(p.out2, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
                 e = rel_err_f64(p.out2, p.ref, p.no);
-                CHECK(e < 1e-6, "norm 30 ref %s causal=%d: rel err %.3g",
-                      pf_kernel_name(f.kernel), causal, e);
+                CHECK(e < 1e-6, "norm 30 ref %s causal=%d: rel err %.3g", pf_kernel_name(f.kernel),
+                      causal, e);
             }
         }
         problem_free(&p);
@@ -292,8 +295,8 @@ static void test_approaches_exact(void) {
         CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
         err[i] = rel_err_f64(p.out, exact, p.no);
     }
-    printf("vs exact attention: m = 64 rel err %.4f, m = 4096 %.4f (ratio %.1f)\n", err[0],
-           err[1], err[0] / err[1]);
+    printf("vs exact attention: m = 64 rel err %.4f, m = 4096 %.4f (ratio %.1f)\n", err[0], err[1],
+           err[0] / err[1]);
     CHECK(err[1] * 4 <= err[0], "m=64 %.4g, m=4096 %.4g", err[0], err[1]);
     CHECK(err[0] < 0.5, "m = 64 is still an estimate of exact attention (rel err %.3g)", err[0]);
     free(exact);
@@ -348,8 +351,8 @@ static void test_causality_and_padding(void) {
             for (int h = 0; h < H; h++) {
                 size_t off = (size_t)h * L * dv;
                 CHECK(memcmp(p.out + off, p.out2 + off, sizeof(float) * (t + 1) * dv) == 0,
-                      "%s: outputs 0..%d changed by later keys (head %d)",
-                      pf_kernel_name(f.kernel), t, h);
+                      "%s: outputs 0..%d changed by later keys (head %d)", pf_kernel_name(f.kernel),
+                      t, h);
             }
         }
     }
@@ -381,7 +384,8 @@ static void test_causality_and_padding(void) {
         o.causal = 1;
         CHECK_STATUS(pf_attn_favor(p.out2, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
         pf_shape sc = {B, H, klen, klen, d, dv};
-        float *qc = xmalloc(sizeof(float) * H * klen * d), *oc = xmalloc(sizeof(float) * H * klen * dv);
+        float *qc = xmalloc(sizeof(float) * H * klen * d),
+              *oc = xmalloc(sizeof(float) * H * klen * dv);
         for (int h = 0; h < H; h++)
             memcpy(qc + (size_t)h * klen * d, p.Q + (size_t)h * L * d, sizeof(float) * klen * d);
         ot.causal = 1;
@@ -505,8 +509,7 @@ static void test_errors(void) {
                 CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &on, &f), PF_ENONFINITE);
                 /* (a bad W is refused before anything is written) */
                 if (a < 3) CHECK(!has_nan(p.out, p.no), "NaN input left a NaN in out (%d)", a);
-                CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &on, &f),
-                             PF_ENONFINITE);
+                CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &on, &f), PF_ENONFINITE);
                 arrs[a][where[w]] = keep;
             }
         }
@@ -545,8 +548,8 @@ static void test_errors(void) {
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_OK);
 
     pf_favor_opts def = pf_favor_opts_default();
-    CHECK(def.kernel == PF_KERNEL_POSITIVE && def.W == NULL && def.m == 0 &&
-              def.w_per_head == 0 && def.eps == 0.0f && def.chunk == 0,
+    CHECK(def.kernel == PF_KERNEL_POSITIVE && def.W == NULL && def.m == 0 && def.w_per_head == 0 &&
+              def.eps == 0.0f && def.chunk == 0,
           "pf_favor_opts_default");
     problem_free(&p);
 }

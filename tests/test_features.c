@@ -25,7 +25,9 @@ static void features_f64(double *phi, const float *x, int d, const float *W, int
         double u = 0;
         for (int k = 0; k < d; k++) u += (double)W[f * d + k] * xp[k];
         switch (kernel) {
-        case PF_KERNEL_POSITIVE: phi[f] = exp(u - h) / sqrt(m); break;
+        case PF_KERNEL_POSITIVE:
+            phi[f] = exp(u - h) / sqrt(m);
+            break;
         case PF_KERNEL_HYPERBOLIC:
             phi[f] = exp(-h) * exp(u) / sqrt(2.0 * m);
             phi[m + f] = exp(-h) * exp(-u) / sqrt(2.0 * m);
@@ -34,7 +36,9 @@ static void features_f64(double *phi, const float *x, int d, const float *W, int
             phi[f] = exp(h) * sin(u) / sqrt(m);
             phi[m + f] = exp(h) * cos(u) / sqrt(m);
             break;
-        case PF_KERNEL_RELU: phi[f] = (u > 0 ? u : 0) / sqrt(m); break;
+        case PF_KERNEL_RELU:
+            phi[f] = (u > 0 ? u : 0) / sqrt(m);
+            break;
         }
     }
     int r = pf_kernel_width(kernel, m);
@@ -141,8 +145,8 @@ static void test_orthogonal_variance(void) {
     double se = sqrt(iid.var_se * iid.var_se + ort.var_se * ort.var_se);
     printf("variance m = d = 16: iid %.4g, orthogonal %.4g (ratio %.3f, 4 SE of diff %.2g)\n",
            iid.var, ort.var, ort.var / iid.var, 4 * se);
-    CHECK(iid.var - ort.var > 4 * se, "var iid %.4g, orthogonal %.4g, 4 SE %.2g", iid.var,
-          ort.var, 4 * se);
+    CHECK(iid.var - ort.var > 4 * se, "var iid %.4g, orthogonal %.4g, 4 SE %.2g", iid.var, ort.var,
+          4 * se);
 }
 
 /* c. every map against features_f64; stabilised form; eps; scale 0 = 1/sqrt(d). */
@@ -279,8 +283,7 @@ static void test_errors(void) {
     CHECK_STATUS(pf_features(phi, ls, X, 4, 3, W, 5, PF_KERNEL_POSITIVE, -1.0f, 0), PF_EINVAL);
     CHECK_STATUS(pf_features(phi, ls, X, 4, 3, W, 5, PF_KERNEL_POSITIVE, NAN, 0), PF_EINVAL);
     CHECK_STATUS(pf_features(phi, ls, X, 4, 3, W, 5, PF_KERNEL_POSITIVE, 0, -0.1f), PF_EINVAL);
-    CHECK_STATUS(pf_features(phi, ls, X, 4, 3, W, 5, PF_KERNEL_POSITIVE, 0, INFINITY),
-                 PF_EINVAL);
+    CHECK_STATUS(pf_features(phi, ls, X, 4, 3, W, 5, PF_KERNEL_POSITIVE, 0, INFINITY), PF_EINVAL);
     X[5] = NAN;
     CHECK_STATUS(pf_features(phi, ls, X, 4, 3, W, 5, PF_KERNEL_POSITIVE, 0, 0), PF_ENONFINITE);
     X[5] = INFINITY;

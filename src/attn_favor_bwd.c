@@ -1,0 +1,601 @@
+/* attn_favor_bwd.c: the backward pass of FAVOR+ attention (SPEC §4), fast and float64 reference.
+ *
+ * Notation per head, with stabilised features (favor.h) q~_i, k~_j and key log factors c_j:
+ * key j enters query i's sums as k^_j = k~_j e^(c_j - ref_i) with ref_i = M (bidirectional:
+ * the max over all keys) or P_i (causal: the prefix max up to i). Then, with [v | 1] the
+ * augmented values and G = dout,
+ *
+ *     n_i = sum_j (q~_i.k^_j) v_j,  D_i = sum_j q~_i.k^_j,  out_i = n_i / D_i
+ *     dn_i = G_i / D_i,  dD_i = -(G_i.out_i) / D_i,  dN~_i = [dn_i | dD_i]   (dv+1)
+ *     dq~_i = sum_{j seen by i} k^_j ([v_j|1].dN~_i)         = S_i dN~_i
+ *     dk^_j = sum_{i that see j} q~_i ([v_j|1].dN~_i)       = R_j [v_j|1]
+ *     dv_j  = sum_{i that see j} (q~_i.k^_j) dn_i
+ *
+ * out is homogeneous of degree 0 in each query's features and in the key features a query
+ * sees, so the references M, P_i and the query's own log factor are constants: the gradient
+ * through each feature map is the one of the unstabilised map, written in terms of phi~
+ * (pf_fmap_rows_backward), and exact almost everywhere.
+ *
+ * Bidirectional: KV~ = sum_j k^_j [v_j|1]^T (r x dv+1); dQ~ = dN~ KV~^T; dKV~ = Q~^T dN~;
+ * dK^ = [V|1]_w dKV~^T; dV = K^ dKV. Three passes: keys (KV~), queries (dQ, dKV~), keys again.
+ *
+ * Causal, chunks of C as in the forward: a forward scan recomputes out with the prefix state S
+ * and gives dQ~ (inter-chunk e^(M - P_i) S dN~_i, intra-chunk the masked C x C products); a
+ * reverse scan carries the suffix state R = sum_{i later} e^(ref - P_i) q~_i dN~_i^T, kept
+ * referenced to the state max M_c at the end of the current chunk: stepping back to a smaller
+ * reference multiplies R by e^(M_{c-1} - M_c) <= 1, and every key weight e^(c_j - P_i) or
+ * e^(c_j - M_c) is <= 1 too. There is no per-position state and no prefix state is ever
+ * recovered by subtraction. One head keeps its features Q~, K~ (L x r each), dN~ (L x dv+1),
+ * the chunks' masked score blocks (L x C, twice) and the log factors (L): O(L (r + C + dv)). */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_common.h"
+#include "favor.h"
+
+/* ---- per-thread scratch ------------------------------------------------------------------- */
+
+typedef struct bwd_ws {
+    float *kst;    /* (Lk, r): K~ of the head */
+    float *qst;    /* (L, r): causal: Q~ of the head */
+    float *dnst;   /* (L, dv+1): causal: dN~ of the head */
+    float *ast;    /* (L, C): causal: per chunk, A'_ij = (q~_i.k~_j) e^(c_j - P_i), j <= i */
+    float *bst;    /* (L, C): causal: per chunk, B_ij = (dN~_i.[v_j|1]) e^(c_j - P_i), j <= i */
+    float *kamax;  /* (Lk): max|k~| before eps, per key */
+    float *qamax;  /* (L or nb): max|q~| before eps, per query */
+    float *blk;    /* (nb, r): bidirectional: Q~ of a block */
+    float *dblk;   /* (nb, r): d loss / d phi~ of a block of rows */
+    float *vaug;   /* (nb, dv+1): weighted [V | 1] rows, or dN~ of a block (bidirectional) */
+    float *o;      /* (nb, dv+1): numerators and denominators of a block of queries */
+    float *vs;     /* (C, dv+1): causal: [V | 1] rows weighted for the state */
+    float *dnw;    /* (C, dv+1): causal: dN~ rows weighted for the suffix state */
+    float *state;  /* (r, dv+1): KV~; causal: the prefix state S^T (dv+1, r) */
+    float *dstate; /* (r, dv+1): dKV~; causal: the suffix state R^T (dv+1, r) */
+    double *kc;    /* (Lk): key log factors */
+    double *p;     /* (L): causal: prefix maxima */
+    double *cq;    /* (nb): query log factors (unused, they cancel) */
+    double *bsc;   /* (nb): scratch of pf_fmap_rows_backward */
+    void *mem;
+} bwd_ws;
+
+static size_t lines(size_t n, size_t size) {
+    return (n * size + 63) / 64 * 64;
+}
+
+/* C = 0 for bidirectional. Returns 0, or -1 when out of memory. */
+static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv) {
+    const size_t R = (size_t)r, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
+    const size_t LL = C ? (size_t)L : 0, LK = (size_t)Lk;
+    const size_t sz[19] = {
+        lines(LK * R, 4),   lines(LL * R, 4),   lines(LL * dv1, 4),    lines(LL * CC, 4),
+        lines(LL * CC, 4),  lines(LK, 4),       lines(C ? LL : NB, 4), lines(C ? 0 : NB * R, 4),
+        lines(NB * R, 4),   lines(NB * dv1, 4), lines(NB * dv1, 4),    lines(CC * dv1, 4),
+        lines(CC * dv1, 4), lines(R * dv1, 4),  lines(R * dv1, 4),     lines(LK, 8),
+        lines(LL, 8),       lines(NB, 8),       lines(NB, 8)};
+    memset(ws, 0, sizeof *ws);
+    size_t total = 0;
+    for (int i = 0; i < 19; i++) {
+        if (sz[i] > SIZE_MAX - total) return -1;
+        total += sz[i];
+    }
+    char *m = pf_alloc(total, 1);
+    if (!m) return -1;
+    ws->mem = m;
+    float **f[15] = {&ws->kst,   &ws->qst,   &ws->dnst, &ws->ast,   &ws->bst,
+                     &ws->kamax, &ws->qamax, &ws->blk,  &ws->dblk,  &ws->vaug,
+                     &ws->o,     &ws->vs,    &ws->dnw,  &ws->state, &ws->dstate};
+    for (int i = 0; i < 15; i++) {
+        *f[i] = (float *)m;
+        m += sz[i];
+    }
+    double **g[4] = {&ws->kc, &ws->p, &ws->cq, &ws->bsc};
+    for (int i = 0; i < 4; i++) {
+        *g[i] = (double *)m;
+        m += sz[15 + i];
+    }
+    return 0;
+}
+
+typedef struct bwd_head {
+    const float *Q, *K, *V, *G; /* (Lq,d), (Lk,d), (Lk,dv), dout (Lq,dv) */
+    float *dQ, *dK, *dV;        /* (Lq,d), (Lk,d), (Lk,dv) */
+    int Lq, Lk, klen, dv;
+} bwd_head;
+
+static pf_status worse(pf_status a, pf_status b) {
+    return a > b ? a : b;
+}
+
+/* From the numerators and denominators o (n, dv+1) and G (n, dv): dN~ (n, dv+1) with
+ * dN~_i = [G_i / D_i | -(G_i.out_i) / D_i]. A zero denominator is PF_EDOMAIN, a non-finite one
+ * PF_ENONFINITE; such a row gets dN~ = 0 (it passes no gradient on, and no NaN). */
+static pf_status grad_of_out(float *dn, const float *o, const float *G, int n, int dv) {
+    const int dv1 = dv + 1;
+    pf_status st = PF_OK;
+    for (int i = 0; i < n; i++) {
+        const float *row = o + (size_t)i * (size_t)dv1;
+        const float *g = G + (size_t)i * (size_t)dv;
+        float *dst = dn + (size_t)i * (size_t)dv1;
+        const float den = row[dv];
+        pf_status bad = PF_OK;
+        if (!isfinite(den))
+            bad = PF_ENONFINITE;
+        else if (den == 0.0f)
+            bad = PF_EDOMAIN;
+        if (bad != PF_OK) {
+            memset(dst, 0, sizeof(float) * (size_t)dv1);
+            st = worse(st, bad);
+            continue;
+        }
+        const double inv = 1.0 / (double)den;
+        double go = 0; /* G_i . out_i */
+        for (int k = 0; k < dv; k++) {
+            go += (double)g[k] * ((double)row[k] * inv);
+            dst[k] = (float)((double)g[k] * inv);
+        }
+        dst[dv] = (float)(-go * inv);
+    }
+    return st;
+}
+
+/* Row i of x (n rows of w floats, stride ld) times e^(ref_i - P_i) where it differs from 1;
+ * ref_i = ref[i] if ref is not NULL, else ref0. */
+static void scale_rows(float *x, int ld, int n, int w, const double *ref, double ref0,
+                       const double *P) {
+    for (int i = 0; i < n; i++) {
+        const double e = (ref ? ref[i] : ref0) - P[i];
+        if (e == 0) continue;
+        const float f = (float)exp(e);
+        float *row = x + (size_t)i * (size_t)ld;
+        for (int k = 0; k < w; k++) row[k] *= f;
+    }
+}
+
+/* The intra-chunk mask: X (n x nk, stride ld) gets X_ij e^(P_j - P_i) for j <= i, 0 for j > i.
+ * Since P never decreases, every factor is <= 1. */
+static void mask_chunk(float *X, int ld, int n, int nk, const double *P) {
+    for (int i = 0; i < n; i++) {
+        float *row = X + (size_t)i * (size_t)ld;
+        const int jmax = i < nk - 1 ? i : nk - 1;
+        for (int j = 0; j <= jmax; j++) {
+            if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
+        }
+        for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
+    }
+}
+
+/* ---- bidirectional ------------------------------------------------------------------------ */
+
+static pf_status bwd_bidir_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *ws) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, NB = pf_favor_block(0, 0);
+    float *KV = ws->state, *dKV = ws->dstate;
+    memset(KV, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    memset(dKV, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    /* pass 1, keys: K~ kept, KV~ = sum_j k~_j e^(c_j - M) [v_j|1]^T under the running max M */
+    double M = -INFINITY;
+    for (int j0 = 0; j0 < hd->klen; j0 += NB) {
+        const int nb = hd->klen - j0 < NB ? hd->klen - j0 : NB;
+        const float *Vb = hd->V + (size_t)j0 * (size_t)dv;
+        float *Kb = ws->kst + (size_t)j0 * (size_t)r;
+        if (pf_nonfinite_f32(Vb, (size_t)nb * (size_t)dv)) return PF_ENONFINITE;
+        pf_status st = pf_fmap_rows(fm, Kb, r, ws->kc + j0, ws->kamax + j0,
+                                    hd->K + (size_t)j0 * (size_t)d, nb);
+        if (st != PF_OK) return st;
+        double cb = -INFINITY;
+        for (int j = 0; j < nb; j++) cb = ws->kc[j0 + j] > cb ? ws->kc[j0 + j] : cb;
+        float beta = 1.0f;
+        if (cb > M) {
+            beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
+            M = cb;
+        }
+        pf_favor_weighted_values(ws->vaug, Vb, dv, ws->kc + j0, NULL, M, nb);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, Kb, r, ws->vaug, dv1,
+                    beta, KV, dv1);
+    }
+    /* pass 2, queries: out, dN~, dQ~ = dN~ KV~^T, dKV~ += Q~^T dN~, dQ */
+    pf_status st = PF_OK;
+    for (int i0 = 0; i0 < hd->Lq; i0 += NB) {
+        const int nb = hd->Lq - i0 < NB ? hd->Lq - i0 : NB;
+        const float *Gb = hd->G + (size_t)i0 * (size_t)dv;
+        const float *Qb = hd->Q + (size_t)i0 * (size_t)d;
+        if (pf_nonfinite_f32(Gb, (size_t)nb * (size_t)dv)) return PF_ENONFINITE;
+        pf_status s1 = pf_fmap_rows(fm, ws->blk, r, ws->cq, ws->qamax, Qb, nb);
+        if (s1 != PF_OK) return s1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, ws->blk, r, KV,
+                    dv1, 0.0f, ws->o, dv1);
+        float *dN = ws->vaug;
+        st = worse(st, grad_of_out(dN, ws->o, Gb, nb, dv));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv1, 1.0f, dN, dv1, KV, dv1,
+                    0.0f, ws->dblk, r);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, ws->blk, r, dN, dv1,
+                    1.0f, dKV, dv1);
+        pf_fmap_rows_backward(fm, hd->dQ + (size_t)i0 * (size_t)d, ws->dblk, r, ws->blk, r,
+                              ws->qamax, Qb, nb, ws->bsc);
+    }
+    /* pass 3, keys: dK^ = [V|1]_w dKV~^T, dV = diag(w) K~ dKV, w_j = e^(c_j - M) */
+    for (int j0 = 0; j0 < hd->klen; j0 += NB) {
+        const int nb = hd->klen - j0 < NB ? hd->klen - j0 : NB;
+        const float *Kb = ws->kst + (size_t)j0 * (size_t)r;
+        float *dVb = hd->dV + (size_t)j0 * (size_t)dv;
+        pf_favor_weighted_values(ws->vaug, hd->V + (size_t)j0 * (size_t)dv, dv, ws->kc + j0, NULL,
+                                 M, nb);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv1, 1.0f, ws->vaug, dv1, dKV,
+                    dv1, 0.0f, ws->dblk, r);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Kb, r, dKV, dv1,
+                    0.0f, dVb, dv);
+        for (int j = 0; j < nb; j++) {
+            const float w = ws->vaug[(size_t)j * (size_t)dv1 + (size_t)dv];
+            for (int k = 0; k < dv; k++) dVb[(size_t)j * (size_t)dv + k] *= w;
+        }
+        pf_fmap_rows_backward(fm, hd->dK + (size_t)j0 * (size_t)d, ws->dblk, r, Kb, r,
+                              ws->kamax + j0, hd->K + (size_t)j0 * (size_t)d, nb, ws->bsc);
+    }
+    return st;
+}
+
+/* ---- causal ------------------------------------------------------------------------------- */
+
+static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *ws, int C) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, L = hd->Lq;
+    const int NB = pf_favor_block(1, C);
+    /* the states are kept transposed, (dv+1, r): then every product with them is one that
+     * OpenBLAS runs fast for a few rows (dN~ S^T with S as (r, dv+1) packs S for each chunk
+     * and runs at a third of the speed) */
+    float *ST = ws->state, *RT = ws->dstate, *O = ws->o;
+    memset(ST, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    double M = -INFINITY;
+    pf_status st = PF_OK;
+
+    /* forward scan: features (kept), P, out, dN~ (kept), dQ~ and dQ; A' and B kept per chunk */
+    for (int b0 = 0; b0 < L; b0 += NB) {
+        const int nb = L - b0 < NB ? L - b0 : NB;
+        int nkb = hd->klen - b0;
+        nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
+        const float *Qx = hd->Q + (size_t)b0 * (size_t)d;
+        float *Qb = ws->qst + (size_t)b0 * (size_t)r;
+        if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv) ||
+            pf_nonfinite_f32(hd->G + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv))
+            return PF_ENONFINITE;
+        pf_status s1 = pf_fmap_rows(fm, Qb, r, ws->cq, ws->qamax + b0, Qx, nb);
+        if (s1 == PF_OK && nkb > 0)
+            s1 = pf_fmap_rows(fm, ws->kst + (size_t)b0 * (size_t)r, r, ws->kc + b0, ws->kamax + b0,
+                              hd->K + (size_t)b0 * (size_t)d, nkb);
+        if (s1 != PF_OK) return s1;
+
+        for (int t0 = b0; t0 < b0 + nb; t0 += C) {
+            const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
+            int nk = hd->klen - t0;
+            nk = nk < 0 ? 0 : (nk > n ? n : nk);
+            const float *Qc = ws->qst + (size_t)t0 * (size_t)r;
+            const float *Kc = ws->kst + (size_t)t0 * (size_t)r;
+            const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
+            const double *ck = ws->kc + t0;
+            double *P = ws->p + t0;
+            float *A = ws->ast + (size_t)t0 * (size_t)C, *Bm = ws->bst + (size_t)t0 * (size_t)C;
+            float *dN = ws->dnst + (size_t)t0 * (size_t)dv1;
+            float *dQc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
+            const int have_state = M > -INFINITY;
+            double run = M;
+            for (int j = 0; j < n; j++) {
+                if (j < nk && ck[j] > run) run = ck[j];
+                P[j] = run;
+            }
+            /* out: O = e^(M - P) Q~ S + A [V|1]_w, A masked, [V|1]_w = e^(c_j - P_j) [v_j|1] */
+            if (have_state) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, dv1, r, 1.0f, Qc, r, ST, r,
+                            0.0f, O, dv1);
+                scale_rows(O, dv1, n, dv1, NULL, M, P);
+            }
+            if (nk > 0) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc, r,
+                            0.0f, A, C);
+                mask_chunk(A, C, n, nk, P);
+                pf_favor_weighted_values(ws->vs, Vc, dv, ck, P, 0.0, nk);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, nk, 1.0f, A, C,
+                            ws->vs, dv1, have_state ? 1.0f : 0.0f, O, dv1);
+            }
+            st = worse(st, grad_of_out(dN, O, hd->G + (size_t)t0 * (size_t)dv, n, dv));
+            /* dQ~ = e^(M - P) dN~ S^T + B K~, B_ij = (dN~_i.[v_j|1]_w) e^(P_j - P_i) masked */
+            if (have_state) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, dv1, 1.0f, dN, dv1, ST,
+                            r, 0.0f, dQc, r);
+                scale_rows(dQc, r, n, r, NULL, M, P);
+            }
+            if (nk > 0) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, dv1, 1.0f, dN, dv1,
+                            ws->vs, dv1, 0.0f, Bm, C);
+                mask_chunk(Bm, C, n, nk, P);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, nk, 1.0f, Bm, C, Kc, r,
+                            have_state ? 1.0f : 0.0f, dQc, r);
+                /* keep A' = A diag(e^(c_j - P_j)) for dV in the reverse scan */
+                for (int i = 0; i < n; i++) {
+                    float *row = A + (size_t)i * (size_t)C;
+                    for (int j = 0; j < nk; j++) row[j] *= ws->vs[(size_t)j * (size_t)dv1 + dv];
+                }
+                /* S = e^(M - M') S + K~^T [V|1] e^(c - M'), M' = P_last */
+                const double Mn = P[n - 1];
+                const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
+                pf_favor_weighted_values(ws->vs, Vc, dv, ck, NULL, Mn, nk);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nk, 1.0f, ws->vs, dv1,
+                            Kc, r, beta, ST, r);
+                M = Mn;
+            }
+        }
+        pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r, Qb, r,
+                              ws->qamax + b0, Qx, nb, ws->bsc);
+    }
+
+    /* reverse scan: R = sum_{i after chunk c} e^(M_c - P_i) q~_i dN~_i^T, M_c = P at the end of
+     * chunk c; dK~_c = [V|1]_(M_c) R^T + B^T Q~_c, dV_c = e^(c - M_c) K~_c R_v + A'^T dN_c */
+    memset(RT, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    int have_r = 0;
+    const int nblocks = (L + NB - 1) / NB;
+    for (int bi = nblocks - 1; bi >= 0; bi--) {
+        const int b0 = bi * NB, nb = L - b0 < NB ? L - b0 : NB;
+        int nkb = hd->klen - b0;
+        nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
+        const int nchunks = (nb + C - 1) / C;
+        for (int ci = nchunks - 1; ci >= 0; ci--) {
+            const int t0 = b0 + ci * C, n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
+            int nk = hd->klen - t0;
+            nk = nk < 0 ? 0 : (nk > n ? n : nk);
+            const float *Qc = ws->qst + (size_t)t0 * (size_t)r;
+            const float *Kc = ws->kst + (size_t)t0 * (size_t)r;
+            const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
+            const double *ck = ws->kc + t0, *P = ws->p + t0;
+            const float *A = ws->ast + (size_t)t0 * (size_t)C;
+            const float *Bm = ws->bst + (size_t)t0 * (size_t)C;
+            const float *dN = ws->dnst + (size_t)t0 * (size_t)dv1;
+            const double Mc = P[n - 1];
+            if (nk > 0) {
+                float *dKc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
+                float *dVc = hd->dV + (size_t)t0 * (size_t)dv;
+                if (have_r) {
+                    pf_favor_weighted_values(ws->vs, Vc, dv, ck, NULL, Mc, nk);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nk, r, dv1, 1.0f, ws->vs,
+                                dv1, RT, r, 0.0f, dKc, r);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nk, dv, r, 1.0f, Kc, r, RT,
+                                r, 0.0f, dVc, dv);
+                    for (int j = 0; j < nk; j++) {
+                        const float w = ws->vs[(size_t)j * (size_t)dv1 + dv];
+                        for (int k = 0; k < dv; k++) dVc[(size_t)j * (size_t)dv + k] *= w;
+                    }
+                }
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, r, n, 1.0f, Bm, C, Qc, r,
+                            have_r ? 1.0f : 0.0f, dKc, r);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, dv, n, 1.0f, A, C, dN, dv1,
+                            have_r ? 1.0f : 0.0f, dVc, dv);
+            }
+            if (t0 > 0) {
+                /* R := e^(M_{c-1} - M_c) R + Q~_c^T (e^(M_{c-1} - P_i) dN~_i) */
+                const double Mp = ws->p[t0 - 1];
+                for (int i = 0; i < n; i++) {
+                    const float f = (float)exp(Mp - P[i]);
+                    const float *src = dN + (size_t)i * (size_t)dv1;
+                    float *dst = ws->dnw + (size_t)i * (size_t)dv1;
+                    for (int k = 0; k < dv1; k++) dst[k] = f * src[k];
+                }
+                const float beta = have_r ? (float)exp(Mp - Mc) : 0.0f;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, n, 1.0f, ws->dnw, dv1,
+                            Qc, r, beta, RT, r);
+                have_r = 1;
+            }
+        }
+        if (nkb > 0)
+            pf_fmap_rows_backward(fm, hd->dK + (size_t)b0 * (size_t)d, ws->dblk, r,
+                                  ws->kst + (size_t)b0 * (size_t)r, r, ws->kamax + b0,
+                                  hd->K + (size_t)b0 * (size_t)d, nkb, ws->bsc);
+    }
+    return st;
+}
+
+/* ---- the driver --------------------------------------------------------------------------- */
+
+pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
+                                 const float *K, const float *V, const pf_shape *shape,
+                                 const pf_attn_opts *opts, const pf_favor_opts *favor) {
+    if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
+    pf_status st0 = pf_favor_check(shape, opts, favor);
+    if (st0 != PF_OK) return st0;
+    const pf_shape s = *shape;
+    const int r = pf_kernel_width(favor->kernel, favor->m);
+    const int C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
+    const int nb = pf_favor_block(opts->causal, C);
+    int nt = pf_threads(opts->threads);
+    if (nt > s.B * s.H) nt = s.B * s.H;
+
+    int worst = PF_OK;
+#pragma omp parallel num_threads(nt) reduction(max : worst)
+    {
+        bwd_ws ws;
+        const int ok = bwd_ws_alloc(&ws, s.Lq, s.Lk, nb, C, r, s.dv) == 0;
+        if (!ok) worst = PF_ENOMEM;
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < s.B; b++) {
+            for (int h = 0; h < s.H; h++) {
+                const size_t bh = (size_t)b * (size_t)s.H + (size_t)h;
+                bwd_head hd = {
+                    .Q = Q + bh * (size_t)s.Lq * (size_t)s.d,
+                    .K = K + bh * (size_t)s.Lk * (size_t)s.d,
+                    .V = V + bh * (size_t)s.Lk * (size_t)s.dv,
+                    .G = dout + bh * (size_t)s.Lq * (size_t)s.dv,
+                    .dQ = dQ + bh * (size_t)s.Lq * (size_t)s.d,
+                    .dK = dK + bh * (size_t)s.Lk * (size_t)s.d,
+                    .dV = dV + bh * (size_t)s.Lk * (size_t)s.dv,
+                    .Lq = s.Lq,
+                    .Lk = s.Lk,
+                    .klen = pf_attn_key_len(opts, b, s.Lk),
+                    .dv = s.dv,
+                };
+                const size_t nq = (size_t)s.Lq * (size_t)s.d, nk = (size_t)s.Lk * (size_t)s.d;
+                const size_t nv = (size_t)s.Lk * (size_t)s.dv, kl = (size_t)hd.klen;
+                /* padded keys get zero gradients; their inputs are only checked */
+                memset(hd.dK + kl * (size_t)s.d, 0, sizeof(float) * (nk - kl * (size_t)s.d));
+                memset(hd.dV + kl * (size_t)s.dv, 0, sizeof(float) * (nv - kl * (size_t)s.dv));
+                pf_status st;
+                if (!ok) {
+                    st = PF_ENOMEM;
+                } else if (pf_nonfinite_f32(hd.K + kl * (size_t)s.d, nk - kl * (size_t)s.d) ||
+                           pf_nonfinite_f32(hd.V + kl * (size_t)s.dv, nv - kl * (size_t)s.dv)) {
+                    st = PF_ENONFINITE;
+                } else {
+                    const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+                    st = opts->causal ? bwd_causal_head(&fm, &hd, &ws, C)
+                                      : bwd_bidir_head(&fm, &hd, &ws);
+                    if (st == PF_OK && (pf_nonfinite_f32(hd.dQ, nq) ||
+                                        pf_nonfinite_f32(hd.dK, nk) || pf_nonfinite_f32(hd.dV, nv)))
+                        st = PF_ENONFINITE;
+                }
+                if (st == PF_ENONFINITE || st == PF_ENOMEM) {
+                    memset(hd.dQ, 0, sizeof(float) * nq);
+                    memset(hd.dK, 0, sizeof(float) * nk);
+                    memset(hd.dV, 0, sizeof(float) * nv);
+                }
+                if ((int)st > worst) worst = (int)st;
+            }
+        }
+        pf_free(ws.mem);
+    }
+    return (pf_status)worst;
+}
+
+/* ---- the float64 reference ---------------------------------------------------------------- */
+
+/* S += x [v | 1]^T for x (r), v (dv); S is (r, dv+1) */
+static void add_outer(double *S, const double *x, const float *v, int r, int dv) {
+    for (int f = 0; f < r; f++) {
+        double *row = S + (size_t)f * (size_t)(dv + 1);
+        for (int k = 0; k < dv; k++) row[k] += x[f] * (double)v[k];
+        row[dv] += x[f];
+    }
+}
+
+/* Per head: materialised unstabilised features phi(Q), phi(K) and their u = W x' in double; a
+ * prefix sum S_i = sum_{j <= i} phi(k_j) [v_j|1]^T for out and dphi(q_i) = S_i dN~_i, then a
+ * suffix sum R_j = sum_{i >= j} phi(q_i) dN~_i^T for dphi(k_j) = R_j [v_j|1] and
+ * dv_j = R_j[:, :dv]^T phi(k_j) (bidirectional: S and R over every valid key and query). */
+pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const float *dout,
+                                     const float *Q, const float *K, const float *V,
+                                     const pf_shape *shape, const pf_attn_opts *opts,
+                                     const pf_favor_opts *favor) {
+    if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    const pf_shape s = *shape;
+    const pf_attn_sizes ns = pf_attn_sizes_of(&s);
+    if (pf_nonfinite_f32(Q, ns.q) || pf_nonfinite_f32(K, ns.k) || pf_nonfinite_f32(V, ns.v) ||
+        pf_nonfinite_f32(dout, ns.out))
+        return PF_ENONFINITE;
+    const int r = pf_kernel_width(favor->kernel, favor->m), m = favor->m;
+    const int dv = s.dv, dv1 = dv + 1, d = s.d, Lq = s.Lq, Lk = s.Lk;
+    double *pq = malloc(sizeof(double) * (size_t)Lq * r), *pk = malloc(sizeof(double) * Lk * r);
+    double *uq = malloc(sizeof(double) * (size_t)Lq * m), *uk = malloc(sizeof(double) * Lk * m);
+    double *dN = malloc(sizeof(double) * (size_t)Lq * dv1);
+    double *S = malloc(sizeof(double) * (size_t)r * dv1), *dphi = malloc(sizeof(double) * r);
+    double *dx = malloc(sizeof(double) * (size_t)d), *num = malloc(sizeof(double) * dv1);
+    if (!pq || !pk || !uq || !uk || !dN || !S || !dphi || !dx || !num) {
+        st = PF_ENOMEM;
+        goto done;
+    }
+    memset(dQ, 0, sizeof(float) * ns.q);
+    memset(dK, 0, sizeof(float) * ns.k);
+    memset(dV, 0, sizeof(float) * ns.v);
+    for (int b = 0; b < s.B; b++) {
+        const int klen = pf_attn_key_len(opts, b, Lk);
+        for (int h = 0; h < s.H; h++) {
+            const size_t bh = (size_t)b * (size_t)s.H + (size_t)h;
+            const float *Qh = Q + bh * Lq * d, *Kh = K + bh * Lk * d, *Vh = V + bh * Lk * dv;
+            const float *Gh = dout + bh * Lq * dv;
+            float *dQh = dQ + bh * Lq * d, *dKh = dK + bh * Lk * d, *dVh = dV + bh * Lk * dv;
+            const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+            int bad = 0;
+            for (int i = 0; i < Lq; i++)
+                bad |= pf_fmap_row_f64(&fm, pq + (size_t)i * r, uq + (size_t)i * m,
+                                       Qh + (size_t)i * d);
+            for (int j = 0; j < klen; j++)
+                bad |= pf_fmap_row_f64(&fm, pk + (size_t)j * r, uk + (size_t)j * m,
+                                       Kh + (size_t)j * d);
+            if (bad) {
+                st = worse(st, PF_ENONFINITE);
+                continue;
+            }
+            /* forward: prefix (causal) or full sums S, out, dN~, dphi(q_i) = S dN~_i */
+            memset(S, 0, sizeof(double) * (size_t)r * dv1);
+            for (int j = 0; j < (opts->causal ? 0 : klen); j++)
+                add_outer(S, pk + (size_t)j * r, Vh + (size_t)j * dv, r, dv);
+            for (int i = 0; i < Lq; i++) {
+                if (opts->causal && i < klen)
+                    add_outer(S, pk + (size_t)i * r, Vh + (size_t)i * dv, r, dv);
+                for (int k = 0; k < dv1; k++) num[k] = 0;
+                for (int f = 0; f < r; f++)
+                    for (int k = 0; k < dv1; k++)
+                        num[k] += pq[(size_t)i * r + f] * S[(size_t)f * dv1 + k];
+                double *dn = dN + (size_t)i * dv1;
+                if (!isfinite(num[dv]) || num[dv] == 0) {
+                    st = worse(st, isfinite(num[dv]) ? PF_EDOMAIN : PF_ENONFINITE);
+                    for (int k = 0; k < dv1; k++) dn[k] = 0;
+                } else {
+                    double go = 0;
+                    for (int k = 0; k < dv; k++) {
+                        go += Gh[(size_t)i * dv + k] * num[k] / num[dv];
+                        dn[k] = Gh[(size_t)i * dv + k] / num[dv];
+                    }
+                    dn[dv] = -go / num[dv];
+                }
+                for (int f = 0; f < r; f++) {
+                    double acc = 0;
+                    for (int k = 0; k < dv1; k++) acc += S[(size_t)f * dv1 + k] * dn[k];
+                    dphi[f] = acc;
+                }
+                pf_fmap_row_f64_backward(&fm, dx, dphi, Qh + (size_t)i * d, uq + (size_t)i * m);
+                for (int k = 0; k < d; k++) dQh[(size_t)i * d + k] = (float)dx[k];
+            }
+            /* backward: suffix (or full) sums R, reusing S */
+            double *R = S;
+            memset(R, 0, sizeof(double) * (size_t)r * dv1);
+            if (!opts->causal) {
+                for (int i = 0; i < Lq; i++)
+                    for (int f = 0; f < r; f++)
+                        for (int k = 0; k < dv1; k++)
+                            R[(size_t)f * dv1 + k] +=
+                                pq[(size_t)i * r + f] * dN[(size_t)i * dv1 + k];
+            }
+            for (int j = (opts->causal ? Lq : klen) - 1; j >= 0; j--) {
+                if (opts->causal) {
+                    for (int f = 0; f < r; f++)
+                        for (int k = 0; k < dv1; k++)
+                            R[(size_t)f * dv1 + k] +=
+                                pq[(size_t)j * r + f] * dN[(size_t)j * dv1 + k];
+                }
+                if (j >= klen) continue;
+                for (int f = 0; f < r; f++) {
+                    double acc = R[(size_t)f * dv1 + dv];
+                    for (int k = 0; k < dv; k++)
+                        acc += R[(size_t)f * dv1 + k] * Vh[(size_t)j * dv + k];
+                    dphi[f] = acc;
+                }
+                for (int k = 0; k < dv; k++) {
+                    double acc = 0;
+                    for (int f = 0; f < r; f++)
+                        acc += R[(size_t)f * dv1 + k] * pk[(size_t)j * r + f];
+                    dVh[(size_t)j * dv + k] = (float)acc;
+                }
+                pf_fmap_row_f64_backward(&fm, dx, dphi, Kh + (size_t)j * d, uk + (size_t)j * m);
+                for (int k = 0; k < d; k++) dKh[(size_t)j * d + k] = (float)dx[k];
+            }
+        }
+    }
+done:
+    free(pq);
+    free(pk);
+    free(uq);
+    free(uk);
+    free(dN);
+    free(S);
+    free(dphi);
+    free(dx);
+    free(num);
+    return st;
+}

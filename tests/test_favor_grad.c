@@ -1,0 +1,434 @@
+/* test_favor_grad.c: the FAVOR+ backward pass (SPEC §4, "Gradients").
+ *
+ * - pf_attn_favor_backward and its reference against central finite differences of this file's
+ *   own float64 forward (the explicit pairwise formula, its own feature maps), every kernel,
+ *   bidirectional and causal, with and without padding, with eps (the max term) and without;
+ * - the fast backward against the float64 reference at lengths that are not multiples of the
+ *   chunk, every kernel, and for rows of norm 30;
+ * - outputs are overwritten, padded keys get zeros, threads do not change a bit, error paths.
+ *
+ * Finite differences: step h = 1e-6 in float64 on inputs of norm ~1, so the truncation error
+ * (~h^2) and the rounding error (~1e-16 / h) are far below the tolerances: 1e-4 for the float32
+ * fast path (measured ~4e-7), 1e-5 for the float64 reference (measured ~3e-8). */
+#include <stdint.h>
+#include <string.h>
+
+#include "check.h"
+
+/* ---- this file's float64 forward ---------------------------------------------------------- */
+
+static void phi_f64(double *phi, const double *x, int d, const float *W, int m, pf_kernel kernel,
+                    double scale, double eps) {
+    double h = 0;
+    for (int k = 0; k < d; k++) h += x[k] * x[k] * scale / 2;
+    for (int f = 0; f < m; f++) {
+        double u = 0;
+        for (int k = 0; k < d; k++) u += (double)W[f * d + k] * x[k] * sqrt(scale);
+        switch (kernel) {
+        case PF_KERNEL_POSITIVE:
+            phi[f] = exp(u - h) / sqrt(m);
+            break;
+        case PF_KERNEL_HYPERBOLIC:
+            phi[f] = exp(u - h) / sqrt(2.0 * m);
+            phi[m + f] = exp(-u - h) / sqrt(2.0 * m);
+            break;
+        case PF_KERNEL_TRIG:
+            phi[f] = exp(h) * sin(u) / sqrt(m);
+            phi[m + f] = exp(h) * cos(u) / sqrt(m);
+            break;
+        case PF_KERNEL_RELU:
+            phi[f] = (u > 0 ? u : 0) / sqrt(m);
+            break;
+        }
+    }
+    int r = pf_kernel_width(kernel, m);
+    double amax = 0;
+    for (int f = 0; f < r; f++) amax = fmax(amax, fabs(phi[f]));
+    for (int f = 0; f < r; f++) phi[f] += kernel == PF_KERNEL_RELU ? eps : eps * amax;
+}
+
+/* sum(out * G) for the explicit formula, inputs in double. */
+static double loss_f64(const double *Q, const double *K, const double *V, const float *G,
+                       const pf_shape *s, const pf_attn_opts *o, const pf_favor_opts *f) {
+    int r = pf_kernel_width(f->kernel, f->m);
+    double scale = o->scale > 0 ? o->scale : 1.0 / sqrt(s->d);
+    double pq[64], pk[64], loss = 0;
+    for (int b = 0; b < s->B; b++) {
+        int klen = o->key_len ? o->key_len[b] : s->Lk;
+        for (int h = 0; h < s->H; h++) {
+            size_t bh = (size_t)b * s->H + h;
+            const float *W = f->W + (f->w_per_head ? (size_t)h * f->m * s->d : 0);
+            for (int i = 0; i < s->Lq; i++) {
+                phi_f64(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale, f->eps);
+                int jend = o->causal ? (i + 1 < klen ? i + 1 : klen) : klen;
+                double den = 0, num[16] = {0};
+                for (int j = 0; j < jend; j++) {
+                    phi_f64(pk, K + (bh * s->Lk + j) * s->d, s->d, W, f->m, f->kernel, scale,
+                            f->eps);
+                    double a = 0;
+                    for (int t = 0; t < r; t++) a += pq[t] * pk[t];
+                    den += a;
+                    for (int k = 0; k < s->dv; k++) num[k] += a * V[(bh * s->Lk + j) * s->dv + k];
+                }
+                for (int k = 0; k < s->dv; k++)
+                    loss += G[(bh * s->Lq + i) * s->dv + k] * num[k] / den;
+            }
+        }
+    }
+    return loss;
+}
+
+/* Central differences of loss_f64 with respect to every element of x (n), step h. */
+static void fd_grad(double *g, double *x, size_t n, const double *Q, const double *K,
+                    const double *V, const float *G, const pf_shape *s, const pf_attn_opts *o,
+                    const pf_favor_opts *f) {
+    const double h = 1e-6;
+    for (size_t e = 0; e < n; e++) {
+        double keep = x[e];
+        x[e] = keep + h;
+        double lp = loss_f64(Q, K, V, G, s, o, f);
+        x[e] = keep - h;
+        double lm = loss_f64(Q, K, V, G, s, o, f);
+        x[e] = keep;
+        g[e] = (lp - lm) / (2 * h);
+    }
+}
+
+static void scale_rows(float *X, size_t rows, int d, double lo, double hi) {
+    for (size_t i = 0; i < rows; i++) {
+        double s = 0, norm = lo + (hi - lo) * (double)(i % 17) / 16.0;
+        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
+        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
+    }
+}
+
+typedef struct problem {
+    pf_shape s;
+    float *Q, *K, *V, *G, *W;
+    float *dQ, *dK, *dV, *rQ, *rK, *rV; /* fast and reference gradients */
+    size_t nq, nk, nv, no;
+} problem;
+
+static problem problem_make(int B, int H, int Lq, int Lk, int d, int dv, int m, uint64_t seed) {
+    problem p;
+    p.s = (pf_shape){B, H, Lq, Lk, d, dv};
+    p.nq = (size_t)B * H * Lq * d;
+    p.nk = (size_t)B * H * Lk * d;
+    p.nv = (size_t)B * H * Lk * dv;
+    p.no = (size_t)B * H * Lq * dv;
+    p.Q = xmalloc(sizeof(float) * p.nq);
+    p.K = xmalloc(sizeof(float) * p.nk);
+    p.V = xmalloc(sizeof(float) * p.nv);
+    p.G = xmalloc(sizeof(float) * p.no);
+    p.W = xmalloc(sizeof(float) * H * m * d);
+    p.dQ = xmalloc(sizeof(float) * p.nq);
+    p.dK = xmalloc(sizeof(float) * p.nk);
+    p.dV = xmalloc(sizeof(float) * p.nv);
+    p.rQ = xmalloc(sizeof(float) * p.nq);
+    p.rK = xmalloc(sizeof(float) * p.nk);
+    p.rV = xmalloc(sizeof(float) * p.nv);
+    fill_normal(p.Q, p.nq, 1, seed, 0);
+    fill_normal(p.K, p.nk, 1, seed, 1);
+    fill_normal(p.V, p.nv, 1, seed, 2);
+    fill_normal(p.G, p.no, 1, seed, 3);
+    for (int h = 0; h < H; h++)
+        pf_projection_draw(p.W + (size_t)h * m * d, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
+                           100 + h);
+    return p;
+}
+
+static void problem_free(problem *p) {
+    float *all[11] = {p->Q, p->K, p->V, p->G, p->W, p->dQ, p->dK, p->dV, p->rQ, p->rK, p->rV};
+    for (int i = 0; i < 11; i++) free(all[i]);
+}
+
+static pf_favor_opts favor_of(const problem *p, pf_kernel kernel, int m, float eps) {
+    pf_favor_opts f = pf_favor_opts_default();
+    f.kernel = kernel;
+    f.W = p->W;
+    f.m = m;
+    f.w_per_head = 1;
+    f.eps = eps;
+    return f;
+}
+
+static double *to_f64(const float *x, size_t n) {
+    double *y = xmalloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+/* 1. every kernel x causal x padding (x eps) against finite differences */
+static void test_finite_differences(void) {
+    const int B = 2, H = 2, d = 4, dv = 3, m = 6;
+    double worst_fast = 0, worst_ref = 0;
+    for (int causal = 0; causal < 2; causal++) {
+        for (int pad = 0; pad < 2; pad++) {
+            for (int k = 0; k < 5; k++) {
+                const int Lq = causal ? 9 : 7, Lk = 9;
+                problem p = problem_make(B, H, Lq, Lk, d, dv, m, 300 + causal * 10 + pad);
+                scale_rows(p.Q, p.nq / d, d, 0.5, 1.5);
+                scale_rows(p.K, p.nk / d, d, 0.5, 1.5);
+                /* k = 4: positive with eps > 0, so the max term's gradient is exercised */
+                pf_kernel kernel = k < 4 ? (pf_kernel)k : PF_KERNEL_POSITIVE;
+                float eps = kernel == PF_KERNEL_RELU ? 0.05f : (k == 4 ? 0.1f : 0.0f);
+                pf_favor_opts f = favor_of(&p, kernel, m, eps);
+                f.chunk = 4; /* several chunks, the last one partial */
+                pf_attn_opts o = pf_attn_opts_default();
+                o.causal = causal;
+                int32_t klen[2] = {9, 5};
+                o.key_len = pad ? klen : NULL;
+                CHECK_STATUS(
+                    pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                    PF_OK);
+                CHECK_STATUS(
+                    pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                    PF_OK);
+                double *Q = to_f64(p.Q, p.nq), *K = to_f64(p.K, p.nk), *V = to_f64(p.V, p.nv);
+                double *gQ = xmalloc(sizeof(double) * p.nq), *gK = xmalloc(sizeof(double) * p.nk);
+                double *gV = xmalloc(sizeof(double) * p.nv);
+                fd_grad(gQ, Q, p.nq, Q, K, V, p.G, &p.s, &o, &f);
+                fd_grad(gK, K, p.nk, Q, K, V, p.G, &p.s, &o, &f);
+                fd_grad(gV, V, p.nv, Q, K, V, p.G, &p.s, &o, &f);
+                const char *names[3] = {"dQ", "dK", "dV"};
+                const float *fast[3] = {p.dQ, p.dK, p.dV}, *ref[3] = {p.rQ, p.rK, p.rV};
+                const double *fd[3] = {gQ, gK, gV};
+                size_t n[3] = {p.nq, p.nk, p.nv};
+                for (int t = 0; t < 3; t++) {
+                    double ef = rel_err_f64(fast[t], fd[t], n[t]);
+                    double er = rel_err_f64(ref[t], fd[t], n[t]);
+                    worst_fast = fmax(worst_fast, ef);
+                    worst_ref = fmax(worst_ref, er);
+                    CHECK(ef < 1e-4, "%s eps=%g causal=%d pad=%d %s: fast vs FD rel err %.3g",
+                          pf_kernel_name(kernel), eps, causal, pad, names[t], ef);
+                    CHECK(er < 1e-5, "%s eps=%g causal=%d pad=%d %s: ref vs FD rel err %.3g",
+                          pf_kernel_name(kernel), eps, causal, pad, names[t], er);
+                }
+                /* padded keys: exactly zero */
+                if (pad) {
+                    for (int h = 0; h < H; h++) {
+                        for (int j = 5; j < Lk; j++) {
+                            size_t rk = ((size_t)(H + h) * Lk + j);
+                            for (int e = 0; e < d; e++)
+                                CHECK(p.dK[rk * d + e] == 0.0f, "padded dK %g", p.dK[rk * d + e]);
+                            for (int e = 0; e < dv; e++)
+                                CHECK(p.dV[rk * dv + e] == 0.0f, "padded dV %g", p.dV[rk * dv + e]);
+                        }
+                    }
+                }
+                free(Q);
+                free(K);
+                free(V);
+                free(gQ);
+                free(gK);
+                free(gV);
+                problem_free(&p);
+            }
+        }
+    }
+    printf("finite differences: fast worst rel err %.3g, ref %.3g\n", worst_fast, worst_ref);
+}
+
+static double worst3(const problem *p, int print, const char *what) {
+    double e[3] = {rel_err(p->dQ, p->rQ, p->nq), rel_err(p->dK, p->rK, p->nk),
+                   rel_err(p->dV, p->rV, p->nv)};
+    if (print) printf("%s: dQ %.3g dK %.3g dV %.3g\n", what, e[0], e[1], e[2]);
+    return fmax(e[0], fmax(e[1], e[2]));
+}
+
+/* 2. fast vs the float64 reference at lengths that are not multiples of the chunk */
+static void test_vs_reference(void) {
+    const int lens[2] = {37, 200};
+    double worst = 0;
+    for (int li = 0; li < 2; li++) {
+        for (int causal = 0; causal < 2; causal++) {
+            for (int k = 0; k < 4; k++) {
+                const int L = lens[li], Lk = causal ? L : L + 11, d = 16, dv = 24, m = 32;
+                problem p = problem_make(2, 3, L, Lk, d, dv, m, 400 + li);
+                scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
+                scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+                pf_favor_opts f = favor_of(&p, (pf_kernel)k, m, k == 3 ? 1e-3f : 0.0f);
+                pf_attn_opts o = pf_attn_opts_default();
+                o.causal = causal;
+                int32_t klen[2] = {Lk, Lk - Lk / 3};
+                o.key_len = klen;
+                CHECK_STATUS(
+                    pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                    PF_OK);
+                const int chunks[3] = {0, 7, 64};
+                for (int ci = 0; ci < (causal ? 3 : 1); ci++) {
+                    f.chunk = chunks[ci];
+                    CHECK_STATUS(
+                        pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                        PF_OK);
+                    double e = worst3(&p, 0, "");
+                    worst = fmax(worst, e);
+                    CHECK(e < 1e-5, "%s causal=%d L=%d chunk=%d: fast vs ref rel err %.3g",
+                          pf_kernel_name(f.kernel), causal, L, f.chunk, e);
+                }
+                problem_free(&p);
+            }
+        }
+    }
+    printf("fast vs float64 reference: worst rel err %.3g\n", worst);
+}
+
+/* 3. rows of norm up to 30: gradients finite and equal to float64 */
+static void test_large_norms(void) {
+    const int L = 150, d = 16, dv = 16, m = 64;
+    const pf_kernel ks[3] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_RELU};
+    for (int causal = 0; causal < 2; causal++) {
+        for (int k = 0; k < 3; k++) {
+            problem p = problem_make(1, 2, L, L, d, dv, m, 500);
+            scale_rows(p.Q, p.nq / d, d, 30.0, 30.0);
+            scale_rows(p.K, p.nk / d, d, 1.0, 30.0);
+            pf_favor_opts f = favor_of(&p, ks[k], m, ks[k] == PF_KERNEL_RELU ? 1e-3f : 0.0f);
+            pf_attn_opts o = pf_attn_opts_default();
+            o.causal = causal;
+            CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                         PF_OK);
+            CHECK_STATUS(
+                pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                PF_OK);
+            char what[64];
+            snprintf(what, sizeof what, "norm 30, %s, causal=%d", pf_kernel_name(f.kernel), causal);
+            double e = worst3(&p, 1, what);
+            CHECK(e < 1e-4, "%s: rel err %.3g", what, e);
+            problem_free(&p);
+        }
+    }
+}
+
+/* 4. outputs overwritten, never accumulated; 5. threads */
+static void test_overwrite_and_threads(void) {
+    problem p = problem_make(2, 3, 300, 300, 32, 16, 64, 600);
+    int32_t klen[2] = {300, 211};
+    for (int causal = 0; causal < 2; causal++) {
+        for (int k = 0; k < 4; k++) {
+            pf_favor_opts f = favor_of(&p, (pf_kernel)k, 64, k == 3 ? 1e-3f : 0.0f);
+            pf_attn_opts o = pf_attn_opts_default();
+            o.causal = causal;
+            o.key_len = klen;
+            o.threads = 1;
+            for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
+            for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
+            for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
+            CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                         PF_OK);
+            memset(p.rQ, 0, sizeof(float) * p.nq);
+            memset(p.rK, 0, sizeof(float) * p.nk);
+            memset(p.rV, 0, sizeof(float) * p.nv);
+            o.threads = 2;
+            CHECK_STATUS(pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                         PF_OK);
+            CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
+                      memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
+                      memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
+                  "%s causal=%d: prefilled 1e30 / 1 thread and zeroed / 2 threads differ",
+                  pf_kernel_name(f.kernel), causal);
+        }
+    }
+    problem_free(&p);
+}
+
+static int has_nan(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (isnan(x[i])) return 1;
+    return 0;
+}
+
+/* 6. error paths */
+static void test_errors(void) {
+    problem p = problem_make(2, 2, 20, 20, 8, 8, 16, 700);
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 16, 0);
+    pf_attn_opts o = pf_attn_opts_default();
+    const pf_shape s = p.s;
+    float *dQ = p.dQ, *dK = p.dK, *dV = p.dV;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_OK);
+    CHECK_STATUS(pf_attn_favor_backward(NULL, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, NULL, dV, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, NULL, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, NULL, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, NULL, p.K, p.V, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, NULL, p.V, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, NULL, &s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, NULL, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, NULL), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward_ref(NULL, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, NULL),
+                 PF_EINVAL);
+    pf_favor_opts g = f;
+    g.W = NULL;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    g = f;
+    g.m = 0;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    g.m = -1;
+    CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    g = f;
+    g.kernel = (pf_kernel)9;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    g = f;
+    g.chunk = -3;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    pf_shape bad = s;
+    bad.Lk = 10;
+    pf_attn_opts oc = o;
+    oc.causal = 1;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &bad, &oc, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &bad, &oc, &f),
+                 PF_EINVAL);
+
+    /* NaN / Inf in each input, including a padded key, fast and reference */
+    float *arrs[5] = {p.Q, p.K, p.V, p.G, p.W};
+    size_t sizes[5] = {p.nq, p.nk, p.nv, p.no, (size_t)2 * 16 * 8};
+    int32_t kl[2] = {20, 13};
+    for (int a = 0; a < 5; a++) {
+        size_t where[3] = {0, sizes[a] / 2, sizes[a] - 1}; /* the last is padded for K, V */
+        for (int w = 0; w < 3; w++) {
+            for (int c = 0; c < 2; c++) {
+                float keep = arrs[a][where[w]];
+                arrs[a][where[w]] = w == 1 ? INFINITY : NAN;
+                pf_attn_opts on = o;
+                on.causal = c;
+                on.key_len = kl;
+                CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &f),
+                             PF_ENONFINITE);
+                if (a < 4)
+                    CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
+                          "NaN in the gradients after a NaN input (%d)", a);
+                CHECK_STATUS(
+                    pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &f),
+                    PF_ENONFINITE);
+                arrs[a][where[w]] = keep;
+            }
+        }
+    }
+    /* zero denominators: relu, eps = 0, every key feature relu(u) = 0 */
+    for (size_t i = 0; i < (size_t)2 * 16 * 8; i++) p.W[i] = (i % 8 == 0) ? 1.0f : 0.0f;
+    for (size_t j = 0; j < p.nk / 8; j++) p.K[j * 8] = -fabsf(p.K[j * 8]) - 0.1f;
+    g = f;
+    g.kernel = PF_KERNEL_RELU;
+    for (int c = 0; c < 2; c++) {
+        pf_attn_opts on = o;
+        on.causal = c;
+        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
+                     PF_EDOMAIN);
+        CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
+              "NaN in the gradients after a zero denominator (causal=%d)", c);
+        CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
+                     PF_EDOMAIN);
+    }
+    problem_free(&p);
+}
+
+int main(void) {
+    test_finite_differences();
+    test_vs_reference();
+    test_large_norms();
+    test_overwrite_and_threads();
+    test_errors();
+    TEST_MAIN_END();
+}
