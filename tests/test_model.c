@@ -561,7 +561,10 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     fd_grad(g, c.qkv, n3, att_loss, &c);
     double eg = relerr(dqkv, g, n3);
     const char *name = kind == PF_LM_EXACT ? "exact" : pf_kernel_name(kern);
-    CHECK(e < 1e-5 && eg < 1e-4, "attention %s rotary %d rel err forward %.3g backward %.3g", name,
+    /* trig features can be negative, so the denominators of some rows nearly cancel and
+     * amplify float rounding (measured 1.6e-5 / 3.7e-5): a looser bound for that map only */
+    double bf = kern == PF_KERNEL_TRIG && kind != PF_LM_EXACT ? 1e-4 : 1e-5;
+    CHECK(e < bf && eg < 10 * bf, "attention %s rotary %d rel err forward %.3g backward %.3g", name,
           rotary, e, eg);
     printf("attention %s%s: forward %.2g, backward %.2g\n", name, rotary ? "+rotary" : "", e, eg);
     free(qkv), free(R), free(W), free(cs), free(q), free(k), free(v), free(att), free(lse);
@@ -974,8 +977,15 @@ int main(void) {
     test_rope();
     test_attention(PF_LM_EXACT, PF_KERNEL_POSITIVE, 0);
     test_attention(PF_LM_EXACT, PF_KERNEL_POSITIVE, 1);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_POSITIVE, 0);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_POSITIVE, 1);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_HYPERBOLIC, 0);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_TRIG, 1);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_RELU, 1);
     test_model_gradients(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_model_gradients(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    test_model_gradients(PF_LM_FAVOR, PF_LM_ROTARY, PF_KERNEL_RELU);
     test_threads();
     test_decoder(PF_LM_EXACT, PF_LM_LEARNED);
     test_decoder(PF_LM_EXACT, PF_LM_ROTARY);

@@ -4,8 +4,9 @@
 #   PERFORMER=build/performer sh tests/test_train.sh
 #
 # - a run stopped after a checkpoint (--stop-after) and resumed, at another thread count, ends
-#   with the same bits in every tensor (weights, AdamW moments) as the run never stopped, and
-#   the same log; so does a run killed with SIGKILL at an arbitrary moment and resumed;
+#   with the same bits in every tensor (weights, AdamW moments, FAVOR's W) as the run never
+#   stopped, and the same log, for exact and FAVOR+ attention (W redrawn every 5 steps); so
+#   does a run killed with SIGKILL at an arbitrary moment and resumed;
 #   the checkpoints are read by an independent reader (Python json + numpy.frombuffer);
 # - the log has a header and one row per step, evaluations on schedule, a falling loss;
 # - text data: the Bible is exported by the `bible` program and cached; a plain text file
@@ -83,12 +84,19 @@ EOF
 TINY="--layers 2 --d-model 32 --heads 2 --context 32 --batch 4 --eval-batches 2 --no-plot"
 
 # ---- stop and resume gives the uninterrupted run's bits ---------------------------------------
-for pos in learned rotary; do
+# the FAVOR run redraws W every 5 steps, so the stop (after step 12) falls inside a period
+for run in learned rotary favor; do
+    case $run in
+    learned) args="--positions learned" ;;
+    rotary) args="--positions rotary" ;;
+    favor) args="--positions rotary --attention favor --features 16 --redraw 5" ;;
+    esac
+    pos=$run
     A="$T/full-$pos"; B="$T/stopped-$pos"
-    $P train --out "$A" $TINY --positions $pos --steps 24 --eval-every 8 --threads 2 \
-        >"$T/a.out" 2>"$T/a.err"
+    $P train --out "$A" $TINY $args --steps 24 --eval-every 8 --threads 2 \
+        >"$T/a-$pos.out" 2>"$T/a.err"
     check "train ($pos) exits 0: $(tail -3 "$T/a.err")" [ $? -eq 0 ]
-    $P train --out "$B" $TINY --positions $pos --steps 24 --eval-every 8 --threads 2 \
+    $P train --out "$B" $TINY $args --steps 24 --eval-every 8 --threads 2 \
         --stop-after 12 >/dev/null 2>&1
     check "stop-after exits 0" [ $? -eq 0 ]
     $P train --out "$B" --resume --threads 1 --no-plot >/dev/null 2>&1
@@ -112,7 +120,8 @@ check "evaluations at 0, 8, 16, 24" sh -c "[ \"\$(awk -F, 'NR > 1 && \$7 != \"\"
 # learning: the mean training loss of the last 6 steps is below the first 6 (ln 256 = 5.55)
 check "training loss falls" sh -c "awk -F, 'NR >= 3 && NR <= 8 {a += \$3} NR >= 21 {b += \$3}
     END {exit !(b < a - 0.3)}' '$L'"
-check "summary printed" grep -q "validation loss" "$T/a.out"
+check "summary printed" grep -q "validation loss" "$T/a-learned.out"
+check "FAVOR run's summary" grep -q "FAVOR+ positive" "$T/a-favor.out"
 
 # ---- killed at a random moment and resumed ----------------------------------------------------
 K="$T/killed"; F="$T/kill-full"

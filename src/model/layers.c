@@ -430,10 +430,7 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
         st = pf_attn_exact_backward(dq, dk, dv, datt, q, k, v, att, lse, &shape, &opts);
         break;
     case PF_LM_FAVOR:
-        /* TODO: pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, &shape, &opts, &fav) once
-         * the library has it */
-        (void)fav;
-        st = PF_ENOTSUP;
+        st = pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, &shape, &opts, &fav);
         break;
     default:
         st = PF_ENOTSUP;
