@@ -139,7 +139,9 @@ typedef enum pf_kernel {
     PF_KERNEL_POSITIVE = 0,   /* exp(Wx - |x|^2/2)/sqrt(m): FAVOR+, r = m (default) */
     PF_KERNEL_HYPERBOLIC = 1, /* exp(-|x|^2/2)/sqrt(2m) [exp(Wx), exp(-Wx)], r = 2m */
     PF_KERNEL_TRIG = 2,       /* exp(|x|^2/2)/sqrt(m) [sin(Wx), cos(Wx)], r = 2m */
-    PF_KERNEL_RELU = 3        /* relu(Wx)/sqrt(m) + eps, r = m: not a softmax estimate */
+    PF_KERNEL_RELU = 3,       /* relu(Wx)/sqrt(m) + eps, r = m: not a softmax estimate */
+    PF_KERNEL_OPRF = 4,       /* FAVOR++ (SPEC 2b): D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), r = m */
+    PF_KERNEL_SDERF = 5       /* FAVOR# (SPEC 2b): matrix A from the data's second moments, r = m */
 } pf_kernel;
 
 /* The feature width r of a kernel with m projections (m or 2m); 0 for an unknown kernel. */
@@ -185,6 +187,9 @@ typedef struct pf_favor_opts {
     int w_per_head;           /* 0: one W for every head; 1: W holds one (m,d) block per head */
     float eps;                /* kernel epsilon (see pf_features), default 0 */
     int chunk;                /* causal chunk length; 0: chosen from d and r */
+    int oprf_a_given;         /* FAVOR++: 1 uses oprf_a; 0 takes the optimal A from each head's
+                                 queries and keys (bidirectional only: a causal A must be given) */
+    float oprf_a;             /* FAVOR++: A, with A < 1/8 (A = 0 is FAVOR+) */
 } pf_favor_opts;
 
 PF_API pf_attn_opts pf_attn_opts_default(void);
