@@ -89,7 +89,8 @@ static double sgemm_gflops(int threads, int reps) {
 /* ---- one timed case ---------------------------------------------------------------------- */
 
 typedef enum { EXACT, FAVOR } method;
-typedef enum { FWD, FWD_BWD } pass;
+/* IDLE_*: only allocate and touch the tensors of a forward (or forward+backward) run. */
+typedef enum { FWD, FWD_BWD, IDLE_FWD, IDLE_FWD_BWD } pass;
 
 typedef struct {
     int B, H, L, d, m;
@@ -132,15 +133,22 @@ static void buffers_make(buffers *b, const bench_case *c) {
     b->V = xmalloc(n * sizeof(float));
     b->out = xmalloc(n * sizeof(float));
     b->lse = xmalloc((size_t)c->B * c->H * c->L * sizeof(float));
+    fill(b->out, n, 8);
+    fill(b->lse, (size_t)c->B * c->H * c->L, 9);
     fill(b->Q, n, 1);
     fill(b->K, n, 2);
     fill(b->V, n, 3);
-    if (c->pass == FWD_BWD) {
+    if (c->pass == FWD_BWD || c->pass == IDLE_FWD_BWD) {
         b->dout = xmalloc(n * sizeof(float));
         b->dQ = xmalloc(n * sizeof(float));
         b->dK = xmalloc(n * sizeof(float));
         b->dV = xmalloc(n * sizeof(float));
         fill(b->dout, n, 4);
+        /* Touch the outputs, as a run would, so that they count in every resident figure
+         * (with values: malloc + memset(0) may become calloc, which touches nothing). */
+        fill(b->dQ, n, 5);
+        fill(b->dK, n, 6);
+        fill(b->dV, n, 7);
     }
     b->W = xmalloc((size_t)c->m * c->d * sizeof(float));
     pf_projection_draw(b->W, c->m, c->d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
@@ -173,17 +181,21 @@ static double time_case(const bench_case *c, int reps, double budget) {
     return median(t, n);
 }
 
-/* Peak resident memory (MiB) of one causal FAVOR+ forward+backward at length L, measured in a
- * fresh process (this program re-executed with --peak L), so that the figure is that case's own
- * peak; a forked copy of a process that has run OpenMP threads cannot safely start its own. */
-static double peak_mib(int L) {
-    char arg[32];
-    snprintf(arg, sizeof arg, "%d", L);
+/* Peak resident memory (MiB) of one run of a case, measured in a fresh process (this program
+ * re-executed with --peak), so that each figure is that case's own peak; a forked copy of a
+ * process that has run OpenMP threads cannot safely start threads of its own. */
+static double peak_mib(const bench_case *c) {
+    char args[5][24];
+    snprintf(args[0], sizeof args[0], "%d", c->L);
+    snprintf(args[1], sizeof args[1], "%d", (int)c->meth);
+    snprintf(args[2], sizeof args[2], "%d", c->causal);
+    snprintf(args[3], sizeof args[3], "%d", (int)c->pass);
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) return NAN;
     if (pid == 0) {
-        execl("/proc/self/exe", "bench_attn", "--peak", arg, (char *)NULL);
+        execl("/proc/self/exe", "bench_attn", "--peak", args[0], args[1], args[2], args[3],
+              (char *)NULL);
         _exit(127);
     }
     int status = 0;
@@ -193,11 +205,11 @@ static double peak_mib(int L) {
     return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
 }
 
-/* The child of peak_mib: one run, exit status 0 on success. */
+/* The child of peak_mib: one run (or, for IDLE, only the buffers), exit status 0 on success. */
 static int peak_child(const bench_case *c) {
     buffers b;
     buffers_make(&b, c);
-    pf_status st = run_once(c, &b);
+    pf_status st = c->pass >= IDLE_FWD ? PF_OK : run_once(c, &b);
     buffers_free(&b);
     return st == PF_OK ? 0 : 1;
 }
@@ -208,27 +220,38 @@ static double flops(const bench_case *c) {
     return heads * (4.0 * L * m * d + 4.0 * L * m * d);
 }
 
+static void usage(void) {
+    fprintf(stderr, "usage: bench_attn [--quick] [--csv FILE] [--lengths L1,L2,...] "
+                    "[--max-exact L]\n");
+}
+
 int main(int argc, char **argv) {
     int quick = 0;
     const char *csv_path = NULL;
-    int lengths[16] = {1024, 4096, 16384}, nlen = 3;
+    int lengths[16] = {512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}, nlen = 8;
     int mem_lengths[2] = {65536, 131072}, nmem = 2;
-    int max_exact_bwd = 4096;
+    int max_exact = 16384;      /* exact attention is timed up to this length */
+    int max_exact_bwd = 8192;   /* and its backward up to this one */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
             nmem = 1;
-        } else if (strcmp(argv[i], "--peak") == 0 && i + 1 < argc) {
-            bench_case c = {1, 8, atoi(argv[++i]), 64, 256, FAVOR, 1, FWD_BWD};
+            lengths[0] = 1024, lengths[1] = 4096, nlen = 2;
+            max_exact_bwd = 4096;
+        } else if (strcmp(argv[i], "--peak") == 0 && i + 4 < argc) {
+            bench_case c = {1, 8, atoi(argv[i + 1]), 64, 256, (method)atoi(argv[i + 2]),
+                            atoi(argv[i + 3]), (pass)atoi(argv[i + 4])};
             return peak_child(&c);
         } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
             csv_path = argv[++i];
+        } else if (strcmp(argv[i], "--max-exact") == 0 && i + 1 < argc) {
+            max_exact = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--lengths") == 0 && i + 1 < argc) {
             nlen = 0;
             for (char *s = strtok(argv[++i], ","); s && nlen < 16; s = strtok(NULL, ","))
-                lengths[nlen++] = atoi(s);
+                if ((lengths[nlen] = atoi(s)) > 0) nlen++;
         } else {
-            fprintf(stderr, "usage: bench_attn [--quick] [--csv FILE] [--lengths L1,L2,...]\n");
+            usage();
             return 2;
         }
     }
@@ -241,48 +264,66 @@ int main(int argc, char **argv) {
     double sg = sgemm_gflops(threads, reps);
     printf("performer %s, %d threads; machine sgemm: %.1f GFLOP/s (median of %d, %d x 1024^3)\n",
            pf_version(), threads, sg, reps, threads);
-    printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians\n\n", B, H,
-           d, m);
-    printf("%7s  %-22s %10s %9s %9s %9s %11s\n", "L", "method", "fwd ms", "GFLOP/s", "of sgemm",
-           "vs exact", "fwd+bwd/fwd");
+    printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
+           "the peak resident size of a process running one call, less that of one only holding\n"
+           "the same tensors (the method's own working memory)\n\n", B, H, d, m);
+    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s\n", "L", "method", "fwd ms", "GFLOP/s",
+           "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-    if (csv) fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction\n");
+    if (csv_path && !csv) {
+        fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
+        return 1;
+    }
+    if (csv)
+        fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction,"
+                     "fwd_mib,fwdbwd_mib\n");
     for (int li = 0; li < nlen; li++) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
+        /* Baselines: processes holding the tensors of a forward, and of a forward+backward. */
+        bench_case idle_f = {B, H, L, d, m, FAVOR, 0, IDLE_FWD}, idle_b = idle_f;
+        idle_b.pass = IDLE_FWD_BWD;
+        double base_fwd = peak_mib(&idle_f), base_b = peak_mib(&idle_b);
         for (int meth = EXACT; meth <= FAVOR; meth++) {
+            if (meth == EXACT && L > max_exact) continue;
             for (int causal = 0; causal <= 1; causal++) {
                 bench_case c = {B, H, L, d, m, (method)meth, causal, FWD};
                 double budget = quick ? 3.0 : 10.0;
                 double sec = time_case(&c, reps, budget);
+                double mem_f = peak_mib(&c) - base_fwd;
                 /* The exact backward is quadratic too: time it while it stays affordable. */
-                double both = NAN;
+                double both = NAN, mem_b = NAN;
                 if (meth == FAVOR || L <= max_exact_bwd) {
                     c.pass = FWD_BWD;
                     both = time_case(&c, reps, budget);
+                    mem_b = peak_mib(&c) - base_b;
+                    c.pass = FWD;
                 }
                 double gf = flops(&c) / sec * 1e-9;
                 if (meth == EXACT) exact_t[causal] = sec;
                 char name[32];
                 snprintf(name, sizeof name, "%s %s", meth == EXACT ? "exact" : "FAVOR+",
                          causal ? "causal" : "bidirectional");
-                printf("%7d  %-22s %10.2f %9.1f %8.0f%% %8.2fx %10.2fx\n", L, name, sec * 1e3, gf,
-                       100 * gf / sg, exact_t[causal] / sec, both / sec);
+                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f\n", L, name,
+                       sec * 1e3, gf, 100 * gf / sg, exact_t[causal] / sec, both / sec,
+                       mem_f, mem_b);
                 fflush(stdout);
                 if (csv)
-                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g\n", L,
-                            meth == EXACT ? "exact" : "favor", causal, sec, both, gf, gf / sg);
+                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g\n", L,
+                            meth == EXACT ? "exact" : "favor", causal, sec, both, gf, gf / sg,
+                            mem_f, mem_b);
             }
         }
     }
-    printf("\nPeak resident memory of one causal FAVOR+ forward+backward (own process, inputs,\n"
-           "outputs and gradients included):\n");
+    printf("\nPeak resident memory of one causal FAVOR+ forward+backward, whole process:\n");
     for (int i = 0; i < nmem; i++) {
+        bench_case c = {B, H, mem_lengths[i], d, m, FAVOR, 1, FWD_BWD}, idle = c;
+        idle.pass = IDLE_FWD_BWD;
         double tensors = 8.0 * B * H * mem_lengths[i] * d * sizeof(float) / (1 << 20);
-        double peak = peak_mib(mem_lengths[i]);
-        printf("  L = %6d: %7.0f MiB peak; the 8 caller tensors (Q,K,V,out,dout,dQ,dK,dV) are "
-               "%.0f MiB, the library's own working memory %.0f MiB\n",
-               mem_lengths[i], peak, tensors, peak - tensors);
+        double peak = peak_mib(&c), base = peak_mib(&idle);
+        printf("  L = %6d: %6.0f MiB; the caller's 8 tensors (Q,K,V,out,dout,dQ,dK,dV) are "
+               "%.0f MiB; the library's working memory %.0f MiB\n",
+               mem_lengths[i], peak, tensors, peak - base);
     }
     if (csv) fclose(csv);
     return 0;
