@@ -13,6 +13,7 @@
  * differ per key and are kept relative to a reference M >= c_j: key j enters as
  * phi~_j exp(c_j - M) <= phi~_j, and when M grows the accumulated state is rescaled by
  * exp(M_old - M_new) <= 1. Nothing overflows whatever the input norms. */
+#include <assert.h>
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -73,28 +74,12 @@ int pf_favor_block(int causal, int C) {
 
 /* ---- per-thread scratch ------------------------------------------------------------------- */
 
-typedef struct favor_ws {
-    float *phi;   /* (nb, r + C): features of a block of rows; causal: Q~ and, in the last C
-                     columns of a chunk's rows, its masked scores A */
-    float *kphi;  /* (nb, r): causal: K~ of the block */
-    float *vaug;  /* (nb, dv+1): bidirectional: weighted [V | 1] rows */
-    float *vs;    /* (C, dv+1): causal: [V | 1] rows weighted for the state update */
-    float *o;     /* (nb, dv+1): numerators and denominators of a block of queries */
-    float *state; /* (r + C, dv+1): K~^T [V | 1] (bidirectional); causal: the state S, then the
-                     chunk's weighted [V | 1] rows right below it */
-    double *c;    /* (nb): log factors of a block of keys */
-    double *cq;   /* (nb): log factors of a block of queries (not needed, they cancel) */
-    double *p;    /* (C): prefix maxima of the key log factors (causal) */
-    void *mem;
-} favor_ws;
-
 /* Rounds a count of 4- or 8-byte items up to a whole number of 64-byte lines. */
 static size_t lines(size_t n, size_t size) {
     return (n * size + 63) / 64 * 64;
 }
 
-/* C = 0 for bidirectional. Returns 0, or -1 when out of memory. */
-static int favor_ws_alloc(favor_ws *ws, int nb, int C, int r, int dv) {
+int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv) {
     const size_t dv1 = (size_t)dv + 1, R = (size_t)r, NB = (size_t)nb, CC = (size_t)C;
     const size_t sz[9] = {lines(NB * (R + CC), 4),
                           lines(C ? NB * R : 0, 4),
@@ -122,6 +107,10 @@ static int favor_ws_alloc(favor_ws *ws, int nb, int C, int r, int dv) {
     m += sz[7];
     ws->p = (double *)m;
     return 0;
+}
+
+void pf_favor_ws_free(pf_favor_ws *ws) {
+    if (ws) pf_free(ws->mem);
 }
 
 /* ---- one head ----------------------------------------------------------------------------- */
@@ -180,7 +169,7 @@ static pf_status worse(pf_status a, pf_status b) {
 /* Bidirectional: KV = sum_j k~_j exp(c_j - M) [v_j | 1] over key blocks with the running max M
  * (the state rescaled by exp(M_old - M_new) through sgemm's beta), then per query block
  * (Q~ KV)[:, :dv] / (Q~ KV)[:, dv]. */
-static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, favor_ws *ws) {
+static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, pf_favor_ws *ws) {
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
     float *KV = ws->state;
     memset(KV, 0, sizeof(float) * (size_t)r * (size_t)dv1);
@@ -230,33 +219,38 @@ static pf_status favor_bidir_head(const pf_fmap *fm, const favor_head *hd, favor
  * ((r + C) x dv1); the scores A sit in C spare columns after each Q~ row, the weighted values
  * in C spare rows below S. Rows j > i of A are exact zeros, so later keys and values change no
  * bit of n_i (0 * finite adds +-0). */
-static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favor_ws *ws, int C) {
-    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, L = hd->Lq;
+pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV, double *Mp,
+                               float *out, const float *Q, const float *K, const float *V, int L,
+                               int klen, int dv) {
+    const int r = fm->r, d = fm->d, dv1 = dv + 1;
     const int NB = pf_favor_block(1, C), ldq = r + C;
-    float *S = ws->state, *Vw = ws->state + (size_t)r * (size_t)dv1;
-    memset(S, 0, sizeof(float) * (size_t)r * (size_t)dv1);
-    double M = -INFINITY; /* -inf until the first key has been added */
+    float *S = SV, *Vw = SV + (size_t)r * (size_t)dv1;
+    double M = *Mp; /* -inf until the first key has been added */
     double *P = ws->p;
     pf_status st = PF_OK;
     for (int b0 = 0; b0 < L; b0 += NB) {
         const int nb = L - b0 < NB ? L - b0 : NB;
-        int nkb = hd->klen - b0; /* valid keys in the block */
+        int nkb = klen - b0; /* valid keys in the block */
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
-        if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv))
-            return PF_ENONFINITE;
-        pf_status s1 =
-            pf_fmap_rows(fm, ws->phi, ldq, ws->cq, NULL, hd->Q + (size_t)b0 * (size_t)d, nb);
+        if (pf_nonfinite_f32(V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv)) {
+            st = PF_ENONFINITE;
+            break;
+        }
+        pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, NULL, Q + (size_t)b0 * (size_t)d, nb);
         if (s1 == PF_OK && nkb > 0)
-            s1 = pf_fmap_rows(fm, ws->kphi, r, ws->c, NULL, hd->K + (size_t)b0 * (size_t)d, nkb);
-        if (s1 != PF_OK) return s1;
+            s1 = pf_fmap_rows(fm, ws->kphi, r, ws->c, NULL, K + (size_t)b0 * (size_t)d, nkb);
+        if (s1 != PF_OK) {
+            st = s1;
+            break;
+        }
 
         for (int t0 = b0; t0 < b0 + nb; t0 += C) {
             const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
-            int nk = hd->klen - t0; /* valid keys in the chunk */
+            int nk = klen - t0; /* valid keys in the chunk */
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
             float *Qc = ws->phi + (size_t)(t0 - b0) * (size_t)ldq, *A = Qc + r;
             const float *Kc = ws->kphi + (size_t)(t0 - b0) * (size_t)r;
-            const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
+            const float *Vc = V + (size_t)t0 * (size_t)dv;
             const double *ck = ws->c + (t0 - b0);
             const int have_state = M > -INFINITY;
             double run = M;
@@ -287,12 +281,13 @@ static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favo
                     for (int k = 0; k < r; k++) row[k] *= f;
                 }
             }
-            /* O = [e^(M-P) Q~ | A] [S ; Vw]; before the first key only A Vw. klen >= 1 puts a
-             * key at position 0, so every chunk has a state or a key. */
+            /* O = [e^(M-P) Q~ | A] [S ; Vw]; before the first key only A Vw. A key at
+             * position 0 (klen >= 1) gives every chunk a state or a key. */
             const int kdim = (have_state ? r : 0) + nk;
+            assert(kdim > 0);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, kdim, 1.0f,
                         have_state ? Qc : A, ldq, have_state ? S : Vw, dv1, 0.0f, ws->o, dv1);
-            st = worse(st, readout(hd->out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
+            st = worse(st, readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
             if (nk > 0) {
                 /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
@@ -304,7 +299,16 @@ static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, favo
             }
         }
     }
+    *Mp = M;
     return st;
+}
+
+static pf_status favor_causal_head(const pf_fmap *fm, const favor_head *hd, pf_favor_ws *ws,
+                                   int C) {
+    double M = -INFINITY;
+    memset(ws->state, 0, sizeof(float) * (size_t)fm->r * (size_t)(hd->dv + 1));
+    return pf_favor_causal_rows(fm, ws, C, ws->state, &M, hd->out, hd->Q, hd->K, hd->V, hd->Lq,
+                                hd->klen, hd->dv);
 }
 
 /* ---- the driver --------------------------------------------------------------------------- */
@@ -325,8 +329,8 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     int worst = PF_OK;
 #pragma omp parallel num_threads(nt) reduction(max : worst)
     {
-        favor_ws ws;
-        const int ok = favor_ws_alloc(&ws, nb, C, r, s.dv) == 0;
+        pf_favor_ws ws;
+        const int ok = pf_favor_ws_alloc(&ws, nb, C, r, s.dv) == 0;
         if (!ok) worst = PF_ENOMEM;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < s.B; b++) {
@@ -360,7 +364,7 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
                 if ((int)st > worst) worst = (int)st;
             }
         }
-        pf_free(ws.mem);
+        pf_favor_ws_free(&ws);
     }
     return (pf_status)worst;
 }

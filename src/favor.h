@@ -77,6 +77,40 @@ PF_INTERNAL int pf_favor_block(int causal, int C);
 PF_INTERNAL void pf_favor_weighted_values(float *dst, const float *V, int dv, const double *c,
                                           const double *ref, double ref0, int n);
 
+/* Per-thread scratch of the forward (attn_favor.c): blocks of nb rows; C = 0 for bidirectional,
+ * else the causal chunk. */
+typedef struct pf_favor_ws {
+    float *phi;   /* (nb, r + C): features of a block of rows; causal: Q~ and, in the last C
+                     columns of a chunk's rows, its masked scores A */
+    float *kphi;  /* (nb, r): causal: K~ of the block */
+    float *vaug;  /* (nb, dv+1): bidirectional: weighted [V | 1] rows */
+    float *vs;    /* (C, dv+1): causal: [V | 1] rows weighted for the state update */
+    float *o;     /* (nb, dv+1): numerators and denominators of a block of queries */
+    float *state; /* (r + C, dv+1): K~^T [V | 1] (bidirectional); causal: the state S, then the
+                     chunk's weighted [V | 1] rows right below it */
+    double *c;    /* (nb): log factors of a block of keys */
+    double *cq;   /* (nb): log factors of a block of queries (not needed, they cancel) */
+    double *p;    /* (C): prefix maxima of the key log factors (causal) */
+    void *mem;
+} pf_favor_ws;
+
+/* Allocates ws for blocks of nb rows (pf_favor_block), chunk C (0: bidirectional), feature
+ * width r, value width dv. Returns 0, or -1 when out of memory (ws then owns nothing). */
+PF_INTERNAL int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv);
+PF_INTERNAL void pf_favor_ws_free(pf_favor_ws *ws);
+
+/* The causal scan over L rows of one head, in chunks of C from row 0 and feature blocks of
+ * pf_favor_block(1, C) rows, continuing from a state: SV ((r + C), dv+1) holds in its first r
+ * rows S = sum_{earlier keys j} k~_j e^(c_j - M) [v_j | 1] (the other C rows are scratch), *M the
+ * reference (-inf: no key yet, S is ignored). Q, K (L, d), V (L, dv); keys j >= klen are padding
+ * (klen >= 1 when *M is -inf); writes out (L, dv) and leaves S and *M advanced past the L rows.
+ * ws is from pf_favor_ws_alloc(nb >= pf_favor_block(1, C), C, r, dv). Status as readout: a
+ * zero or non-finite denominator (that row zeroed, the scan goes on); PF_ENONFINITE for a NaN or
+ * Inf in V or Q/K (or an overflowing projection), which stops the scan part way. */
+PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV,
+                                           double *M, float *out, const float *Q, const float *K,
+                                           const float *V, int L, int klen, int dv);
+
 /* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
 PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);
 

@@ -1,0 +1,365 @@
+/* test_favor_state.c: streaming causal FAVOR+ (pf_favor_state_*), the decoder's attention.
+ *
+ * The reference is the causal full pass pf_attn_favor (itself tested against float64 in
+ * test_favor.c) on the same (H, L) inputs, and for large norms the float64 pf_attn_favor_ref:
+ * - token by token, every kernel, per-head W: rows equal to 1e-6 (relative 2-norm over all rows;
+ *   the sums are associated differently, so float rounding, ~1e-7, is all that may differ);
+ * - steps that are multiples of the chunk C (the last one shorter): the same bits as the full
+ *   pass, since they run the same chunk computations (default C and C = 7);
+ * - mixed step sizes 1, 3, 16, 7, 2, 31: equal to 1e-6;
+ * - rows of norm 30 and keys of norms 1..30, whose log factors span ~100 so that the running
+ *   max grows and the state is rescaled: equal to the float64 formula to 1e-5;
+ * - reset, the position, W copied at create, thread count, every error path (and a refused
+ *   step leaves the state as it was). */
+#include <stdint.h>
+#include <string.h>
+
+#include "check.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static void scale_rows(float *X, size_t rows, int d, double lo, double hi) {
+    for (size_t i = 0; i < rows; i++) {
+        double s = 0, norm = lo + (hi - lo) * (double)(i % 17) / 16.0;
+        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
+        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
+    }
+}
+
+typedef struct problem {
+    int H, L, d, dv, m;
+    float *Q, *K, *V, *W; /* (H, L, d), (H, L, d), (H, L, dv), (H, m, d) */
+    float *full, *out;    /* (H, L, dv): the full causal pass, the streamed rows */
+    float *q, *k, *v, *o; /* one step's (H, n, .) inputs and output */
+} problem;
+
+static problem problem_make(int H, int L, int d, int dv, int m, uint64_t seed) {
+    problem p = {H, L, d, dv, m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    size_t nq = (size_t)H * L * d, nv = (size_t)H * L * dv;
+    p.Q = xmalloc(sizeof(float) * nq);
+    p.K = xmalloc(sizeof(float) * nq);
+    p.V = xmalloc(sizeof(float) * nv);
+    p.W = xmalloc(sizeof(float) * H * m * d);
+    p.full = xmalloc(sizeof(float) * nv);
+    p.out = xmalloc(sizeof(float) * nv);
+    p.q = xmalloc(sizeof(float) * nq);
+    p.k = xmalloc(sizeof(float) * nq);
+    p.v = xmalloc(sizeof(float) * nv);
+    p.o = xmalloc(sizeof(float) * nv);
+    fill_normal(p.Q, nq, 1, seed, 0);
+    fill_normal(p.K, nq, 1, seed, 1);
+    fill_normal(p.V, nv, 1, seed, 2);
+    scale_rows(p.Q, nq / d, d, 0.5, 2.0);
+    scale_rows(p.K, nq / d, d, 0.5, 2.0);
+    for (int h = 0; h < H; h++)
+        pf_projection_draw(p.W + (size_t)h * m * d, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
+                           100 + h);
+    return p;
+}
+
+static void problem_free(problem *p) {
+    float *all[10] = {p->Q, p->K, p->V, p->W, p->full, p->out, p->q, p->k, p->v, p->o};
+    for (int i = 0; i < 10; i++) free(all[i]);
+}
+
+static pf_favor_opts favor_of(const problem *p, pf_kernel kernel, int chunk) {
+    pf_favor_opts f = pf_favor_opts_default();
+    f.kernel = kernel;
+    f.W = p->W;
+    f.m = p->m;
+    f.w_per_head = 1;
+    f.eps = kernel == PF_KERNEL_RELU ? 1e-3f : 0.0f;
+    f.chunk = chunk;
+    return f;
+}
+
+static pf_status full_pass(problem *p, const pf_favor_opts *f) {
+    pf_shape s = {1, p->H, p->L, p->L, p->d, p->dv};
+    pf_attn_opts o = pf_attn_opts_default();
+    o.causal = 1;
+    return pf_attn_favor(p->full, p->Q, p->K, p->V, &s, &o, f);
+}
+
+/* Rows [t, t + n) of every head of X (H, L, w) into x (H, n, w), or back (dir = 1). */
+static void gather(float *x, float *X, int H, int L, int w, int t, int n, int dir) {
+    for (int h = 0; h < H; h++) {
+        float *a = x + (size_t)h * n * w, *b = X + ((size_t)h * L + t) * w;
+        if (dir)
+            memcpy(b, a, sizeof(float) * n * w);
+        else
+            memcpy(a, b, sizeof(float) * n * w);
+    }
+}
+
+/* Streams the whole sequence through st with step sizes steps[0], steps[1], ... (cycled, the
+ * last cut to what is left) into p->out. Returns the first status other than PF_OK. */
+static pf_status stream(problem *p, pf_favor_state *st, const int *steps, int nsteps) {
+    pf_status worst = PF_OK;
+    for (int t = 0, i = 0; t < p->L; i++) {
+        int n = steps[i % nsteps];
+        if (n > p->L - t) n = p->L - t;
+        gather(p->q, p->Q, p->H, p->L, p->d, t, n, 0);
+        gather(p->k, p->K, p->H, p->L, p->d, t, n, 0);
+        gather(p->v, p->V, p->H, p->L, p->dv, t, n, 0);
+        pf_status s = pf_favor_state_step(st, p->o, p->q, p->k, p->v, n);
+        if (s != PF_OK && worst == PF_OK) worst = s;
+        gather(p->o, p->out, p->H, p->L, p->dv, t, n, 1);
+        t += n;
+        if (pf_favor_state_position(st) != t) return PF_EINVAL; /* (checked by the caller) */
+    }
+    return worst;
+}
+
+static size_t nout(const problem *p) {
+    return (size_t)p->H * p->L * p->dv;
+}
+
+/* 1-3: token by token, aligned chunks, mixed steps; every kernel; reset. */
+static void test_against_full_pass(void) {
+    const int H = 3, L = 150, d = 16, dv = 24, m = 32; /* 150 = 9 x 16 + 6 */
+    const int one[1] = {1}, mixed[6] = {1, 3, 16, 7, 2, 31};
+    double worst_tok = 0, worst_mix = 0;
+    for (int k = 0; k < 4; k++) {
+        problem p = problem_make(H, L, d, dv, m, 11 + k);
+        const int chunks[2] = {0, 7};
+        for (int ci = 0; ci < 2; ci++) {
+            pf_favor_opts f = favor_of(&p, (pf_kernel)k, chunks[ci]);
+            const int C = chunks[ci] ? chunks[ci] : 16;
+            CHECK_STATUS(full_pass(&p, &f), PF_OK);
+            pf_favor_state *st = NULL;
+            CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+            if (!st) continue;
+            CHECK(pf_favor_state_position(st) == 0, "fresh state at %lld",
+                  (long long)pf_favor_state_position(st));
+
+            /* token by token */
+            CHECK_STATUS(stream(&p, st, one, 1), PF_OK);
+            double e = rel_err(p.out, p.full, nout(&p));
+            worst_tok = fmax(worst_tok, e);
+            CHECK(e <= 1e-6, "%s C=%d token by token: rel err %.3g", pf_kernel_name(f.kernel), C,
+                  e);
+
+            /* steps of C and of 2C from a reset state: the same bits */
+            for (int mult = 1; mult <= 2; mult++) {
+                CHECK_STATUS(pf_favor_state_reset(st), PF_OK);
+                CHECK(pf_favor_state_position(st) == 0, "reset position");
+                const int step[1] = {mult * C};
+                CHECK_STATUS(stream(&p, st, step, 1), PF_OK);
+                CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
+                      "%s: steps of %d (C = %d) differ from the full pass",
+                      pf_kernel_name(f.kernel), mult * C, C);
+            }
+
+            /* mixed step sizes */
+            CHECK_STATUS(pf_favor_state_reset(st), PF_OK);
+            CHECK_STATUS(stream(&p, st, mixed, 6), PF_OK);
+            e = rel_err(p.out, p.full, nout(&p));
+            worst_mix = fmax(worst_mix, e);
+            CHECK(e <= 1e-6, "%s C=%d mixed steps: rel err %.3g", pf_kernel_name(f.kernel), C, e);
+
+            /* one step of the whole sequence: one more aligned case */
+            CHECK_STATUS(pf_favor_state_reset(st), PF_OK);
+            const int all[1] = {L};
+            CHECK_STATUS(stream(&p, st, all, 1), PF_OK);
+            CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
+                  "%s C=%d: one step of L differs from the full pass", pf_kernel_name(f.kernel), C);
+            pf_favor_state_free(st);
+        }
+        problem_free(&p);
+    }
+    printf("vs the causal full pass: token by token worst rel err %.3g, mixed steps %.3g; "
+           "aligned steps bit-identical\n",
+           worst_tok, worst_mix);
+}
+
+/* 4. norm 30: queries of norm 30, keys of norms 1..30 (and all 30), so the key log factors
+ * c_j = max u - |k'|^2/2 + ... range over ~100 and the running max moves: token by token and
+ * aligned steps against the float64 reference. */
+static void test_large_norms(void) {
+    const int H = 2, L = 150, d = 16, dv = 16, m = 64;
+    const pf_kernel ks[3] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_RELU};
+    const int one[1] = {1}, mixed[4] = {5, 1, 16, 9};
+    for (int keys = 0; keys < 2; keys++) {
+        problem p = problem_make(H, L, d, dv, m, 31);
+        scale_rows(p.Q, (size_t)H * L, d, 30.0, 30.0);
+        scale_rows(p.K, (size_t)H * L, d, keys ? 1.0 : 30.0, 30.0);
+        for (int k = 0; k < 3; k++) {
+            pf_favor_opts f = favor_of(&p, ks[k], 0);
+            pf_shape s = {1, H, L, L, d, dv};
+            pf_attn_opts o = pf_attn_opts_default();
+            o.causal = 1;
+            float *ref = xmalloc(sizeof(float) * nout(&p));
+            CHECK_STATUS(pf_attn_favor_ref(ref, p.Q, p.K, p.V, &s, &o, &f), PF_OK);
+            pf_favor_state *st = NULL;
+            CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+            for (int pass = 0; pass < 2; pass++) {
+                CHECK_STATUS(pf_favor_state_reset(st), PF_OK);
+                CHECK_STATUS(pass ? stream(&p, st, mixed, 4) : stream(&p, st, one, 1), PF_OK);
+                double e = rel_err(p.out, ref, nout(&p));
+                printf("norm 30 (keys %s), %s, %s: rel err vs float64 %.3g\n",
+                       keys ? "1..30" : "30", pf_kernel_name(f.kernel),
+                       pass ? "mixed steps" : "token by token", e);
+                CHECK(e < 1e-5, "norm 30 %s pass %d: rel err %.3g", pf_kernel_name(f.kernel),
+                      pass, e);
+            }
+            pf_favor_state_free(st);
+            free(ref);
+        }
+        problem_free(&p);
+    }
+}
+
+/* 5. W is copied; the thread count does not matter; scale is honoured. */
+static void test_copy_threads_scale(void) {
+    const int H = 4, L = 64, d = 16, dv = 8, m = 32;
+    problem p = problem_make(H, L, d, dv, m, 41);
+    const int one[1] = {1};
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 0);
+    CHECK_STATUS(full_pass(&p, &f), PF_OK);
+    pf_favor_state *st = NULL;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+    float *keep = xmalloc(sizeof(float) * H * m * d);
+    memcpy(keep, p.W, sizeof(float) * H * m * d);
+    for (int i = 0; i < H * m * d; i++) p.W[i] = 0.0f; /* the state must not see this */
+    CHECK_STATUS(stream(&p, st, one, 1), PF_OK);
+    CHECK(rel_err(p.out, p.full, nout(&p)) <= 1e-6, "W was not copied");
+    float *out1 = xmalloc(sizeof(float) * nout(&p));
+    memcpy(out1, p.out, sizeof(float) * nout(&p));
+    memcpy(p.W, keep, sizeof(float) * H * m * d);
+    pf_favor_state_free(st);
+#ifdef _OPENMP
+    /* one thread and two threads: the same bits */
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(nt > 1 ? 1 : 2);
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+    CHECK_STATUS(stream(&p, st, one, 1), PF_OK);
+    CHECK(memcmp(p.out, out1, sizeof(float) * nout(&p)) == 0, "thread counts differ");
+    pf_favor_state_free(st);
+    omp_set_num_threads(nt);
+#endif
+    /* a scale other than 1/sqrt(d) */
+    pf_shape s = {1, H, L, L, d, dv};
+    pf_attn_opts o = pf_attn_opts_default();
+    o.causal = 1;
+    o.scale = 0.4f;
+    CHECK_STATUS(pf_attn_favor(p.full, p.Q, p.K, p.V, &s, &o, &f), PF_OK);
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.4f, &f), PF_OK);
+    CHECK_STATUS(stream(&p, st, one, 1), PF_OK);
+    CHECK(rel_err(p.out, p.full, nout(&p)) <= 1e-6, "scale 0.4: rel err %.3g",
+          rel_err(p.out, p.full, nout(&p)));
+    pf_favor_state_free(st);
+    free(keep);
+    free(out1);
+    problem_free(&p);
+}
+
+/* 6. every error path. */
+static void test_errors(void) {
+    const int H = 2, L = 40, d = 8, dv = 4, m = 16;
+    problem p = problem_make(H, L, d, dv, m, 51);
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 0);
+    pf_favor_state *st = (pf_favor_state *)&p; /* must be set to NULL on failure */
+    CHECK_STATUS(pf_favor_state_create(NULL, H, d, dv, 0, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, NULL), PF_EINVAL);
+    CHECK(st == NULL, "a failed create leaves *state NULL");
+    CHECK_STATUS(pf_favor_state_create(&st, 0, d, dv, 0, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_state_create(&st, H, 0, dv, 0, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, -1, 0, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, -1.0f, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, NAN, &f), PF_EINVAL);
+    pf_favor_opts g = f;
+    g.W = NULL;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &g), PF_EINVAL);
+    g = f;
+    g.m = 0;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &g), PF_EINVAL);
+    g = f;
+    g.kernel = (pf_kernel)17;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &g), PF_EINVAL);
+    g = f;
+    g.chunk = -2;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &g), PF_EINVAL);
+    g = f;
+    g.eps = -1.0f;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &g), PF_EINVAL);
+    float keepw = p.W[3];
+    p.W[3] = NAN;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &f), PF_ENONFINITE);
+    p.W[3] = keepw;
+    CHECK(st == NULL, "failed creates leave *state NULL");
+
+    pf_favor_state_free(NULL); /* harmless */
+    CHECK_STATUS(pf_favor_state_reset(NULL), PF_EINVAL);
+    CHECK(pf_favor_state_position(NULL) == 0, "position of NULL");
+
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &f), PF_OK);
+    CHECK_STATUS(full_pass(&p, &f), PF_OK);
+    /* a clean run with a refused step in the middle: the refused step changes nothing */
+    const int n = 5;
+    float *o = p.o;
+    for (int t = 0; t < L; t += n) {
+        gather(p.q, p.Q, H, L, d, t, n, 0);
+        gather(p.k, p.K, H, L, d, t, n, 0);
+        gather(p.v, p.V, H, L, dv, t, n, 0);
+        if (t == 20) {
+            CHECK_STATUS(pf_favor_state_step(NULL, o, p.q, p.k, p.v, n), PF_EINVAL);
+            CHECK_STATUS(pf_favor_state_step(st, NULL, p.q, p.k, p.v, n), PF_EINVAL);
+            CHECK_STATUS(pf_favor_state_step(st, o, NULL, p.k, p.v, n), PF_EINVAL);
+            CHECK_STATUS(pf_favor_state_step(st, o, p.q, NULL, p.v, n), PF_EINVAL);
+            CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, NULL, n), PF_EINVAL);
+            CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, p.v, 0), PF_EINVAL);
+            CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, p.v, -3), PF_EINVAL);
+            float *arrs[3] = {p.q, p.k, p.v};
+            size_t where[3] = {(size_t)n * d + 3, 0, (size_t)2 * n * dv - 1}; /* head 1, 0, 1 */
+            for (int a = 0; a < 3; a++) {
+                for (int c = 0; c < 2; c++) {
+                    float keep = arrs[a][where[a]];
+                    arrs[a][where[a]] = c ? -INFINITY : NAN;
+                    CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, p.v, n), PF_ENONFINITE);
+                    arrs[a][where[a]] = keep;
+                }
+            }
+            /* finite but so long that W x' overflows float */
+            float keep = p.k[1];
+            p.k[1] = 3e38f;
+            CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, p.v, n), PF_ENONFINITE);
+            p.k[1] = keep;
+            CHECK(pf_favor_state_position(st) == 20, "refused steps moved the position to %lld",
+                  (long long)pf_favor_state_position(st));
+        }
+        CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, p.v, n), PF_OK);
+        gather(o, p.out, H, L, dv, t, n, 1);
+    }
+    CHECK(rel_err(p.out, p.full, nout(&p)) <= 1e-6, "refused steps changed the state: %.3g",
+          rel_err(p.out, p.full, nout(&p)));
+    pf_favor_state_free(st);
+
+    /* zero denominators (relu, eps 0, every feature 0): PF_EDOMAIN, zeros, tokens consumed */
+    for (int i = 0; i < H * m * d; i++) p.W[i] = (i % d == 0) ? 1.0f : 0.0f;
+    for (int j = 0; j < H * L; j++) p.K[(size_t)j * d] = -fabsf(p.K[(size_t)j * d]) - 0.1f;
+    g = f;
+    g.kernel = PF_KERNEL_RELU;
+    g.eps = 0;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0, &g), PF_OK);
+    gather(p.q, p.Q, H, L, d, 0, 3, 0);
+    gather(p.k, p.K, H, L, d, 0, 3, 0);
+    gather(p.v, p.V, H, L, dv, 0, 3, 0);
+    for (int i = 0; i < H * 3 * dv; i++) o[i] = NAN;
+    CHECK_STATUS(pf_favor_state_step(st, o, p.q, p.k, p.v, 3), PF_EDOMAIN);
+    int nan = 0;
+    for (int i = 0; i < H * 3 * dv; i++) nan |= isnan(o[i]) || o[i] != 0.0f;
+    CHECK(!nan, "zero denominators: rows not zeroed");
+    CHECK(pf_favor_state_position(st) == 3, "EDOMAIN still consumes the tokens");
+    pf_favor_state_free(st);
+    problem_free(&p);
+}
+
+int main(void) {
+    test_against_full_pass();
+    test_large_norms();
+    test_copy_threads_scale();
+    test_errors();
+    TEST_MAIN_END();
+}
