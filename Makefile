@@ -99,8 +99,13 @@ asan:
 demo: setup all
 	$(TOOL) demo
 
+# Tables on stdout; CSVs and plots in $(BUILD)/bench/ (docs/figures/ holds a committed run).
 bench: setup all $(BENCHES)
-	@for b in $(BENCHES); do $$b || exit 1; done
+	$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv
+	@if [ -x $(BUILD)/bench/bench_decode ]; then \
+	  $(BUILD)/bench/bench_decode --csv $(BUILD)/bench/decode.csv; fi
+	/usr/bin/python3 scripts/plot_bench.py $(BUILD)/bench/attn.csv $(BUILD)/bench/decode.csv \
+	  $(BUILD)/bench
 
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h \

@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""Plots of `make bench`: time and memory against L (log-log), and decode time per token.
+
+usage: plot_bench.py ATTN_CSV [DECODE_CSV] OUTDIR
+
+ATTN_CSV is bench_attn --csv (L, method, causal, fwd_seconds, fwdbwd_seconds, ..., fwd_mib,
+fwdbwd_mib); DECODE_CSV is bench_decode --csv (context, seconds_per_token, ...). Writes
+OUTDIR/bench_time.png, OUTDIR/bench_memory.png and OUTDIR/bench_decode.png.
+"""
+import csv
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLE = {
+    ("exact", "0"): ("exact", "#444444", "-"),
+    ("exact", "1"): ("exact, causal", "#444444", "--"),
+    ("favor", "0"): ("FAVOR+", "#1f77b4", "-"),
+    ("favor", "1"): ("FAVOR+, causal", "#1f77b4", "--"),
+}
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def num(x):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v
+
+
+def series(data, key):
+    out = {}
+    for r in data:
+        k = (r["method"], r["causal"])
+        v = num(r[key])
+        if math.isfinite(v) and v > 0:
+            out.setdefault(k, []).append((int(r["L"]), v))
+    return out
+
+
+def setup(ax, title, ylabel):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_time(data, path):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, title in ((axes[0], "fwd_seconds", "forward"),
+                           (axes[1], "fwdbwd_seconds", "forward + backward")):
+        for k, pts in sorted(series(data, key).items()):
+            label, color, ls = STYLE[k]
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, [y * 1e3 for y in ys], ls, color=color, marker="o", ms=3, label=label)
+        setup(ax, title, "time (ms, median)")
+        ax.legend()
+    fig.suptitle("attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_memory(data, path):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, title in ((axes[0], "fwd_mib", "forward"),
+                           (axes[1], "fwdbwd_mib", "forward + backward")):
+        for k, pts in sorted(series(data, key).items()):
+            label, color, ls = STYLE[k]
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, ls, color=color, marker="o", ms=3, label=label)
+        Ls = sorted({int(r["L"]) for r in data})
+        # What a naive implementation would hold: the L x L score matrix of 8 heads.
+        ax.plot(Ls, [8 * L * L * 4 / 2**20 for L in Ls], ":", color="#d62728",
+                label="an L×L score matrix (naive exact)")
+        setup(ax, title, "working memory (MiB)")
+        ax.legend(fontsize=8)
+    fig.suptitle("peak memory beyond the caller's tensors, B=1 H=8 d=64 m=256")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_decode(data, path):
+    xs = [int(r["context"]) for r in data]
+    ys = [num(r["seconds_per_token"]) * 1e6 for r in data]
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    ax.plot(xs, ys, "-", color="#1f77b4", marker="o", ms=3, label="FAVOR+ streaming state")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, max(ys) * 1.3)
+    ax.set_title("decoding: time per token, H=8 d=64 m=256")
+    ax.set_xlabel("context length (tokens already decoded)")
+    ax.set_ylabel("µs per token (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv):
+    if len(argv) not in (3, 4):
+        sys.stderr.write(__doc__)
+        return 2
+    outdir = argv[-1]
+    os.makedirs(outdir, exist_ok=True)
+    attn = rows(argv[1])
+    plot_time(attn, os.path.join(outdir, "bench_time.png"))
+    plot_memory(attn, os.path.join(outdir, "bench_memory.png"))
+    if len(argv) == 4 and os.path.exists(argv[2]):
+        plot_decode(rows(argv[2]), os.path.join(outdir, "bench_decode.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
