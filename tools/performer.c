@@ -245,6 +245,8 @@ static const command commands[] = {
      cmd_train_synopsis, cmd_train, cmd_train_help},
     {"sample", "continue a prompt with a trained language model", cmd_sample_synopsis,
      cmd_sample, cmd_sample_help},
+    {"approx", "estimator error against exact attention: experiments, CSV and plots",
+     cmd_approx_synopsis, cmd_approx, cmd_approx_help},
 };
 static const int n_commands = (int)(sizeof(commands) / sizeof(commands[0]));
 

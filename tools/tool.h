@@ -34,6 +34,10 @@ int cmd_sample(int argc, char **argv);
 void cmd_sample_help(void);
 extern const char cmd_sample_synopsis[];
 
+int cmd_approx(int argc, char **argv);
+void cmd_approx_help(void);
+extern const char cmd_approx_synopsis[];
+
 /* ---- messages ----------------------------------------------------------------------------- */
 
 /* Prints "performer <cmd>: <message>\n" to stderr. Returns TOOL_EXIT_FAIL. */

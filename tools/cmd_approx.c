@@ -1,0 +1,952 @@
+/* cmd_approx.c: `performer approx`: the estimator lab. Named experiments measure how far each
+ * estimator of softmax attention (FAVOR+ with its feature maps, projections and row norms,
+ * FAVOR++, FAVOR#, RA, LARA) lands from exact attention, and check the seeds' claims (SPEC §6).
+ *
+ * The error of one estimate is the MSE of the attention output against exact attention (as
+ * seed 000 does): mean over the L x dv entries of (out - exact)^2. Each point is repeated over
+ * independent draws (W from (seed, stream = draw index); RA and LARA from their own per-head
+ * streams) on fixed inputs, and reported as mean and standard deviation over the draws. Inputs
+ * are the same for every series at a point, so series are compared on equal terms.
+ *
+ * The draws of one point run as the heads of a single library call: the inputs are copied to H
+ * = draws heads, each head gets its own W (w_per_head) or its own sampling stream (b*H + h), and
+ * the library spreads the heads over its threads. A call that fails (say a trig denominator of
+ * exactly 0) is redone one draw at a time, so only the failing draws are lost (and counted).
+ *
+ * Per experiment: DIR/NAME.csv (atomic: a temporary file, then renamed) with one row per
+ * (panel, series, x), DIR/NAME.png drawn by scripts/plot_approx.py, and a table on stdout. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tool.h"
+
+#define CMD "approx"
+
+enum { SEED_INPUT = 1, SEED_W = 2, SEED_SAMPLING = 3 };
+
+const char cmd_approx_synopsis[] =
+    "performer approx [--all | NAME...] [--out DIR] [--draws N] [--quick] [--threads N]\n"
+    "     [--no-plot]            NAME: ortho maps norms estimators length\n";
+
+void cmd_approx_help(void) {
+    printf("usage: %s\n"
+           "Runs experiments that measure the error of each estimator of softmax attention\n"
+           "against exact attention: the MSE of the output, mean and standard deviation over\n"
+           "independent draws of the random features (or samples). For each experiment NAME it\n"
+           "writes DIR/NAME.csv and DIR/NAME.png and prints a table; progress goes to stderr.\n"
+           "\n"
+           "experiments:\n"
+           "  ortho        iid vs orthogonal W, positive and trig maps, MSE vs m\n"
+           "               (d = 16, L = 1024 and 4096, 15 draws: seed 000 and the paper)\n"
+           "  maps         positive, hyperbolic, trig, FAVOR++ and FAVOR# as the input scale\n"
+           "               grows, on isotropic and anisotropic inputs (m = 128, L = 1024)\n"
+           "  norms        chi, sqrt(d) and QMC row norms of orthogonal W, MSE vs m\n"
+           "  estimators   RFA, FAVOR+, FAVOR++, RA and LARA vs the number of samples on\n"
+           "               clustered and on unstructured inputs (L = 512; RA is quadratic)\n"
+           "  length       MSE vs L at m = 64 (positive orthogonal and iid, trig)\n"
+           "\n"
+           "options:                                                              [default]\n"
+           "  --all           every experiment\n"
+           "  --out DIR       output folder, created if missing (its parent must exist)\n"
+           "                                                                      [approx-out]\n"
+           "  --draws N       draws per point, N >= 2, for every experiment   [per experiment]\n"
+           "  --quick         tiny sizes and 3 draws: seconds, for tests          [off]\n"
+           "  --threads N     threads, 0 = OpenMP's default; results do not depend on it [0]\n"
+           "  --no-plot       write the CSV files and tables only                 [off]\n"
+           "\n"
+           "CSV columns: panel, series, xvar, x, draws, failed, mse_mean, mse_std, mse_median,\n"
+           "exact_ms (failed: draws whose estimate was not finite, left out of the statistics;\n"
+           "exact_ms: the mean square of the exact output, i.e. the MSE of answering 0).\n"
+           "Plots need /usr/bin/python3 with matplotlib and scripts/plot_approx.py (found\n"
+           "next to the executable, or in $PERFORMER_SCRIPTS).\n",
+           cmd_approx_synopsis);
+}
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+typedef struct approx_cfg {
+    const char *out;
+    int draws; /* 0: each experiment's own */
+    int quick, threads, no_plot;
+    int want[8]; /* which experiments, by index into experiments[] */
+} approx_cfg;
+
+typedef struct row {
+    char panel[48], series[24], xvar[12];
+    double x;
+    int draws, failed;
+    double mean, sd, median, exact_ms;
+} row;
+
+/* An experiment's state while it runs. */
+typedef struct lab {
+    const approx_cfg *cfg;
+    const char *name;
+    char title[160]; /* the table's and the plot's title (the script adds draws and band) */
+    row *rows;
+    int n, cap;
+    int step, steps; /* progress: (panel, series) pairs done and planned */
+    double t0;
+    int fatal; /* a library error other than a failed draw: the experiment stops */
+} lab;
+
+typedef struct experiment {
+    const char *name;
+    void (*run)(lab *lb);
+} experiment;
+
+/* ---- inputs ---------------------------------------------------------------------------------- */
+
+/* One set of inputs, copied to H heads (one per draw), and the exact output. */
+typedef struct inputs {
+    int L, d, dv, H;
+    float *Q, *K, *V; /* (H,L,d), (H,L,d), (H,L,dv); head 0 is filled by a generator */
+    float *exact;     /* (L,dv) */
+    double exact_ms;  /* mean square of exact */
+    float *out;       /* (H,L,dv) */
+} inputs;
+
+static void inputs_free(inputs *in) {
+    free(in->Q);
+    free(in->K);
+    free(in->V);
+    free(in->exact);
+    free(in->out);
+    memset(in, 0, sizeof(*in));
+}
+
+static int inputs_alloc(inputs *in, int L, int d, int dv, int H) {
+    memset(in, 0, sizeof(*in));
+    in->L = L;
+    in->d = d;
+    in->dv = dv;
+    in->H = H;
+    size_t nq = (size_t)H * L * d, nv = (size_t)H * L * dv;
+    in->Q = malloc(sizeof(float) * nq);
+    in->K = malloc(sizeof(float) * nq);
+    in->V = malloc(sizeof(float) * nv);
+    in->out = malloc(sizeof(float) * nv);
+    in->exact = malloc(sizeof(float) * (size_t)L * dv);
+    if (!in->Q || !in->K || !in->V || !in->out || !in->exact) {
+        inputs_free(in);
+        return -1;
+    }
+    return 0;
+}
+
+static void fill_normal(float *x, size_t n, double sigma, uint64_t stream) {
+    pf_rng rng;
+    pf_rng_init(&rng, SEED_INPUT, stream);
+    pf_rng_fill_normal(&rng, x, n);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(sigma * x[i]);
+}
+
+/* Copies head 0 to the other heads and computes exact attention. 0 or -1 (lb->fatal set). */
+static int inputs_finish(lab *lb, inputs *in) {
+    size_t nq = (size_t)in->L * in->d, nv = (size_t)in->L * in->dv;
+    for (int h = 1; h < in->H; h++) {
+        memcpy(in->Q + h * nq, in->Q, sizeof(float) * nq);
+        memcpy(in->K + h * nq, in->K, sizeof(float) * nq);
+        memcpy(in->V + h * nv, in->V, sizeof(float) * nv);
+    }
+    pf_shape sh = {1, 1, in->L, in->L, in->d, in->dv};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.threads = lb->cfg->threads;
+    pf_status st = pf_attn_exact(in->exact, NULL, in->Q, in->K, in->V, &sh, &opts);
+    if (st != PF_OK) {
+        tool_fail(CMD, "%s: exact attention failed: %s", lb->name, pf_status_str(st));
+        lb->fatal = 1;
+        return -1;
+    }
+    double s = 0;
+    for (size_t i = 0; i < nv; i++) s += (double)in->exact[i] * in->exact[i];
+    in->exact_ms = s / (double)nv;
+    return 0;
+}
+
+/* Q and K with covariance sigma^2 U diag(lam) U^T: eigenvalues log-spaced from 1 down to
+ * 1/ratio, rescaled to mean 1 (so E|x|^2 = d sigma^2, as for isotropic inputs), U a Haar
+ * rotation shared by Q and K. Head 0 only; V ~ N(0,1). */
+static int fill_anisotropic(inputs *in, double sigma, double ratio) {
+    int d = in->d, L = in->L;
+    float *U = malloc(sizeof(float) * (size_t)d * d);
+    double *lam = malloc(sizeof(double) * (size_t)d), *z = malloc(sizeof(double) * (size_t)d);
+    if (!U || !lam || !z) {
+        free(U);
+        free(lam);
+        free(z);
+        return -1;
+    }
+    /* rows of norm sqrt(d), exactly orthogonal: U / sqrt(d) is a rotation */
+    pf_projection_draw(U, d, d, PF_PROJ_ORTHOGONAL, PF_NORM_SQRTD, SEED_INPUT, 100);
+    double mean = 0;
+    for (int i = 0; i < d; i++) {
+        lam[i] = pow(ratio, -(double)i / (d > 1 ? d - 1 : 1));
+        mean += lam[i] / d;
+    }
+    for (int t = 0; t < 2; t++) {
+        float *X = t == 0 ? in->Q : in->K;
+        pf_rng rng;
+        pf_rng_init(&rng, SEED_INPUT, 10 + (uint64_t)t);
+        for (int r = 0; r < L; r++) {
+            for (int i = 0; i < d; i++)
+                z[i] = pf_rng_normal(&rng) * sqrt(lam[i] / mean) * sigma / sqrt((double)d);
+            for (int e = 0; e < d; e++) {
+                double acc = 0;
+                for (int i = 0; i < d; i++) acc += (double)U[(size_t)i * d + e] * z[i];
+                X[(size_t)r * d + e] = (float)acc;
+            }
+        }
+    }
+    fill_normal(in->V, (size_t)L * in->dv, 1.0, 12);
+    free(U);
+    free(lam);
+    free(z);
+    return 0;
+}
+
+/* Seed 004's setting in miniature: the sequence is G contiguous segments, each with its own
+ * centre c_g ~ N(0, sc^2 I); a token's key and query are its segment's centre plus N(0, sn^2 I)
+ * noise, so keys cluster and every query sits near its own cluster. V ~ N(0,1). */
+static int fill_clustered(inputs *in, int G, double sc, double sn) {
+    int d = in->d, L = in->L;
+    float *c = malloc(sizeof(float) * (size_t)G * d);
+    if (!c) return -1;
+    fill_normal(c, (size_t)G * d, sc, 20);
+    fill_normal(in->Q, (size_t)L * d, sn, 21);
+    fill_normal(in->K, (size_t)L * d, sn, 22);
+    for (int t = 0; t < L; t++) {
+        int g = (int)((int64_t)t * G / L);
+        for (int e = 0; e < d; e++) {
+            in->Q[(size_t)t * d + e] += c[(size_t)g * d + e];
+            in->K[(size_t)t * d + e] += c[(size_t)g * d + e];
+        }
+    }
+    fill_normal(in->V, (size_t)L * in->dv, 1.0, 23);
+    free(c);
+    return 0;
+}
+
+/* ---- estimators -------------------------------------------------------------------------- */
+
+typedef enum { EST_FAVOR, EST_RA, EST_LARA } est_kind;
+
+typedef struct method {
+    const char *series;
+    est_kind kind;
+    pf_kernel kernel;
+    pf_proj_kind proj;
+    pf_norm_kind norm;
+    int det; /* LARA: epsilon = 0 */
+} method;
+
+static pf_status run_method(const lab *lb, const method *me, int n, float *out, const float *Q,
+                            const float *K, const float *V, const float *W, const pf_shape *sh) {
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.threads = lb->cfg->threads;
+    if (me->kind == EST_FAVOR) {
+        pf_favor_opts fav = pf_favor_opts_default();
+        fav.kernel = me->kernel;
+        fav.W = W;
+        fav.m = n;
+        fav.w_per_head = 1;
+        return pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
+    }
+    pf_sampling_opts sp = pf_sampling_opts_default();
+    sp.seed = SEED_SAMPLING;
+    if (me->kind == EST_RA) {
+        sp.samples = n;
+        return pf_attn_ra(out, Q, K, V, sh, &opts, &sp);
+    }
+    sp.proposals = n;
+    sp.samples = 1;
+    sp.deterministic = me->det;
+    return pf_attn_lara(out, Q, K, V, sh, &opts, &sp);
+}
+
+/* 1 if this library computes FAVOR with this kernel (FAVOR++ and FAVOR# may be missing). */
+static int kernel_available(pf_kernel kernel) {
+    float x[8] = {0.1f, -0.2f, 0.3f, 0.05f, -0.1f, 0.2f, 0.0f, 0.1f}, W[4] = {1, 0, 0, 1}, o[4];
+    pf_shape sh = {1, 1, 2, 2, 2, 2};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.threads = 1;
+    pf_favor_opts fav = pf_favor_opts_default();
+    fav.kernel = kernel;
+    fav.W = W;
+    fav.m = 2;
+    return pf_attn_favor(o, x, x + 4, x, &sh, &opts, &fav) == PF_OK;
+}
+
+static int method_available(const method *me) {
+    return me->kind != EST_FAVOR || kernel_available(me->kernel);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void add_row(lab *lb, const row *r) {
+    if (lb->n == lb->cap) {
+        int cap = lb->cap ? 2 * lb->cap : 64;
+        row *p = realloc(lb->rows, sizeof(row) * (size_t)cap);
+        if (!p) {
+            tool_fail(CMD, "out of memory");
+            lb->fatal = 1;
+            return;
+        }
+        lb->rows = p;
+        lb->cap = cap;
+    }
+    lb->rows[lb->n++] = *r;
+}
+
+/* One point: the method with size n (m, S or C) on every draw (head) of in; appends a row. */
+static void eval_point(lab *lb, inputs *in, const method *me, int n, const char *panel,
+                       const char *xvar, double x) {
+    if (lb->fatal) return;
+    const int H = in->H, L = in->L, d = in->d, dv = in->dv;
+    float *W = NULL;
+    if (me->kind == EST_FAVOR) {
+        W = malloc(sizeof(float) * (size_t)H * n * d);
+        if (!W) {
+            tool_fail(CMD, "out of memory for W (%d x %d x %d)", H, n, d);
+            lb->fatal = 1;
+            return;
+        }
+        for (int h = 0; h < H; h++)
+            pf_projection_draw(W + (size_t)h * n * d, n, d, me->proj, me->norm, SEED_W,
+                               (uint64_t)h);
+    }
+    pf_shape sh = {1, H, L, L, d, dv};
+    int *ok = calloc((size_t)H, sizeof(int));
+    if (!ok) {
+        free(W);
+        tool_fail(CMD, "out of memory");
+        lb->fatal = 1;
+        return;
+    }
+    pf_status st = run_method(lb, me, n, in->out, in->Q, in->K, in->V, W, &sh);
+    size_t nq = (size_t)L * d, nv = (size_t)L * dv;
+    if (st == PF_OK) {
+        for (int h = 0; h < H; h++) ok[h] = 1;
+    } else if (st == PF_EDOMAIN || st == PF_ENONFINITE) {
+        /* Redo FAVOR one draw at a time (W carries the draw) to keep the draws that work. A
+         * sampler's draws come from one call's streams (b*H + h) and cannot be split: a
+         * failure loses them all. */
+        pf_shape one = {1, 1, L, L, d, dv};
+        for (int h = 0; h < H; h++) {
+            ok[h] = me->kind == EST_FAVOR &&
+                    run_method(lb, me, n, in->out + h * nv, in->Q + h * nq, in->K + h * nq,
+                               in->V + h * nv, W + (size_t)h * n * d, &one) == PF_OK;
+        }
+    } else {
+        tool_fail(CMD, "%s: %s with %s %d failed: %s", lb->name, me->series, xvar, n,
+                  pf_status_str(st));
+        lb->fatal = 1;
+        free(W);
+        free(ok);
+        return;
+    }
+    free(W);
+
+    double sum = 0, sum2 = 0;
+    int good = 0;
+    double *mse = malloc(sizeof(double) * (size_t)H);
+    if (!mse) {
+        tool_fail(CMD, "out of memory");
+        lb->fatal = 1;
+        free(ok);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        if (!ok[h]) continue;
+        const float *o = in->out + h * nv;
+        double s = 0;
+        for (size_t i = 0; i < nv; i++) {
+            double e = (double)o[i] - (double)in->exact[i];
+            s += e * e;
+        }
+        s /= (double)nv;
+        if (!isfinite(s)) continue;
+        mse[good++] = s;
+        sum += s;
+    }
+    row r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.panel, sizeof(r.panel), "%s", panel);
+    snprintf(r.series, sizeof(r.series), "%s", me->series);
+    snprintf(r.xvar, sizeof(r.xvar), "%s", xvar);
+    r.x = x;
+    r.draws = H;
+    r.failed = H - good;
+    r.mean = good ? sum / good : NAN;
+    for (int i = 0; i < good; i++) sum2 += (mse[i] - r.mean) * (mse[i] - r.mean);
+    r.sd = good > 1 ? sqrt(sum2 / (good - 1)) : good ? 0.0 : NAN;
+    if (good) qsort(mse, (size_t)good, sizeof(double), cmp_double);
+    r.median = !good ? NAN : good % 2 ? mse[good / 2] : 0.5 * (mse[good / 2 - 1] + mse[good / 2]);
+    r.exact_ms = in->exact_ms;
+    free(mse);
+    free(ok);
+    add_row(lb, &r);
+}
+
+/* Runs a series (one method over xs) on in, with a progress line. sizes[i] is the method's
+ * size at x = xs[i]. */
+static void eval_series(lab *lb, inputs *in, const method *me, const char *panel,
+                        const char *xvar, const int *sizes, const double *xs, int nx) {
+    lb->step++;
+    if (lb->fatal) return;
+    if (!method_available(me)) {
+        fprintf(stderr, "performer approx: %s: %s is not in this library yet: skipped\n",
+                lb->name, me->series);
+        return;
+    }
+    double t0 = tool_now_ms();
+    for (int i = 0; i < nx && !lb->fatal; i++) eval_point(lb, in, me, sizes[i], panel, xvar, xs[i]);
+    fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, lb->step, lb->steps,
+            panel, me->series, (tool_now_ms() - t0) / 1e3);
+}
+
+static int draws_of(const lab *lb, int full) {
+    return lb->cfg->draws ? lb->cfg->draws : lb->cfg->quick ? 3 : full;
+}
+
+static void oom(lab *lb) {
+    tool_fail(CMD, "%s: out of memory for the inputs", lb->name);
+    lb->fatal = 1;
+}
+
+/* ---- the experiments --------------------------------------------------------------------- */
+
+static const method M_POS_ORTH = {"positive orth", EST_FAVOR, PF_KERNEL_POSITIVE,
+                                  PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
+static const method M_POS_IID = {"positive iid", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_IID,
+                                 PF_NORM_CHI, 0};
+static const method M_TRIG_ORTH = {"trig orth", EST_FAVOR, PF_KERNEL_TRIG, PF_PROJ_ORTHOGONAL,
+                                   PF_NORM_CHI, 0};
+static const method M_TRIG_IID = {"trig iid", EST_FAVOR, PF_KERNEL_TRIG, PF_PROJ_IID,
+                                  PF_NORM_CHI, 0};
+static const method M_HYP_ORTH = {"hyperbolic orth", EST_FAVOR, PF_KERNEL_HYPERBOLIC,
+                                  PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
+static const method M_OPRF = {"FAVOR++", EST_FAVOR, PF_KERNEL_OPRF, PF_PROJ_ORTHOGONAL,
+                              PF_NORM_CHI, 0};
+static const method M_SDERF = {"FAVOR#", EST_FAVOR, PF_KERNEL_SDERF, PF_PROJ_ORTHOGONAL,
+                               PF_NORM_CHI, 0};
+
+static int m_list(const lab *lb, int *ms, double *xs) {
+    static const int full[] = {16, 32, 64, 128, 256, 512}, quick[] = {8, 16, 32};
+    const int *src = lb->cfg->quick ? quick : full;
+    int n = lb->cfg->quick ? 3 : 6;
+    for (int i = 0; i < n; i++) {
+        ms[i] = src[i];
+        xs[i] = src[i];
+    }
+    return n;
+}
+
+static void exp_ortho(lab *lb) {
+    const int d = 16, H = draws_of(lb, 15);
+    /* seed 000 (L = 1024, sigma = 1), the paper (L = 4096), and smaller inputs */
+    const int Ls[3] = {lb->cfg->quick ? 128 : 1024, lb->cfg->quick ? 256 : 4096,
+                       lb->cfg->quick ? 128 : 1024};
+    static const double sig[3] = {1.0, 1.0, 0.5};
+    const method *ms[4] = {&M_POS_IID, &M_POS_ORTH, &M_TRIG_IID, &M_TRIG_ORTH};
+    int sizes[8];
+    double xs[8];
+    int nx = m_list(lb, sizes, xs);
+    snprintf(lb->title, sizeof(lb->title), "ortho: iid vs orthogonal W, d = %d, Q, K, V ~ N(0, "
+             "sigma^2)", d);
+    lb->steps = 3 * 4;
+    for (int p = 0; p < 3 && !lb->fatal; p++) {
+        inputs in;
+        if (inputs_alloc(&in, Ls[p], d, d, H)) { oom(lb); return; }
+        fill_normal(in.Q, (size_t)Ls[p] * d, sig[p], 1);
+        fill_normal(in.K, (size_t)Ls[p] * d, sig[p], 2);
+        fill_normal(in.V, (size_t)Ls[p] * d, 1.0, 3);
+        char panel[48];
+        snprintf(panel, sizeof(panel), "L=%d sigma=%g", Ls[p], sig[p]);
+        if (inputs_finish(lb, &in) == 0) {
+            for (int s = 0; s < 4; s++) eval_series(lb, &in, ms[s], panel, "m", sizes, xs, nx);
+        }
+        inputs_free(&in);
+    }
+}
+
+static void exp_maps(lab *lb) {
+    const int d = 16, H = draws_of(lb, 15);
+    const int L = lb->cfg->quick ? 128 : 1024, m = lb->cfg->quick ? 16 : 128;
+    snprintf(lb->title, sizeof(lb->title), "maps: feature maps as |q|, |k| grow, d = %d, m = %d, "
+             "L = %d, orthogonal W", d, m, L);
+    static const double full[] = {0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5};
+    static const double quick[] = {0.5, 1.5};
+    const double *sig = lb->cfg->quick ? quick : full;
+    const int nx = lb->cfg->quick ? 2 : 10;
+    const method *ms[5] = {&M_POS_ORTH, &M_HYP_ORTH, &M_TRIG_ORTH, &M_OPRF, &M_SDERF};
+    static const char *const panels[2] = {"isotropic", "anisotropic 100:1"};
+    lb->steps = 2 * 5;
+    /* A series runs over sigma: the inputs change with x, so loop x outside, then series;
+     * rows are written in (series, x) order below for the table and the CSV. */
+    int first = lb->n;
+    for (int p = 0; p < 2 && !lb->fatal; p++) {
+        double t0[5] = {0};
+        int avail[5];
+        for (int s = 0; s < 5; s++) {
+            avail[s] = method_available(ms[s]);
+            if (!avail[s])
+                fprintf(stderr, "performer approx: %s: %s is not in this library yet: skipped\n",
+                        lb->name, ms[s]->series);
+        }
+        for (int i = 0; i < nx && !lb->fatal; i++) {
+            inputs in;
+            if (inputs_alloc(&in, L, d, d, H)) { oom(lb); return; }
+            if (p == 0) {
+                fill_normal(in.Q, (size_t)L * d, sig[i], 1);
+                fill_normal(in.K, (size_t)L * d, sig[i], 2);
+                fill_normal(in.V, (size_t)L * d, 1.0, 3);
+            } else if (fill_anisotropic(&in, sig[i], 100.0)) {
+                inputs_free(&in);
+                { oom(lb); return; }
+            }
+            if (inputs_finish(lb, &in) == 0) {
+                for (int s = 0; s < 5 && !lb->fatal; s++) {
+                    if (!avail[s]) continue;
+                    double t = tool_now_ms();
+                    eval_point(lb, &in, ms[s], m, panels[p], "sigma", sig[i]);
+                    t0[s] += tool_now_ms() - t;
+                }
+            }
+            inputs_free(&in);
+        }
+        for (int s = 0; s < 5; s++) {
+            lb->step++;
+            if (avail[s])
+                fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, lb->step,
+                        lb->steps, panels[p], ms[s]->series, t0[s] / 1e3);
+        }
+    }
+    /* reorder this experiment's rows from (panel, x, series) to (panel, series, x): a stable
+     * sort on (panel index, series index) */
+    int n = lb->n - first;
+    row *tmp = malloc(sizeof(row) * (size_t)(n > 0 ? n : 1));
+    if (!tmp) return;
+    int k = 0;
+    for (int p = 0; p < 2; p++) {
+        for (int s = 0; s < 5; s++) {
+            for (int i = first; i < lb->n; i++) {
+                const row *r = &lb->rows[i];
+                if (strcmp(r->panel, panels[p]) == 0 && strcmp(r->series, ms[s]->series) == 0)
+                    tmp[k++] = *r;
+            }
+        }
+    }
+    memcpy(lb->rows + first, tmp, sizeof(row) * (size_t)k);
+    free(tmp);
+}
+
+static void exp_norms(lab *lb) {
+    const int d = 16, H = draws_of(lb, 15), L = lb->cfg->quick ? 128 : 1024;
+    snprintf(lb->title, sizeof(lb->title), "norms: row norms of orthogonal W, positive map, "
+             "d = %d, L = %d", d, L);
+    static const method chi = {"chi", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+                               PF_NORM_CHI, 0};
+    static const method sqd = {"sqrtd", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+                               PF_NORM_SQRTD, 0};
+    static const method qmc = {"qmc", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+                               PF_NORM_QMC, 0};
+    const method *ms[3] = {&chi, &sqd, &qmc};
+    static const double sig[2] = {1.0, 1.5};
+    int sizes[8];
+    double xs[8];
+    int nx = m_list(lb, sizes, xs);
+    lb->steps = 2 * 3;
+    for (int p = 0; p < 2 && !lb->fatal; p++) {
+        inputs in;
+        if (inputs_alloc(&in, L, d, d, H)) { oom(lb); return; }
+        fill_normal(in.Q, (size_t)L * d, sig[p], 1);
+        fill_normal(in.K, (size_t)L * d, sig[p], 2);
+        fill_normal(in.V, (size_t)L * d, 1.0, 3);
+        char panel[48];
+        snprintf(panel, sizeof(panel), "sigma=%g", sig[p]);
+        if (inputs_finish(lb, &in) == 0) {
+            for (int s = 0; s < 3; s++) eval_series(lb, &in, ms[s], panel, "m", sizes, xs, nx);
+        }
+        inputs_free(&in);
+    }
+}
+
+static void exp_estimators(lab *lb) {
+    const int d = 16, H = draws_of(lb, 15), L = lb->cfg->quick ? 64 : 512;
+    snprintf(lb->title, sizeof(lb->title), "estimators: samples = m (RFA, FAVOR), S (RA) or C "
+             "(LARA), d = %d, L = %d", d, L);
+    static const int full[] = {4, 8, 16, 32, 64, 128, 256}, quick[] = {4, 8};
+    const int nx = lb->cfg->quick ? 2 : 7;
+    const int *sizes = lb->cfg->quick ? quick : full;
+    double xs[8];
+    for (int i = 0; i < nx; i++) xs[i] = sizes[i];
+    static const method rfa = {"RFA", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI,
+                               0};
+    static const method fplus = {"FAVOR+", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+                                 PF_NORM_CHI, 0};
+    static const method ra = {"RA", EST_RA, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI, 0};
+    static const method lara = {"LARA", EST_LARA, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI,
+                                0};
+    static const method lara0 = {"LARA eps=0", EST_LARA, PF_KERNEL_POSITIVE, PF_PROJ_IID,
+                                 PF_NORM_CHI, 1};
+    const method *ms[6] = {&rfa, &fplus, &M_OPRF, &ra, &lara, &lara0};
+    static const char *const panels[2] = {"clustered", "unstructured"};
+    lb->steps = 2 * 6;
+    for (int p = 0; p < 2 && !lb->fatal; p++) {
+        inputs in;
+        if (inputs_alloc(&in, L, d, d, H)) { oom(lb); return; }
+        if (p == 0) {
+            if (fill_clustered(&in, 8, 1.0, 0.5)) {
+                inputs_free(&in);
+                { oom(lb); return; }
+            }
+        } else {
+            /* the same overall scale as the clustered inputs: E|x|^2 = d (1 + 0.25) */
+            fill_normal(in.Q, (size_t)L * d, sqrt(1.25), 1);
+            fill_normal(in.K, (size_t)L * d, sqrt(1.25), 2);
+            fill_normal(in.V, (size_t)L * d, 1.0, 3);
+        }
+        if (inputs_finish(lb, &in) == 0) {
+            for (int s = 0; s < 6; s++)
+                eval_series(lb, &in, ms[s], panels[p], "samples", sizes, xs, nx);
+        }
+        inputs_free(&in);
+    }
+}
+
+static void exp_length(lab *lb) {
+    const int d = 16, H = draws_of(lb, 15), m = lb->cfg->quick ? 16 : 64;
+    static const int full[] = {256, 512, 1024, 2048, 4096, 8192, 16384};
+    static const int quick[] = {64, 128, 256};
+    const int nx = lb->cfg->quick ? 3 : 7;
+    snprintf(lb->title, sizeof(lb->title), "length: MSE vs L, d = %d, m = %d, Q, K, V ~ N(0, 1)",
+             d, m);
+    const int *Ls = lb->cfg->quick ? quick : full;
+    const method *ms[3] = {&M_POS_ORTH, &M_POS_IID, &M_TRIG_ORTH};
+    char panel[48];
+    snprintf(panel, sizeof(panel), "m=%d", m);
+    lb->steps = 3;
+    int first = lb->n;
+    double t[3] = {0};
+    for (int i = 0; i < nx && !lb->fatal; i++) {
+        inputs in;
+        if (inputs_alloc(&in, Ls[i], d, d, H)) { oom(lb); return; }
+        fill_normal(in.Q, (size_t)Ls[i] * d, 1.0, 1); /* L = 256 is a prefix of L = 512 */
+        fill_normal(in.K, (size_t)Ls[i] * d, 1.0, 2);
+        fill_normal(in.V, (size_t)Ls[i] * d, 1.0, 3);
+        if (inputs_finish(lb, &in) == 0) {
+            for (int s = 0; s < 3; s++) {
+                double t0 = tool_now_ms();
+                eval_point(lb, &in, ms[s], m, panel, "L", Ls[i]);
+                t[s] += tool_now_ms() - t0;
+            }
+        }
+        inputs_free(&in);
+    }
+    for (int s = 0; s < 3; s++)
+        fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, ++lb->step,
+                lb->steps, panel, ms[s]->series, t[s] / 1e3);
+    /* (x, series) -> (series, x) */
+    int n = lb->n - first, k = 0;
+    row *tmp = malloc(sizeof(row) * (size_t)(n > 0 ? n : 1));
+    if (!tmp) return;
+    for (int s = 0; s < 3; s++) {
+        for (int i = first; i < lb->n; i++) {
+            if (strcmp(lb->rows[i].series, ms[s]->series) == 0) tmp[k++] = lb->rows[i];
+        }
+    }
+    memcpy(lb->rows + first, tmp, sizeof(row) * (size_t)k);
+    free(tmp);
+}
+
+static const experiment experiments[] = {
+    {"ortho", exp_ortho},           {"maps", exp_maps},     {"norms", exp_norms},
+    {"estimators", exp_estimators}, {"length", exp_length},
+};
+enum { N_EXP = (int)(sizeof(experiments) / sizeof(experiments[0])) };
+
+/* ---- output: CSV, table, plot ------------------------------------------------------------ */
+
+static void fmt_num(char *buf, size_t cap, double v) {
+    if (isnan(v))
+        snprintf(buf, cap, "nan");
+    else
+        snprintf(buf, cap, "%.6g", v);
+}
+
+/* DIR/NAME.csv through a temporary file and rename. 0 or -1 after a message. */
+static int write_csv(const lab *lb, const char *dir, char *path, size_t cap) {
+    char tmp[4200];
+    snprintf(path, cap, "%s/%s.csv", dir, lb->name);
+    snprintf(tmp, sizeof(tmp), "%s/.%s.csv.tmp.%ld", dir, lb->name, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return tool_fail(CMD, "%s: cannot write: %s", tmp, strerror(errno)), -1;
+    fprintf(f, "panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,exact_ms\n");
+    for (int i = 0; i < lb->n; i++) {
+        const row *r = &lb->rows[i];
+        char a[32], b[32], c[32], e[32];
+        fmt_num(a, sizeof(a), r->mean);
+        fmt_num(b, sizeof(b), r->sd);
+        fmt_num(c, sizeof(c), r->median);
+        fmt_num(e, sizeof(e), r->exact_ms);
+        fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s\n", r->panel, r->series, r->xvar, r->x,
+                r->draws, r->failed, a, b, c, e);
+    }
+    int bad = ferror(f);
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return tool_fail(CMD, "%s: write failed: %s", path, strerror(e)), -1;
+    }
+    return 0;
+}
+
+/* The table: per panel, x down and series across, mean MSE (and the failed draws, if any). */
+static void print_table(const lab *lb, double secs) {
+    printf("\n%s  [%.1f s]\n", lb->title, secs);
+    if (lb->n == 0) return;
+    printf("MSE against exact attention, mean over %d draws\n", lb->rows[0].draws);
+    int i = 0;
+    while (i < lb->n) {
+        const char *panel = lb->rows[i].panel;
+        int end = i;
+        while (end < lb->n && strcmp(lb->rows[end].panel, panel) == 0) end++;
+        /* series in order of appearance; x values of the first series */
+        const char *series[8];
+        int ns = 0;
+        for (int k = i; k < end && ns < 8; k++) {
+            int seen = 0;
+            for (int s = 0; s < ns; s++) seen |= strcmp(series[s], lb->rows[k].series) == 0;
+            if (!seen) series[ns++] = lb->rows[k].series;
+        }
+        printf("  %s\n", panel);
+        printf("  %8s", lb->rows[i].xvar);
+        for (int s = 0; s < ns; s++) printf(" %15s", series[s]);
+        printf(" %10s\n", "exact ms");
+        for (int k = i; k < end && strcmp(lb->rows[k].series, series[0]) == 0; k++) {
+            double x = lb->rows[k].x;
+            printf("  %8g", x);
+            for (int s = 0; s < ns; s++) {
+                const row *hit = NULL;
+                for (int j = i; j < end; j++) {
+                    if (strcmp(lb->rows[j].series, series[s]) == 0 && lb->rows[j].x == x)
+                        hit = &lb->rows[j];
+                }
+                char cell[40] = "-";
+                if (hit && hit->failed)
+                    snprintf(cell, sizeof(cell), "%.3g (%d bad)", hit->mean, hit->failed);
+                else if (hit)
+                    snprintf(cell, sizeof(cell), "%.3g", hit->mean);
+                printf(" %15s", cell);
+            }
+            printf(" %10.3g\n", lb->rows[k].exact_ms);
+        }
+        i = end;
+    }
+    fflush(stdout);
+}
+
+/* scripts/plot_approx.py: $PERFORMER_SCRIPTS, the executable's ../scripts or ../../scripts,
+ * or ./scripts. */
+static int find_script(char *path, size_t cap) {
+    const char *name = "plot_approx.py";
+    const char *env = getenv("PERFORMER_SCRIPTS");
+    if (env && *env) {
+        snprintf(path, cap, "%s/%s", env, name);
+        if (access(path, R_OK) == 0) return 1;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(path, cap, "%s/../scripts/%s", exe, name);
+            if (access(path, R_OK) == 0) return 1;
+            snprintf(path, cap, "%s/../../scripts/%s", exe, name);
+            if (access(path, R_OK) == 0) return 1;
+        }
+    }
+    snprintf(path, cap, "scripts/%s", name);
+    return access(path, R_OK) == 0;
+}
+
+enum { PLOT_OK = 0, PLOT_MISSING = 1, PLOT_FAILED = 2 };
+
+/* Draws DIR/NAME.png from the CSV (temporary name, then renamed). */
+static int plot(const lab *lb, const char *dir, const char *csv) {
+    static int warned;
+    char script[4200], png[4200], tmp[4200];
+    const char *py = "/usr/bin/python3";
+    if (access(py, X_OK) != 0) {
+        if (!warned++)
+            fprintf(stderr, "performer approx: %s not found: no plots (the CSV files are "
+                            "written)\n", py);
+        return PLOT_MISSING;
+    }
+    if (!find_script(script, sizeof(script))) {
+        if (!warned++)
+            fprintf(stderr, "performer approx: scripts/plot_approx.py not found (set "
+                            "PERFORMER_SCRIPTS): no plots (the CSV files are written)\n");
+        return PLOT_MISSING;
+    }
+    snprintf(png, sizeof(png), "%s/%s.png", dir, lb->name);
+    snprintf(tmp, sizeof(tmp), "%s/.%s.png.tmp.%ld", dir, lb->name, (long)getpid());
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(py, "python3", script, csv, tmp, lb->title, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status)) {
+        unlink(tmp);
+        tool_fail(CMD, "drawing %s failed", png);
+        return PLOT_FAILED;
+    }
+    if (WEXITSTATUS(status) == 3) { /* the script's code for "no matplotlib / numpy" */
+        unlink(tmp);
+        if (!warned++)
+            fprintf(stderr, "performer approx: %s has no matplotlib: no plots (the CSV files "
+                            "are written; apt install python3-matplotlib)\n", py);
+        return PLOT_MISSING;
+    }
+    if (WEXITSTATUS(status) != 0 || rename(tmp, png) != 0) {
+        unlink(tmp);
+        tool_fail(CMD, "drawing %s failed (%s exited with %d)", png, script,
+                  WEXITSTATUS(status));
+        return PLOT_FAILED;
+    }
+    return PLOT_OK;
+}
+
+/* ---- command line -------------------------------------------------------------------------- */
+
+static int find_experiment(const char *name) {
+    for (int e = 0; e < N_EXP; e++) {
+        if (strcmp(name, experiments[e].name) == 0) return e;
+    }
+    return -1;
+}
+
+static int parse_args(approx_cfg *c, int argc, char **argv) {
+    tool_args a;
+    tool_args_init(&a, CMD, argc, argv);
+    int all = 0, named = 0;
+    while (tool_next(&a)) {
+        const char *v = NULL;
+        const char *arg = a.argv[a.i];
+        if (tool_opt(&a, "--out", &v)) {
+            if (v && !*v) return tool_usage(CMD, "--out: empty folder name");
+            c->out = v;
+        } else if (tool_opt(&a, "--draws", &v)) {
+            if (v) tool_parse_int(&a, "--draws", v, 2, 100000, &c->draws);
+        } else if (tool_opt(&a, "--threads", &v)) {
+            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
+        } else if (tool_flag(&a, "--all")) {
+            all = 1;
+        } else if (tool_flag(&a, "--quick")) {
+            c->quick = 1;
+        } else if (tool_flag(&a, "--no-plot")) {
+            c->no_plot = 1;
+        } else if (arg[0] != '-') {
+            int e = find_experiment(arg);
+            if (e < 0) {
+                char list[256] = "";
+                for (int k = 0; k < N_EXP; k++) {
+                    strcat(list, k ? ", " : "");
+                    strcat(list, experiments[k].name);
+                }
+                return tool_usage(CMD, "unknown experiment '%s'; expected %s or --all", arg,
+                                  list);
+            }
+            c->want[e] = 1;
+            named = 1;
+        } else {
+            return tool_unknown(&a);
+        }
+    }
+    if (a.failed) return TOOL_EXIT_USAGE;
+    if (all && named) return tool_usage(CMD, "give --all or experiment names, not both");
+    if (!all && !named) return tool_usage(CMD, "name an experiment or give --all");
+    if (all) {
+        for (int e = 0; e < N_EXP; e++) c->want[e] = 1;
+    }
+    return TOOL_EXIT_OK;
+}
+
+/* The output folder: created if missing (one level), else it must be a writable folder. */
+static int prepare_dir(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return tool_fail(CMD, "--out %s: not a folder", dir);
+    } else if (mkdir(dir, 0777) != 0) {
+        return tool_fail(CMD, "--out %s: cannot create the folder: %s", dir, strerror(errno));
+    }
+    if (access(dir, W_OK | X_OK) != 0)
+        return tool_fail(CMD, "--out %s: cannot write there: %s", dir, strerror(errno));
+    return 0;
+}
+
+int cmd_approx(int argc, char **argv) {
+    approx_cfg c;
+    memset(&c, 0, sizeof(c));
+    c.out = "approx-out";
+    int rc = parse_args(&c, argc, argv);
+    if (rc) return rc;
+    if ((rc = prepare_dir(c.out))) return rc;
+    double t_all = tool_now_ms();
+    int failed = 0, plotted = 0;
+    for (int e = 0; e < N_EXP; e++) {
+        if (!c.want[e]) continue;
+        const experiment *ex = &experiments[e];
+        lab lb;
+        memset(&lb, 0, sizeof(lb));
+        lb.cfg = &c;
+        lb.name = ex->name;
+        lb.t0 = tool_now_ms();
+        ex->run(&lb);
+        double secs = (tool_now_ms() - lb.t0) / 1e3;
+        if (lb.fatal) {
+            failed = 1;
+            free(lb.rows);
+            continue;
+        }
+        char csv[4200];
+        if (write_csv(&lb, c.out, csv, sizeof(csv)) != 0) {
+            failed = 1;
+            free(lb.rows);
+            continue;
+        }
+        print_table(&lb, secs);
+        printf("  -> %s", csv);
+        if (!c.no_plot) {
+            int p = plot(&lb, c.out, csv);
+            if (p == PLOT_OK) {
+                printf(", %s/%s.png", c.out, ex->name);
+                plotted++;
+            }
+            failed |= p == PLOT_FAILED;
+        }
+        printf("\n");
+        fflush(stdout);
+        free(lb.rows);
+    }
+    fprintf(stderr, "approx: done in %.1f s\n", (tool_now_ms() - t_all) / 1e3);
+    return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
+}
