@@ -10,6 +10,11 @@
 #   relu; causal and not; one W per head): relative error < 1e-4; --w gives identical output;
 # - gradients of sum(out * dO) against numpy's analytic gradient (exact attention) and central
 #   finite differences of the float64 formula (FAVOR+: positive, relu, hyperbolic, causal);
+# - RA and LARA (--method ra|lara): RA with 2000 samples within 10% (relative norm) of numpy's
+#   exact attention, padded too (its error is O(1/sqrt(S)): ~4% measured at S = 2000); LARA with
+#   epsilon = 0 and C = Lk proposals on well-separated keys (orthonormal directions of length 6,
+#   queries within 0.1: exact attention is ~99.9% on the query's own key) within 1e-2 of exact,
+#   and with C = 2 far from it; the same seed gives the same bits at 1 and 2 threads;
 # - bad inputs: a clear message (keyword checked), a non-zero exit, and no output file;
 # - --help mentions every flag; demo --quick prints a table.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
@@ -128,6 +133,13 @@ def main():
         np.save(path, x.astype(dt))
     elif cmd == 'lens':        # lens FILE dtype values...
         np.save(args[0], np.array([int(x) for x in args[2:]], dtype=args[1]))
+    elif cmd == 'sep':         # sep PREFIX seed L d dv: keys length 6 on orthonormal directions
+        prefix, seed, L, d, dv = args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4])
+        g = np.random.default_rng(seed)
+        k = 6 * np.linalg.qr(g.standard_normal((d, d)))[0].T[:L]
+        q = k + 0.1 * g.standard_normal((L, d))
+        for name, x in (('q', q), ('k', k), ('v', g.standard_normal((L, dv)))):
+            np.save(prefix + name + '.npy', np.ascontiguousarray(x, dtype='<f4'))
     elif cmd == 'poke':        # poke FILE flat-index value: set one element (nan, inf, ...)
         x = np.load(args[0]); x.reshape(-1)[int(args[1])] = float(args[2]); np.save(args[0], x)
     elif cmd == 'truncate':    # truncate FILE nbytes-to-drop
@@ -326,6 +338,39 @@ for mode in "--kernel positive" "--kernel positive --causal" "--kernel relu --ep
     else fail "favor grad $mode: $(cat "$T/err")"; fi
 done
 
+# ---- RA and LARA vs numpy's exact attention ---------------------------------------------------
+if run --method ra --samples 2000 --seed 3 --q "$T/q2.npy" --k "$T/k2.npy" --v "$T/v2.npy" \
+       --out "$O"; then
+    check "ra vs exact" ref exact "$T/q2.npy" "$T/k2.npy" "$T/v2.npy" "$O" --tol 0.1
+else fail "ra: $(cat "$T/err")"; fi
+if run --method ra --samples 2000 --q "$T/q4.npy" --k "$T/k4.npy" --v "$T/v4.npy" --out "$O" \
+       --key-lengths "$T/lens.npy" --threads 1; then
+    check "ra padded vs exact" ref exact "$T/q4.npy" "$T/k4.npy" "$T/v4.npy" "$O" \
+        --lens "$T/lens.npy" --tol 0.1
+    cp "$O" "$T/ra1.npy"
+    if run --method ra --samples 2000 --q "$T/q4.npy" --k "$T/k4.npy" --v "$T/v4.npy" \
+           --out "$O" --key-lengths "$T/lens.npy" --threads 2; then
+        check "ra same bits at 1 and 2 threads" cmp -s "$O" "$T/ra1.npy"
+    else fail "ra threads 2: $(cat "$T/err")"; fi
+else fail "ra padded: $(cat "$T/err")"; fi
+ref sep "$T/s" 40 8 16 4 || { echo "fixture failed: sep"; exit 1; }
+SQ="--q $T/sq.npy"; SK="--k $T/sk.npy"; SV="--v $T/sv.npy"
+# shellcheck disable=SC2086
+if run --method lara --deterministic --proposals 8 $SQ $SK $SV --out "$O"; then
+    check "lara eps=0, C = Lk vs exact" ref exact "$T/sq.npy" "$T/sk.npy" "$T/sv.npy" "$O" \
+        --tol 1e-2
+else fail "lara deterministic: $(cat "$T/err")"; fi
+# shellcheck disable=SC2086
+if run --method lara --deterministic --proposals 2 $SQ $SK $SV --out "$O"; then
+    if ref exact "$T/sq.npy" "$T/sk.npy" "$T/sv.npy" "$O" --tol 0.1 >/dev/null; then
+        fail "lara eps=0 with C = 2 is as close as C = Lk: the proposals change nothing"
+    else pass; fi
+else fail "lara C = 2: $(cat "$T/err")"; fi
+if run --method lara --proposals 4 --samples 8 --seed 7 --q "$T/q4.npy" --k "$T/k4.npy" \
+       --v "$T/v4.npy" --out "$O" --key-lengths "$T/lens.npy"; then
+    check "lara padded shape" ref shape "$O" 2 3 7 8
+else fail "lara padded: $(cat "$T/err")"; fi
+
 # ---- refusals: message keyword, non-zero exit, no output ------------------------------------
 mk "$T/f64.npy" '<f8' 1 1 7 16
 mk "$T/i32.npy" '<i4' 1 1 7 16
@@ -399,6 +444,24 @@ refuse "grad-out shape" 1 "output's shape" $Q2 $K2 $V2 $OUT --method exact \
     --grad-out "$T/q2.npy" --grad-prefix "$T/g2"
 refuse "output in a missing folder" 1 "No such file" $Q2 $K2 $V2 --out "$T/no/such/dir/o.npy"
 refuse "output is a folder" 1 "folder" $Q2 $K2 $V2 --out "$T"
+refuse "ra causal" 2 "bidirectional only" --q "$T/qc.npy" --k "$T/kc.npy" --v "$T/vc.npy" $OUT \
+    --method ra --causal
+refuse "lara causal" 2 "bidirectional only" --q "$T/qc.npy" --k "$T/kc.npy" --v "$T/vc.npy" \
+    $OUT --method lara --causal
+refuse "lara too many proposals" 1 "at most 7" $Q2 $K2 $V2 $OUT --method lara --proposals 8
+refuse "lara proposals > key length" 1 "at most 5" --q "$T/q4.npy" --k "$T/k4.npy" \
+    --v "$T/v4.npy" $OUT --method lara --proposals 6 --key-lengths "$T/lens.npy"
+refuse "deterministic with samples" 2 "--samples must be 1" $Q2 $K2 $V2 $OUT --method lara \
+    --deterministic --samples 2
+refuse "samples with exact" 2 "ra or lara only" $Q2 $K2 $V2 $OUT --method exact --samples 4
+refuse "proposals with ra" 2 "lara only" $Q2 $K2 $V2 $OUT --method ra --proposals 2
+refuse "deterministic with favor" 2 "ra or lara only" $Q2 $K2 $V2 $OUT --deterministic
+refuse "--samples 0" 2 "expected a positive integer, got '0'" $Q2 $K2 $V2 $OUT --method ra \
+    --samples 0
+refuse "--proposals x" 2 "--proposals" $Q2 $K2 $V2 $OUT --method lara --proposals x
+refuse "lara gradients" 2 "no backward" $Q2 $K2 $V2 $OUT --method lara --grad-out "$T/gdo.npy" \
+    --grad-prefix "$T/g3"
+refuse "lara with --w" 2 "favor only" $Q2 $K2 $V2 $OUT --method lara --w "$T/w.npy"
 }
 [ -e "$T/g2.dq.npy" ] && fail "grad outputs left behind"
 
@@ -443,7 +506,8 @@ if [ -n "$left" ]; then fail "temporary files left: $left"; else pass; fi
 "$P" demo --help >"$T/dhelp" 2>&1; rc=$?
 [ $rc -eq 0 ] && pass || fail "demo --help exit $rc"
 for f in --q --k --v --out --method --causal --kernel --features --proj --norm --seed --scale \
-         --eps --w --save-w --key-lengths --threads --chunk --grad-out --grad-prefix; do
+         --eps --w --save-w --key-lengths --threads --chunk --grad-out --grad-prefix \
+         --samples --proposals --deterministic; do
     grep -q -E -- "$f([^a-z-]|\$)" "$T/help" || fail "--help does not mention attn $f"
     grep -q -E -- "$f([^a-z-]|\$)" "$T/ahelp" || fail "attn --help does not mention $f"
 done
@@ -453,7 +517,7 @@ for f in --max-len --d --heads --features --budget --sigma --threads --seed --qu
     grep -q -E -- "$f([^a-z-]|\$)" "$T/dhelp" || fail "demo --help does not mention $f"
 done
 pass
-for word in exact favor positive hyperbolic trig relu orthogonal iid chi sqrtd qmc; do
+for word in exact favor positive hyperbolic trig relu orthogonal iid chi sqrtd qmc ra lara; do
     grep -q "$word" "$T/ahelp" || fail "attn --help does not mention $word"
 done
 grep -q '\[256\]' "$T/ahelp" && pass || fail "attn --help does not give the default m"

@@ -1,5 +1,5 @@
-/* cmd_attn.c: `performer attn`: exact or FAVOR+ attention on .npy inputs, optionally with the
- * gradients of sum(out * dO).
+/* cmd_attn.c: `performer attn`: exact, FAVOR+, RA or LARA attention on .npy inputs, optionally
+ * (exact, FAVOR+) with the gradients of sum(out * dO).
  *
  * Everything is checked before any computing (files, dtypes, ranks, shapes, NaN/Inf, key
  * lengths, W, output folders), and outputs are written only after every result is ready, each
@@ -18,17 +18,17 @@
 #define CMD "attn"
 
 const char cmd_attn_synopsis[] =
-    "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor]\n"
+    "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor|ra|lara]\n"
     "     [--causal] [--kernel positive|hyperbolic|trig|relu]              [--features M]\n"
     "     [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S] [--scale S] [--eps E]\n"
     "     [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy] [--threads N] [--chunk C]\n"
-    "     [--grad-out DO.npy --grad-prefix P]\n";
+    "     [--grad-out DO.npy --grad-prefix P] [--samples S] [--proposals C] [--deterministic]\n";
 
 void cmd_attn_help(void) {
     printf("usage: %s\n"
-           "Attention of queries Q on keys K and values V, exact or FAVOR+ (random features),\n"
-           "written to O. Inputs are float32 .npy arrays, all of the same rank:\n"
-           "  (L,d) one head, (H,L,d) H heads, or (B,H,L,d) a batch of B,\n"
+           "Attention of queries Q on keys K and values V, exact, FAVOR+ (random features) or\n"
+           "sampled (RA, LARA), written to O. Inputs are float32 .npy arrays, all of the same\n"
+           "rank: (L,d) one head, (H,L,d) H heads, or (B,H,L,d) a batch of B,\n"
            "with Q (..,Lq,d), K (..,Lk,d), V (..,Lk,dv); the output is (..,Lq,dv).\n"
            "\n"
            "required:\n"
@@ -38,7 +38,7 @@ void cmd_attn_help(void) {
            "  --out FILE          the output (written atomically; nothing is left on failure)\n"
            "\n"
            "options:                                                              [default]\n"
-           "  --method NAME       exact | favor                                   [favor]\n"
+           "  --method NAME       exact | favor | ra | lara                       [favor]\n"
            "  --causal            query i sees keys j <= i only; needs Lq == Lk   [off]\n"
            "  --scale S           the logit scale s in exp(s q.k), S > 0          [1/sqrt(d)]\n"
            "  --key-lengths FILE  int32 or int64 (B,): valid keys per batch item, each in\n"
@@ -51,14 +51,21 @@ void cmd_attn_help(void) {
            "                      and trig)                                       [256]\n"
            "  --proj NAME         orthogonal | iid: how W's rows are drawn        [orthogonal]\n"
            "  --norm NAME         chi | sqrtd | qmc: W's row lengths              [chi]\n"
-           "  --seed S            the seed W is drawn from (same W on every machine) [0]\n"
+           "  --seed S            the seed W (or RA's and LARA's samples) is drawn from\n"
+           "                      (the same on every machine and thread count)    [0]\n"
            "  --eps E             kernel epsilon, E >= 0 (see pf_features)        [0]\n"
            "  --chunk C           causal chunk length, 0 = chosen from d and r    [0]\n"
            "  --w FILE            use this W, (m,d), or (H,m,d) for one per head; overrides\n"
            "                      --features, --proj, --norm and --seed           [drawn]\n"
            "  --save-w FILE       write the W used, so another implementation can use it\n"
            "\n"
-           "gradients (both or neither):\n"
+           "RA and LARA (--method ra|lara; bidirectional only, no --causal, no gradients):\n"
+           "  --samples S         samples per query (RA) or per proposal (LARA)  [16 / 1]\n"
+           "  --proposals C       LARA: C contiguous chunks of queries and keys give the\n"
+           "                      proposals; C <= Lq and C <= every key length   [16 or less]\n"
+           "  --deterministic     LARA: omega_c = mu_c (no noise); needs --samples 1  [off]\n"
+           "\n"
+           "gradients (both or neither; exact and favor):\n"
            "  --grad-out FILE     dO, float32, the output's shape\n"
            "  --grad-prefix P     writes P.dq.npy, P.dk.npy, P.dv.npy: the gradients of\n"
            "                      sum(out * dO) with respect to Q, K and V\n"
@@ -70,7 +77,11 @@ void cmd_attn_help(void) {
 typedef struct attn_cfg {
     const char *q, *k, *v, *out;
     const char *w, *save_w, *key_lengths, *grad_out, *grad_prefix;
-    int favor; /* 1: FAVOR+, 0: exact */
+    int favor;     /* 1: FAVOR+, 0: exact, RA or LARA */
+    int method;    /* 0 exact, 1 favor, 2 ra, 3 lara */
+    int samples;   /* RA, LARA; 0: the method's default */
+    int proposals; /* LARA; 0: 16 or fewer */
+    int deterministic;
     int causal;
     pf_kernel kernel;
     int m;
@@ -86,7 +97,7 @@ typedef struct attn_cfg {
 /* ---- command line -------------------------------------------------------------------------- */
 
 static int parse_args(attn_cfg *c, int argc, char **argv) {
-    static const char *const methods[] = {"exact", "favor", NULL};
+    static const char *const methods[] = {"exact", "favor", "ra", "lara", NULL};
     static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
     static const char *const projs[] = {"orthogonal", "iid", NULL};
     static const char *const norms[] = {"chi", "sqrtd", "qmc", NULL};
@@ -116,7 +127,10 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
         else if (tool_flag(&a, "--causal"))
             c->causal = 1;
         else if (tool_opt(&a, "--method", &v)) {
-            if (v && (idx = tool_parse_choice(&a, "--method", v, methods)) >= 0) c->favor = idx;
+            if (v && (idx = tool_parse_choice(&a, "--method", v, methods)) >= 0) {
+                c->method = idx;
+                c->favor = idx == 1;
+            }
         } else if (tool_opt(&a, "--kernel", &v)) {
             /* the names are the library's (pf_kernel_parse); the list is for the message */
             if (v && (idx = tool_parse_choice(&a, "--kernel", v, kernels)) >= 0 &&
@@ -142,6 +156,12 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
             if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
         } else if (tool_opt(&a, "--chunk", &v)) {
             if (v) tool_parse_int(&a, "--chunk", v, 0, INT_MAX, &c->chunk);
+        } else if (tool_opt(&a, "--samples", &v)) {
+            if (v) tool_parse_int(&a, "--samples", v, 1, INT_MAX, &c->samples);
+        } else if (tool_opt(&a, "--proposals", &v)) {
+            if (v) tool_parse_int(&a, "--proposals", v, 1, INT_MAX, &c->proposals);
+        } else if (tool_flag(&a, "--deterministic")) {
+            c->deterministic = 1;
         } else {
             return tool_unknown(&a);
         }
@@ -154,6 +174,30 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
         return tool_usage(CMD, "--grad-out and --grad-prefix go together");
     if (!c->favor && (c->w || c->save_w))
         return tool_usage(CMD, "%s is for --method favor only", c->w ? "--w" : "--save-w");
+    const int sampler = c->method == 2 || c->method == 3;
+    if (!sampler && (c->samples || c->proposals || c->deterministic))
+        return tool_usage(CMD, "%s is for --method ra or lara only",
+                          c->samples     ? "--samples"
+                          : c->proposals ? "--proposals"
+                                         : "--deterministic");
+    if (c->method == 2 && (c->proposals || c->deterministic))
+        return tool_usage(CMD, "%s is for --method lara only (RA samples each query directly)",
+                          c->proposals ? "--proposals" : "--deterministic");
+    if (sampler && c->causal)
+        return tool_usage(CMD,
+                          "--method %s is bidirectional only: --causal is not supported "
+                          "(causal randomized attention is an open research question)",
+                          c->method == 2 ? "ra" : "lara");
+    if (sampler && c->grad_out)
+        return tool_usage(CMD,
+                          "--method %s has no backward pass: --grad-out is for exact and "
+                          "favor",
+                          c->method == 2 ? "ra" : "lara");
+    if (c->deterministic && c->samples > 1)
+        return tool_usage(CMD,
+                          "--deterministic takes one sample per proposal (omega = mu): "
+                          "--samples must be 1, got %d",
+                          c->samples);
     /* The library takes floats: refuse what would become Inf or (for the scale, where 0 means
      * the default) 0 in float. */
     if (c->eps > FLT_MAX) return tool_usage(CMD, "--eps: %g is too large for float32", c->eps);
@@ -426,6 +470,25 @@ static int run(const attn_cfg *c) {
         goto done;
     }
 
+    /* LARA's proposals: C contiguous chunks, each holding a query and a valid key */
+    pf_sampling_opts samp = pf_sampling_opts_default();
+    if (c->method == 2 || c->method == 3) {
+        int fit = sh->Lq < sh->Lk ? sh->Lq : sh->Lk;
+        for (int b = 0; in.key_len && b < sh->B; b++)
+            fit = in.key_len[b] < fit ? in.key_len[b] : fit;
+        samp.seed = c->seed;
+        samp.samples = c->samples ? c->samples : c->method == 2 ? 16 : 1;
+        samp.deterministic = c->deterministic;
+        samp.proposals = c->proposals ? c->proposals : fit < 16 ? fit : 16;
+        if (c->method == 3 && samp.proposals > fit) {
+            rc = tool_fail(CMD,
+                           "--proposals %d: LARA needs every chunk to hold a query and a valid "
+                           "key, so at most %d here (Lq = %d, shortest key length %d)",
+                           samp.proposals, fit, sh->Lq, fit);
+            goto done;
+        }
+    }
+
     /* 2. the output paths, before the work */
     int nout = 0;
     snprintf(outs[nout++].path, sizeof(outs[0].path), "%s", c->out);
@@ -491,10 +554,24 @@ static int run(const attn_cfg *c) {
         goto done;
     }
     const float *Q = in.q.data, *K = in.k.data, *V = in.v.data;
-    st = c->favor ? pf_attn_favor(out, Q, K, V, sh, &opts, &fav)
-                  : pf_attn_exact(out, lse, Q, K, V, sh, &opts);
+    static const char *const what[4] = {"exact attention", "FAVOR+ attention",
+                                        "randomized attention (RA)", "LARA"};
+    switch (c->method) {
+    case 1:
+        st = pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
+        break;
+    case 2:
+        st = pf_attn_ra(out, Q, K, V, sh, &opts, &samp);
+        break;
+    case 3:
+        st = pf_attn_lara(out, Q, K, V, sh, &opts, &samp);
+        break;
+    default:
+        st = pf_attn_exact(out, lse, Q, K, V, sh, &opts);
+        break;
+    }
     if (st != PF_OK) {
-        rc = library_error(c->favor ? "FAVOR+ attention" : "exact attention", st);
+        rc = library_error(what[c->method], st);
         goto done;
     }
     if (first_nonfinite(out, no)) {
@@ -555,6 +632,7 @@ done:
 
 int cmd_attn(int argc, char **argv) {
     attn_cfg c = {.favor = 1,
+                  .method = 1,
                   .kernel = PF_KERNEL_POSITIVE,
                   .m = 256,
                   .proj = PF_PROJ_ORTHOGONAL,
