@@ -401,13 +401,13 @@ static void eval_point(lab *lb, inputs *in, const method *me, int n, const char 
 
 /* Runs a series (one method over xs) on in, with a progress line. sizes[i] is the method's
  * size at x = xs[i]. */
-static void eval_series(lab *lb, inputs *in, const method *me, const char *panel,
-                        const char *xvar, const int *sizes, const double *xs, int nx) {
+static void eval_series(lab *lb, inputs *in, const method *me, const char *panel, const char *xvar,
+                        const int *sizes, const double *xs, int nx) {
     lb->step++;
     if (lb->fatal) return;
     if (!method_available(me)) {
-        fprintf(stderr, "performer approx: %s: %s is not in this library yet: skipped\n",
-                lb->name, me->series);
+        fprintf(stderr, "performer approx: %s: %s is not in this library yet: skipped\n", lb->name,
+                me->series);
         return;
     }
     double t0 = tool_now_ms();
@@ -427,20 +427,20 @@ static void oom(lab *lb) {
 
 /* ---- the experiments --------------------------------------------------------------------- */
 
-static const method M_POS_ORTH = {"positive orth", EST_FAVOR, PF_KERNEL_POSITIVE,
+static const method M_POS_ORTH = {"positive orth",    EST_FAVOR,   PF_KERNEL_POSITIVE,
                                   PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
-static const method M_POS_IID = {"positive iid", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_IID,
-                                 PF_NORM_CHI, 0};
-static const method M_TRIG_ORTH = {"trig orth", EST_FAVOR, PF_KERNEL_TRIG, PF_PROJ_ORTHOGONAL,
-                                   PF_NORM_CHI, 0};
-static const method M_TRIG_IID = {"trig iid", EST_FAVOR, PF_KERNEL_TRIG, PF_PROJ_IID,
-                                  PF_NORM_CHI, 0};
-static const method M_HYP_ORTH = {"hyperbolic orth", EST_FAVOR, PF_KERNEL_HYPERBOLIC,
+static const method M_POS_IID = {"positive iid", EST_FAVOR,   PF_KERNEL_POSITIVE,
+                                 PF_PROJ_IID,    PF_NORM_CHI, 0};
+static const method M_TRIG_ORTH = {"trig orth",        EST_FAVOR,   PF_KERNEL_TRIG,
+                                   PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
+static const method M_TRIG_IID = {"trig iid",  EST_FAVOR,   PF_KERNEL_TRIG,
+                                  PF_PROJ_IID, PF_NORM_CHI, 0};
+static const method M_HYP_ORTH = {"hyperbolic orth",  EST_FAVOR,   PF_KERNEL_HYPERBOLIC,
                                   PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
-static const method M_OPRF = {"FAVOR++", EST_FAVOR, PF_KERNEL_OPRF, PF_PROJ_ORTHOGONAL,
-                              PF_NORM_CHI, 0};
-static const method M_SDERF = {"FAVOR#", EST_FAVOR, PF_KERNEL_SDERF, PF_PROJ_ORTHOGONAL,
-                               PF_NORM_CHI, 0};
+static const method M_OPRF = {"FAVOR++",          EST_FAVOR,   PF_KERNEL_OPRF,
+                              PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
+static const method M_SDERF = {"FAVOR#",           EST_FAVOR,   PF_KERNEL_SDERF,
+                               PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
 
 static int m_list(const lab *lb, int *ms, double *xs) {
     static const int full[] = {16, 32, 64, 128, 256, 512}, quick[] = {8, 16, 32};
@@ -463,12 +463,17 @@ static void exp_ortho(lab *lb) {
     int sizes[8];
     double xs[8];
     int nx = m_list(lb, sizes, xs);
-    snprintf(lb->title, sizeof(lb->title), "ortho: iid vs orthogonal W, d = %d, Q, K, V ~ N(0, "
-             "sigma^2)", d);
+    snprintf(lb->title, sizeof(lb->title),
+             "ortho: iid vs orthogonal W, d = %d, Q, K, V ~ N(0, "
+             "sigma^2)",
+             d);
     lb->steps = 3 * 4;
     for (int p = 0; p < 3 && !lb->fatal; p++) {
         inputs in;
-        if (inputs_alloc(&in, Ls[p], d, d, H)) { oom(lb); return; }
+        if (inputs_alloc(&in, Ls[p], d, d, H)) {
+            oom(lb);
+            return;
+        }
         fill_normal(in.Q, (size_t)Ls[p] * d, sig[p], 1);
         fill_normal(in.K, (size_t)Ls[p] * d, sig[p], 2);
         fill_normal(in.V, (size_t)Ls[p] * d, 1.0, 3);
@@ -484,8 +489,10 @@ static void exp_ortho(lab *lb) {
 static void exp_maps(lab *lb) {
     const int d = 16, H = draws_of(lb, 15);
     const int L = lb->cfg->quick ? 128 : 1024, m = lb->cfg->quick ? 16 : 128;
-    snprintf(lb->title, sizeof(lb->title), "maps: feature maps as |q|, |k| grow, d = %d, m = %d, "
-             "L = %d, orthogonal W", d, m, L);
+    snprintf(lb->title, sizeof(lb->title),
+             "maps: feature maps as |q|, |k| grow, d = %d, m = %d, "
+             "L = %d, orthogonal W",
+             d, m, L);
     static const double full[] = {0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5};
     static const double quick[] = {0.5, 1.5};
     const double *sig = lb->cfg->quick ? quick : full;
@@ -507,14 +514,20 @@ static void exp_maps(lab *lb) {
         }
         for (int i = 0; i < nx && !lb->fatal; i++) {
             inputs in;
-            if (inputs_alloc(&in, L, d, d, H)) { oom(lb); return; }
+            if (inputs_alloc(&in, L, d, d, H)) {
+                oom(lb);
+                return;
+            }
             if (p == 0) {
                 fill_normal(in.Q, (size_t)L * d, sig[i], 1);
                 fill_normal(in.K, (size_t)L * d, sig[i], 2);
                 fill_normal(in.V, (size_t)L * d, 1.0, 3);
             } else if (fill_anisotropic(&in, sig[i], 100.0)) {
                 inputs_free(&in);
-                { oom(lb); return; }
+                {
+                    oom(lb);
+                    return;
+                }
             }
             if (inputs_finish(lb, &in) == 0) {
                 for (int s = 0; s < 5 && !lb->fatal; s++) {
@@ -554,13 +567,15 @@ static void exp_maps(lab *lb) {
 
 static void exp_norms(lab *lb) {
     const int d = 16, H = draws_of(lb, 15), L = lb->cfg->quick ? 128 : 1024;
-    snprintf(lb->title, sizeof(lb->title), "norms: row norms of orthogonal W, positive map, "
-             "d = %d, L = %d", d, L);
-    static const method chi = {"chi", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+    snprintf(lb->title, sizeof(lb->title),
+             "norms: row norms of orthogonal W, positive map, "
+             "d = %d, L = %d",
+             d, L);
+    static const method chi = {"chi",       EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
                                PF_NORM_CHI, 0};
-    static const method sqd = {"sqrtd", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+    static const method sqd = {"sqrtd",       EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
                                PF_NORM_SQRTD, 0};
-    static const method qmc = {"qmc", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
+    static const method qmc = {"qmc",       EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
                                PF_NORM_QMC, 0};
     const method *ms[3] = {&chi, &sqd, &qmc};
     static const double sig[2] = {1.0, 1.5};
@@ -570,7 +585,10 @@ static void exp_norms(lab *lb) {
     lb->steps = 2 * 3;
     for (int p = 0; p < 2 && !lb->fatal; p++) {
         inputs in;
-        if (inputs_alloc(&in, L, d, d, H)) { oom(lb); return; }
+        if (inputs_alloc(&in, L, d, d, H)) {
+            oom(lb);
+            return;
+        }
         fill_normal(in.Q, (size_t)L * d, sig[p], 1);
         fill_normal(in.K, (size_t)L * d, sig[p], 2);
         fill_normal(in.V, (size_t)L * d, 1.0, 3);
@@ -585,32 +603,38 @@ static void exp_norms(lab *lb) {
 
 static void exp_estimators(lab *lb) {
     const int d = 16, H = draws_of(lb, 15), L = lb->cfg->quick ? 64 : 512;
-    snprintf(lb->title, sizeof(lb->title), "estimators: samples = m (RFA, FAVOR), S (RA) or C "
-             "(LARA), d = %d, L = %d", d, L);
+    snprintf(lb->title, sizeof(lb->title),
+             "estimators: samples = m (RFA, FAVOR), S (RA) or C "
+             "(LARA), d = %d, L = %d",
+             d, L);
     static const int full[] = {4, 8, 16, 32, 64, 128, 256}, quick[] = {4, 8};
     const int nx = lb->cfg->quick ? 2 : 7;
     const int *sizes = lb->cfg->quick ? quick : full;
     double xs[8];
     for (int i = 0; i < nx; i++) xs[i] = sizes[i];
-    static const method rfa = {"RFA", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI,
-                               0};
-    static const method fplus = {"FAVOR+", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_ORTHOGONAL,
-                                 PF_NORM_CHI, 0};
+    static const method rfa = {"RFA", EST_FAVOR, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI, 0};
+    static const method fplus = {"FAVOR+",           EST_FAVOR,   PF_KERNEL_POSITIVE,
+                                 PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
     static const method ra = {"RA", EST_RA, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI, 0};
-    static const method lara = {"LARA", EST_LARA, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI,
-                                0};
-    static const method lara0 = {"LARA eps=0", EST_LARA, PF_KERNEL_POSITIVE, PF_PROJ_IID,
-                                 PF_NORM_CHI, 1};
+    static const method lara = {"LARA", EST_LARA, PF_KERNEL_POSITIVE, PF_PROJ_IID, PF_NORM_CHI, 0};
+    static const method lara0 = {"LARA eps=0", EST_LARA,    PF_KERNEL_POSITIVE,
+                                 PF_PROJ_IID,  PF_NORM_CHI, 1};
     const method *ms[6] = {&rfa, &fplus, &M_OPRF, &ra, &lara, &lara0};
     static const char *const panels[2] = {"clustered", "unstructured"};
     lb->steps = 2 * 6;
     for (int p = 0; p < 2 && !lb->fatal; p++) {
         inputs in;
-        if (inputs_alloc(&in, L, d, d, H)) { oom(lb); return; }
+        if (inputs_alloc(&in, L, d, d, H)) {
+            oom(lb);
+            return;
+        }
         if (p == 0) {
             if (fill_clustered(&in, 8, 1.0, 0.5)) {
                 inputs_free(&in);
-                { oom(lb); return; }
+                {
+                    oom(lb);
+                    return;
+                }
             }
         } else {
             /* the same overall scale as the clustered inputs: E|x|^2 = d (1 + 0.25) */
@@ -631,8 +655,8 @@ static void exp_length(lab *lb) {
     static const int full[] = {256, 512, 1024, 2048, 4096, 8192, 16384};
     static const int quick[] = {64, 128, 256};
     const int nx = lb->cfg->quick ? 3 : 7;
-    snprintf(lb->title, sizeof(lb->title), "length: MSE vs L, d = %d, m = %d, Q, K, V ~ N(0, 1)",
-             d, m);
+    snprintf(lb->title, sizeof(lb->title), "length: MSE vs L, d = %d, m = %d, Q, K, V ~ N(0, 1)", d,
+             m);
     const int *Ls = lb->cfg->quick ? quick : full;
     const method *ms[3] = {&M_POS_ORTH, &M_POS_IID, &M_TRIG_ORTH};
     char panel[48];
@@ -642,7 +666,10 @@ static void exp_length(lab *lb) {
     double t[3] = {0};
     for (int i = 0; i < nx && !lb->fatal; i++) {
         inputs in;
-        if (inputs_alloc(&in, Ls[i], d, d, H)) { oom(lb); return; }
+        if (inputs_alloc(&in, Ls[i], d, d, H)) {
+            oom(lb);
+            return;
+        }
         fill_normal(in.Q, (size_t)Ls[i] * d, 1.0, 1); /* L = 256 is a prefix of L = 512 */
         fill_normal(in.K, (size_t)Ls[i] * d, 1.0, 2);
         fill_normal(in.V, (size_t)Ls[i] * d, 1.0, 3);
@@ -656,8 +683,8 @@ static void exp_length(lab *lb) {
         inputs_free(&in);
     }
     for (int s = 0; s < 3; s++)
-        fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, ++lb->step,
-                lb->steps, panel, ms[s]->series, t[s] / 1e3);
+        fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, ++lb->step, lb->steps,
+                panel, ms[s]->series, t[s] / 1e3);
     /* (x, series) -> (series, x) */
     int n = lb->n - first, k = 0;
     row *tmp = malloc(sizeof(row) * (size_t)(n > 0 ? n : 1));
@@ -701,8 +728,8 @@ static int write_csv(const lab *lb, const char *dir, char *path, size_t cap) {
         fmt_num(b, sizeof(b), r->sd);
         fmt_num(c, sizeof(c), r->median);
         fmt_num(e, sizeof(e), r->exact_ms);
-        fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s\n", r->panel, r->series, r->xvar, r->x,
-                r->draws, r->failed, a, b, c, e);
+        fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s\n", r->panel, r->series, r->xvar, r->x, r->draws,
+                r->failed, a, b, c, e);
     }
     int bad = ferror(f);
     bad |= fclose(f) != 0;
@@ -794,8 +821,10 @@ static int plot(const lab *lb, const char *dir, const char *csv) {
     const char *py = "/usr/bin/python3";
     if (access(py, X_OK) != 0) {
         if (!warned++)
-            fprintf(stderr, "performer approx: %s not found: no plots (the CSV files are "
-                            "written)\n", py);
+            fprintf(stderr,
+                    "performer approx: %s not found: no plots (the CSV files are "
+                    "written)\n",
+                    py);
         return PLOT_MISSING;
     }
     if (!find_script(script, sizeof(script))) {
@@ -822,14 +851,15 @@ static int plot(const lab *lb, const char *dir, const char *csv) {
     if (WEXITSTATUS(status) == 3) { /* the script's code for "no matplotlib / numpy" */
         unlink(tmp);
         if (!warned++)
-            fprintf(stderr, "performer approx: %s has no matplotlib: no plots (the CSV files "
-                            "are written; apt install python3-matplotlib)\n", py);
+            fprintf(stderr,
+                    "performer approx: %s has no matplotlib: no plots (the CSV files "
+                    "are written; apt install python3-matplotlib)\n",
+                    py);
         return PLOT_MISSING;
     }
     if (WEXITSTATUS(status) != 0 || rename(tmp, png) != 0) {
         unlink(tmp);
-        tool_fail(CMD, "drawing %s failed (%s exited with %d)", png, script,
-                  WEXITSTATUS(status));
+        tool_fail(CMD, "drawing %s failed (%s exited with %d)", png, script, WEXITSTATUS(status));
         return PLOT_FAILED;
     }
     return PLOT_OK;
@@ -872,8 +902,7 @@ static int parse_args(approx_cfg *c, int argc, char **argv) {
                     strcat(list, k ? ", " : "");
                     strcat(list, experiments[k].name);
                 }
-                return tool_usage(CMD, "unknown experiment '%s'; expected %s or --all", arg,
-                                  list);
+                return tool_usage(CMD, "unknown experiment '%s'; expected %s or --all", arg, list);
             }
             c->want[e] = 1;
             named = 1;
