@@ -1,0 +1,152 @@
+#!/bin/sh
+# test_approx.sh: end-to-end tests of `performer approx` (the estimator lab) at --quick sizes.
+#
+#   PERFORMER=build/performer BUILD=build sh tests/test_approx.sh
+#
+# - every experiment: the CSV has the documented header, one row per (panel, series, x) (the
+#   counts below follow from the --quick sizes in tools/cmd_approx.c), the draws asked for, and
+#   finite, non-negative statistics; a table on stdout and progress on stderr; no temporary files;
+# - FAVOR++ / FAVOR# series: present, or reported as not in the library (then their rows are
+#   absent); nothing else may be skipped;
+# - the same CSV at 1 and 2 threads (the library's results do not depend on the thread count);
+# - one plot: a PNG is written (when /usr/bin/python3 has matplotlib); without the plotting
+#   script the tool says so and still writes the CSV, exit 0;
+# - bad experiment names and flags: a clear message, exit 2, and no output folder or file.
+# No `set -e`: every check runs, failures are counted, exit 1 if any.
+
+P=${PERFORMER:-build/performer}
+case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
+PY=/usr/bin/python3
+checks=0
+fails=0
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_approx.XXXXXX") || { echo "mktemp failed"; exit 1; }
+trap 'rm -rf "$T"' EXIT
+trap 'exit 1' INT TERM
+
+pass() { checks=$((checks + 1)); }
+fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+
+if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
+
+HEADER="panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,exact_ms"
+
+# csv_ok FILE ROWS DRAWS: header, row count, draws column, finite non-negative numbers
+csv_ok() {
+    f=$1; rows=$2; draws=$3
+    if [ ! -f "$f" ]; then fail "$f: missing"; return; fi
+    h=$(head -n 1 "$f")
+    [ "$h" = "$HEADER" ] && pass || fail "$f: header '$h'"
+    n=$(($(wc -l <"$f") - 1))
+    [ "$n" -eq "$rows" ] && pass || fail "$f: $n rows, expected $rows"
+    bad=$(awk -F, -v D="$draws" 'NR > 1 {
+            if (NF != 10 || $5 != D || $6 != 0) { print NR ": " $0; next }
+            for (i = 7; i <= 10; i++)
+                if ($i !~ /^[0-9.]+(e[-+][0-9]+)?$/) { print NR ": " $0; next }
+            if ($4 !~ /^[0-9.]+$/) print NR ": " $0
+        }' "$f" | head -n 3)
+    [ -z "$bad" ] && pass || fail "$f: bad rows (want $draws draws, none failed, finite): $bad"
+}
+
+# ---- every experiment, --quick --no-plot --------------------------------------------------
+# name:rows (without FAVOR++ / FAVOR#); the FAVOR++ and FAVOR# rows each experiment adds
+for spec in ortho:36:0:0 maps:12:4:4 norms:18:0:0 estimators:20:4:0 length:9:0:0; do
+    name=${spec%%:*}; rest=${spec#*:}
+    rows=${rest%%:*}; rest=${rest#*:}
+    opp=${rest%%:*}; sharp=${rest#*:}
+    out="$T/$name"
+    "$P" approx --quick --no-plot --out "$out" "$name" >"$T/stdout" 2>"$T/stderr"; rc=$?
+    if [ $rc -ne 0 ]; then
+        fail "approx --quick $name: exit $rc: $(tail -n 3 "$T/stderr")"
+        continue
+    fi
+    # a series may only be skipped if it is FAVOR++ or FAVOR# and the tool says so
+    if grep -q "FAVOR++ is not in this library yet" "$T/stderr"; then opp=0; fi
+    if grep -q "FAVOR# is not in this library yet" "$T/stderr"; then sharp=0; fi
+    if grep "not in this library yet" "$T/stderr" | grep -v -q -e "FAVOR++" -e "FAVOR#"; then
+        fail "$name: an unexpected series was skipped: $(cat "$T/stderr")"
+    fi
+    csv_ok "$out/$name.csv" $((rows + opp + sharp)) 3
+    if [ "$opp" -gt 0 ]; then
+        grep -q ",FAVOR++," "$out/$name.csv" && pass || fail "$name: no FAVOR++ rows"
+    fi
+    if [ "$sharp" -gt 0 ]; then
+        grep -q ",FAVOR#," "$out/$name.csv" && pass || fail "$name: no FAVOR# rows"
+    fi
+    grep -q "MSE against exact attention" "$T/stdout" && pass || fail "$name: no table"
+    grep -q "approx $name: \[" "$T/stderr" && pass || fail "$name: no progress on stderr"
+    [ ! -e "$out/$name.png" ] && pass || fail "$name: --no-plot drew a plot"
+    left=$(find "$out" -name '*.tmp.*')
+    [ -z "$left" ] && pass || fail "$name: temporary files left: $left"
+done
+
+# --draws, and the thread count changes nothing
+"$P" approx --quick --no-plot --draws 4 --threads 1 --out "$T/t1" norms >/dev/null 2>&1
+"$P" approx --quick --no-plot --draws 4 --threads 2 --out "$T/t2" norms >/dev/null 2>&1
+csv_ok "$T/t1/norms.csv" 18 4
+if cmp -s "$T/t1/norms.csv" "$T/t2/norms.csv"; then pass
+else fail "norms: different CSV at 1 and 2 threads"; fi
+
+# ---- plots ----------------------------------------------------------------------------------
+if $PY -c 'import matplotlib, numpy' 2>/dev/null; then
+    "$P" approx --quick --out "$T/plot" length >/dev/null 2>"$T/stderr"; rc=$?
+    if [ $rc -ne 0 ]; then fail "plot: exit $rc: $(tail -n 3 "$T/stderr")"
+    elif [ ! -s "$T/plot/length.png" ]; then fail "plot: no length.png"
+    elif [ "$(head -c 4 "$T/plot/length.png" | od -An -c | tr -d ' ')" != "211PNG" ]; then
+        fail "plot: length.png is not a PNG"
+    else pass; fi
+    left=$(find "$T/plot" -name '*.tmp.*')
+    [ -z "$left" ] && pass || fail "plot: temporary files left: $left"
+else
+    echo "NOTE: $PY has no matplotlib: the plot is not checked"
+fi
+# Without the script (a copy of the tool where no scripts/ folder is near): a note, the CSV,
+# exit 0.
+mkdir -p "$T/alone/bin" "$T/alone/run"
+cp "$P" "$T/alone/bin/performer"
+(cd "$T/alone/run" && PERFORMER_SCRIPTS= "$T/alone/bin/performer" approx --quick --out o length \
+    >/dev/null 2>"$T/stderr"); rc=$?
+if [ $rc -ne 0 ]; then fail "no script: exit $rc"
+elif ! grep -q "plot_approx.py not found" "$T/stderr"; then fail "no script: $(cat "$T/stderr")"
+else csv_ok "$T/alone/run/o/length.csv" 9 3; fi
+
+# ---- refusals: exit 2, a clear message, nothing created ---------------------------------------
+refuse() { # refuse "what" want-exit keyword args...
+    what=$1; want=$2; key=$3; shift 3
+    rm -rf "$T/bad"
+    "$P" approx --out "$T/bad" "$@" >/dev/null 2>"$T/err"; rc=$?
+    if [ $rc -ne "$want" ]; then fail "$what: exit $rc, expected $want: $(cat "$T/err")"
+    elif ! grep -q -- "$key" "$T/err"; then fail "$what: message lacks '$key': $(cat "$T/err")"
+    elif [ -e "$T/bad" ]; then fail "$what: the output folder was created"
+    else pass; fi
+}
+refuse "unknown experiment" 2 "unknown experiment 'bogus'" --quick bogus
+refuse "unknown after a good one" 2 "unknown experiment 'ortho2'" --quick ortho ortho2
+refuse "no experiment" 2 "name an experiment or give --all" --quick
+refuse "--all and a name" 2 "not both" --quick --all maps
+refuse "unknown flag" 2 "unknown option '--fast'" --quick --fast ortho
+refuse "--draws 1" 2 "--draws: expected an integer from 2" --quick --draws 1 ortho
+refuse "--draws x" 2 "--draws" --quick --draws x ortho
+refuse "--draws missing" 2 "missing value" --quick ortho --draws
+refuse "--threads -1" 2 "--threads" --quick --threads -1 ortho
+refuse "--quick=1" 2 "takes no value" --quick=1 ortho
+# folders: a missing parent, a file in the way (exit 1)
+"$P" approx --quick --no-plot --out "$T/no/such" length >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "cannot create" "$T/err" && [ ! -e "$T/no" ] && pass ||
+    fail "missing parent: exit $rc: $(cat "$T/err")"
+: >"$T/afile"
+"$P" approx --quick --no-plot --out "$T/afile" length >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "not a folder" "$T/err" && pass ||
+    fail "file as --out: exit $rc: $(cat "$T/err")"
+
+# ---- help -------------------------------------------------------------------------------------
+"$P" approx --help >"$T/help" 2>&1; rc=$?
+[ $rc -eq 0 ] && pass || fail "approx --help exit $rc"
+for w in --all --out --draws --quick --threads --no-plot ortho maps norms estimators length \
+         mse_mean mse_std; do
+    grep -q -- "$w" "$T/help" || fail "approx --help does not mention $w"
+done
+"$P" --help | grep -q "approx" && pass || fail "performer --help does not list approx"
+
+echo "test_approx.sh: $checks checks, $fails failed"
+[ "$fails" -eq 0 ]
