@@ -76,7 +76,8 @@ def main(argv):
     n = len(panels)
     ncols = min(n, 3)
     nrows = (n + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.4 * ncols, 4.3 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.5, 5.4 * ncols), 4.3 * nrows),
+                             squeeze=False)
     handles = {}
     extra = 0
     for ax, (pname, series) in zip(axes.flat, panels.items()):
@@ -128,9 +129,10 @@ def main(argv):
     dr = ", ".join(str(d) for d in draws)
     fig.suptitle(f"{title}\n{dr} draws per point; line: mean, band: mean \u00b1 std",
                  fontsize=11)
+    per_row = 2 if ncols == 1 else 4
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
-               ncol=min(4, len(handles)), fontsize=9, frameon=False)
-    rows_legend = (len(handles) + 3) // 4
+               ncol=min(per_row, len(handles)), fontsize=9, frameon=False)
+    rows_legend = (len(handles) + per_row - 1) // per_row
     fig.tight_layout(rect=(0, 0.035 + 0.045 * rows_legend / nrows, 1, 1))
     fig.savefig(png, dpi=110, format="png")
 

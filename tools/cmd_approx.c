@@ -399,21 +399,52 @@ static void eval_point(lab *lb, inputs *in, const method *me, int n, const char 
     add_row(lb, &r);
 }
 
+/* The progress line of one (panel, series): "approx NAME: [k/n] panel series time". */
+static void progress(lab *lb, const char *panel, const char *series, double ms) {
+    lb->step++;
+    fprintf(stderr, "approx %s: [%d/%d] %-18s %-15s %6.1f s\n", lb->name, lb->step, lb->steps,
+            panel, series, ms / 1e3);
+}
+
 /* Runs a series (one method over xs) on in, with a progress line. sizes[i] is the method's
  * size at x = xs[i]. */
 static void eval_series(lab *lb, inputs *in, const method *me, const char *panel, const char *xvar,
                         const int *sizes, const double *xs, int nx) {
-    lb->step++;
     if (lb->fatal) return;
     if (!method_available(me)) {
+        lb->step++;
         fprintf(stderr, "performer approx: %s: %s is not in this library yet: skipped\n", lb->name,
                 me->series);
         return;
     }
     double t0 = tool_now_ms();
     for (int i = 0; i < nx && !lb->fatal; i++) eval_point(lb, in, me, sizes[i], panel, xvar, xs[i]);
-    fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, lb->step, lb->steps,
-            panel, me->series, (tool_now_ms() - t0) / 1e3);
+    if (!lb->fatal) progress(lb, panel, me->series, tool_now_ms() - t0);
+}
+
+/* Rows from `first` on were added in (panel, x, series) order; puts them in (panel, series, x)
+ * order, panels as they first appear and series as listed, for the table and the CSV. */
+static void reorder(lab *lb, int first, const method *const *ms, int ns) {
+    int n = lb->n - first, k = 0;
+    if (n <= 0) return;
+    row *tmp = malloc(sizeof(row) * (size_t)n);
+    if (!tmp) return; /* the order only matters for reading: keep the rows as they are */
+    for (int i = first; i < lb->n; i++) {
+        int seen = 0;
+        for (int j = first; j < i && !seen; j++)
+            seen = strcmp(lb->rows[j].panel, lb->rows[i].panel) == 0;
+        if (seen) continue;
+        for (int s = 0; s < ns; s++) {
+            for (int j = i; j < lb->n; j++) {
+                const row *r = &lb->rows[j];
+                if (strcmp(r->panel, lb->rows[i].panel) == 0 &&
+                    strcmp(r->series, ms[s]->series) == 0)
+                    tmp[k++] = *r;
+            }
+        }
+    }
+    if (k == n) memcpy(lb->rows + first, tmp, sizeof(row) * (size_t)n);
+    free(tmp);
 }
 
 static int draws_of(const lab *lb, int full) {
@@ -540,29 +571,13 @@ static void exp_maps(lab *lb) {
             inputs_free(&in);
         }
         for (int s = 0; s < 5; s++) {
-            lb->step++;
             if (avail[s])
-                fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, lb->step,
-                        lb->steps, panels[p], ms[s]->series, t0[s] / 1e3);
+                progress(lb, panels[p], ms[s]->series, t0[s]);
+            else
+                lb->step++;
         }
     }
-    /* reorder this experiment's rows from (panel, x, series) to (panel, series, x): a stable
-     * sort on (panel index, series index) */
-    int n = lb->n - first;
-    row *tmp = malloc(sizeof(row) * (size_t)(n > 0 ? n : 1));
-    if (!tmp) return;
-    int k = 0;
-    for (int p = 0; p < 2; p++) {
-        for (int s = 0; s < 5; s++) {
-            for (int i = first; i < lb->n; i++) {
-                const row *r = &lb->rows[i];
-                if (strcmp(r->panel, panels[p]) == 0 && strcmp(r->series, ms[s]->series) == 0)
-                    tmp[k++] = *r;
-            }
-        }
-    }
-    memcpy(lb->rows + first, tmp, sizeof(row) * (size_t)k);
-    free(tmp);
+    reorder(lb, first, ms, 5);
 }
 
 static void exp_norms(lab *lb) {
@@ -654,48 +669,40 @@ static void exp_length(lab *lb) {
     const int d = 16, H = draws_of(lb, 15), m = lb->cfg->quick ? 16 : 64;
     static const int full[] = {256, 512, 1024, 2048, 4096, 8192, 16384};
     static const int quick[] = {64, 128, 256};
+    static const double sig[2] = {1.0, 0.5};
     const int nx = lb->cfg->quick ? 3 : 7;
-    snprintf(lb->title, sizeof(lb->title), "length: MSE vs L, d = %d, m = %d, Q, K, V ~ N(0, 1)", d,
-             m);
+    snprintf(lb->title, sizeof(lb->title),
+             "length: MSE vs L, d = %d, m = %d, Q, K ~ N(0, sigma^2), V ~ N(0, 1)", d, m);
     const int *Ls = lb->cfg->quick ? quick : full;
     const method *ms[3] = {&M_POS_ORTH, &M_POS_IID, &M_TRIG_ORTH};
-    char panel[48];
-    snprintf(panel, sizeof(panel), "m=%d", m);
-    lb->steps = 3;
+    lb->steps = 2 * 3;
     int first = lb->n;
-    double t[3] = {0};
-    for (int i = 0; i < nx && !lb->fatal; i++) {
-        inputs in;
-        if (inputs_alloc(&in, Ls[i], d, d, H)) {
-            oom(lb);
-            return;
-        }
-        fill_normal(in.Q, (size_t)Ls[i] * d, 1.0, 1); /* L = 256 is a prefix of L = 512 */
-        fill_normal(in.K, (size_t)Ls[i] * d, 1.0, 2);
-        fill_normal(in.V, (size_t)Ls[i] * d, 1.0, 3);
-        if (inputs_finish(lb, &in) == 0) {
-            for (int s = 0; s < 3; s++) {
-                double t0 = tool_now_ms();
-                eval_point(lb, &in, ms[s], m, panel, "L", Ls[i]);
-                t[s] += tool_now_ms() - t0;
+    for (int p = 0; p < 2 && !lb->fatal; p++) {
+        char panel[48];
+        snprintf(panel, sizeof(panel), "sigma=%g", sig[p]);
+        double t[3] = {0};
+        for (int i = 0; i < nx && !lb->fatal; i++) {
+            inputs in;
+            if (inputs_alloc(&in, Ls[i], d, d, H)) {
+                oom(lb);
+                return;
             }
+            /* the same streams at every L: the shorter inputs are prefixes of the longer */
+            fill_normal(in.Q, (size_t)Ls[i] * d, sig[p], 1);
+            fill_normal(in.K, (size_t)Ls[i] * d, sig[p], 2);
+            fill_normal(in.V, (size_t)Ls[i] * d, 1.0, 3);
+            if (inputs_finish(lb, &in) == 0) {
+                for (int s = 0; s < 3; s++) {
+                    double t0 = tool_now_ms();
+                    eval_point(lb, &in, ms[s], m, panel, "L", Ls[i]);
+                    t[s] += tool_now_ms() - t0;
+                }
+            }
+            inputs_free(&in);
         }
-        inputs_free(&in);
+        for (int s = 0; s < 3; s++) progress(lb, panel, ms[s]->series, t[s]);
     }
-    for (int s = 0; s < 3; s++)
-        fprintf(stderr, "approx %s: [%d/%d] %-14s %-14s %6.1f s\n", lb->name, ++lb->step, lb->steps,
-                panel, ms[s]->series, t[s] / 1e3);
-    /* (x, series) -> (series, x) */
-    int n = lb->n - first, k = 0;
-    row *tmp = malloc(sizeof(row) * (size_t)(n > 0 ? n : 1));
-    if (!tmp) return;
-    for (int s = 0; s < 3; s++) {
-        for (int i = first; i < lb->n; i++) {
-            if (strcmp(lb->rows[i].series, ms[s]->series) == 0) tmp[k++] = lb->rows[i];
-        }
-    }
-    memcpy(lb->rows + first, tmp, sizeof(row) * (size_t)k);
-    free(tmp);
+    reorder(lb, first, ms, 3);
 }
 
 static const experiment experiments[] = {
