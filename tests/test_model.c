@@ -112,6 +112,8 @@ static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd,
         case PF_KERNEL_RELU:
             phi[f] = (u > 0 ? u : 0) / sqrt(m) + eps;
             break;
+        default: /* not a FAVOR+ map */
+            phi[f] = NAN;
         }
     }
     return pf_kernel_width(kern, m);
@@ -653,8 +655,10 @@ static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_ke
 static void test_threads(void) {
 #ifdef _OPENMP
     pf_model_config cfg = tiny_config(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    /* large enough that every layer's loops run on more than one thread (32K floats) */
     cfg.context = 64;
-    cfg.d_model = 32;
+    cfg.d_model = 128;
+    cfg.heads = 4;
     pf_model *m1 = NULL, *m2 = NULL;
     pf_model_create(&m1, &cfg);
     pf_model_create(&m2, &cfg);
@@ -662,8 +666,8 @@ static void test_threads(void) {
         CHECK(0, "create failed");
         return;
     }
-    const int B = 3, T = 64;
-    int32_t tok[192], tgt[192];
+    const int B = 8, T = 64;
+    int32_t tok[512], tgt[512];
     for (int i = 0; i < B * T; i++) {
         tok[i] = (i * 37 + 11) % V;
         tgt[i] = (i * 53 + 5) % V;
@@ -947,6 +951,8 @@ static void test_arguments(void) {
     CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
     c = tiny_config(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     CHECK_STATUS(pf_model_create(&m, &c), PF_ENOTSUP);
+    c = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_OPRF); /* FAVOR++ is its own kind */
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
     c = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     c.features = 0;
     CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
@@ -989,6 +995,8 @@ int main(void) {
     test_threads();
     test_decoder(PF_LM_EXACT, PF_LM_LEARNED);
     test_decoder(PF_LM_EXACT, PF_LM_ROTARY);
+    test_decoder(PF_LM_FAVOR, PF_LM_LEARNED);
+    test_decoder(PF_LM_FAVOR, PF_LM_ROTARY);
     test_sampling();
     test_adamw();
     test_schedule();

@@ -12,7 +12,8 @@
 # - text data: the Bible is exported by the `bible` program and cached; a plain text file
 #   trains;
 # - sampling: the prompt comes first, the same seed gives the same bytes, --tokens 0 prints
-#   the prompt only, temperature 0 is deterministic whatever the seed;
+#   the prompt only, temperature 0 is deterministic whatever the seed; FAVOR+ decodes with its
+#   recurrent state past the context;
 # - bad input: missing, empty or binary data, a context longer than the data, a checkpoint
 #   that exists without --resume, settings given with --resume, a damaged checkpoint, bad
 #   flags: each a clear message and the right exit status.
@@ -177,6 +178,14 @@ check "--tokens 0 prints the prompt" sh -c "[ \"\$(cat '$T/s4')\" = MA ]"
 $P sample --checkpoint "$C" --tokens 30 --temperature 0 --seed 1 >"$T/g1" 2>/dev/null
 $P sample --checkpoint "$C" --tokens 30 --temperature 0 --seed 2 >"$T/g2" 2>/dev/null
 check "greedy decoding ignores the seed" cmp -s "$T/g1" "$T/g2"
+# FAVOR+ decodes with the recurrent state, past the context with rotary positions
+FC="$T/full-favor/checkpoint.safetensors"
+$P sample --checkpoint "$FC" --prompt "MK" --tokens 100 --seed 2 >"$T/f1" 2>"$T/f.err"
+check "FAVOR+ sample exits 0: $(cat "$T/f.err")" [ $? -eq 0 ]
+check "FAVOR+ sample uses the recurrent state" grep -q "recurrent state" "$T/f.err"
+check "FAVOR+ decoder steps = bytes (no restart)" grep -q "101 decoder steps" "$T/f.err"
+$P sample --checkpoint "$FC" --prompt "MK" --tokens 100 --seed 2 --threads 1 >"$T/f2" 2>/dev/null
+check "FAVOR+: same seed, same sample" cmp -s "$T/f1" "$T/f2"
 # longer than the context (32): the decoder slides its window
 $P sample --checkpoint "$C" --tokens 100 >"$T/s5" 2>/dev/null
 check "sampling past the context" [ $? -eq 0 ]

@@ -103,7 +103,7 @@ int cmd_sample(int argc, char **argv) {
     size_t fed = 0; /* text[0..fed) is in the decoder */
     double t0 = tool_now_ms();
     int64_t steps = 0;
-    for (int i = 0; i <= tokens && st == PF_OK; i++) {
+    for (int i = 0; i < tokens && st == PF_OK; i++) {
         /* feed everything not yet seen, restarting on the last half-context when full */
         while (fed < n && st == PF_OK) {
             if (pf_decoder_position(d) >= limit) {
@@ -115,7 +115,7 @@ int cmd_sample(int argc, char **argv) {
             st = pf_decoder_step(d, logits, text[fed++]);
             steps++;
         }
-        if (st != PF_OK || i == tokens) break;
+        if (st != PF_OK) break;
         int32_t next;
         st = pf_sample_logits(&next, logits, PF_LM_VOCAB, (float)temperature, top_k, &rng);
         if (st != PF_OK) break;

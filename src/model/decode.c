@@ -12,27 +12,6 @@
 
 #define V PF_LM_VOCAB
 
-/* The library's streaming FAVOR+ state (performer.h). TODO: call pf_favor_state_* once the
- * library implements them; until then FAVOR models cannot decode. */
-static pf_status state_create(pf_favor_state **st, int H, int d, int dv, float scale,
-                              const pf_favor_opts *fav) {
-    (void)H, (void)d, (void)dv, (void)scale, (void)fav;
-    *st = NULL;
-    return PF_ENOTSUP;
-}
-static void state_free(pf_favor_state *st) {
-    (void)st;
-}
-static pf_status state_reset(pf_favor_state *st) {
-    (void)st;
-    return PF_ENOTSUP;
-}
-static pf_status state_step(pf_favor_state *st, float *out, const float *q, const float *k,
-                            const float *v, int n) {
-    (void)st, (void)out, (void)q, (void)k, (void)v, (void)n;
-    return PF_ENOTSUP;
-}
-
 struct pf_decoder {
     const pf_model *m;
     int64_t pos;
@@ -50,7 +29,7 @@ struct pf_decoder {
 void pf_decoder_free(pf_decoder *d) {
     if (!d) return;
     if (d->states) {
-        for (int l = 0; l < d->m->config.layers; l++) state_free(d->states[l]);
+        for (int l = 0; l < d->m->config.layers; l++) pf_favor_state_free(d->states[l]);
         free(d->states);
     }
     pf_free(d->kcache);
@@ -102,9 +81,13 @@ pf_status pf_decoder_create(pf_decoder **out, const pf_model *m) {
             fav.W = s.W;
             fav.m = s.m;
             fav.eps = s.eps;
-            /* FAVOR++: the OPRF kernel with s.A (frozen, from training) goes here once the
-             * library has it; pf_model_create refuses PF_LM_FAVORPP until then */
-            pf_status st = state_create(&d->states[l], H, hd, hd, 0.0f, &fav);
+            if (s.kind == PF_LM_FAVORPP) {
+                /* FAVOR++ with the A training left (frozen) */
+                fav.kernel = PF_KERNEL_OPRF;
+                fav.oprf_a_given = 1;
+                fav.oprf_a = s.A;
+            }
+            pf_status st = pf_favor_state_create(&d->states[l], H, hd, hd, 0.0f, &fav);
             if (st != PF_OK) {
                 pf_decoder_free(d);
                 return st;
@@ -120,7 +103,7 @@ pf_status pf_decoder_reset(pf_decoder *d) {
     d->pos = 0;
     if (d->states) {
         for (int l = 0; l < d->m->config.layers; l++) {
-            pf_status st = state_reset(d->states[l]);
+            pf_status st = pf_favor_state_reset(d->states[l]);
             if (st != PF_OK) return st;
         }
     }
@@ -187,7 +170,7 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
                                    &shape, &opts);
             }
         } else {
-            st = state_step(d->states[l], d->att, q, k, v, 1);
+            st = pf_favor_state_step(d->states[l], d->att, q, k, v, 1);
         }
         if (st != PF_OK) return st;
         matmul_forward(d->tmp, d->att, p->attprojw + (size_t)l * C * C, p->attprojb + (size_t)l * C,

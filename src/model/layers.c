@@ -11,6 +11,15 @@
  * Fixed, so the same products happen whatever the thread count. */
 enum { ROW_BLOCK = 128, COL_BLOCK = 64, CHAN_BLOCK = 32 };
 
+/* The threads for a loop touching `work` floats: one below 32K, where waking a team costs more
+ * than it saves (a decoder step works on single rows); else OpenMP's count. The partition of the
+ * work does not depend on it, so neither do the results. pf_threads also pins BLAS to one
+ * thread, which our threads calling sgemm concurrently need. */
+static int threads_for(size_t work) {
+    int nt = pf_threads(0);
+    return work < ((size_t)1 << 15) ? 1 : nt;
+}
+
 static int nblocks(int n, int block) {
     return (n + block - 1) / block;
 }
@@ -25,7 +34,7 @@ static int imin(int a, int b) {
 
 void encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe, int B,
                      int T, int C) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)B * T * C);
     (void)nt;
     // out is (B,T,C), inp (B,T), wte (V,C), wpe (context,C) or NULL
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -45,7 +54,7 @@ void encoder_forward(float *out, const int32_t *inp, const float *wte, const flo
 
 void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T,
                       int C) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)B * T * C);
     (void)nt;
     // dout is (B,T,C). Tokens repeat, so rows of dwte collect from many (b,t): each thread owns
     // a block of channels and walks every (b,t) in order (a fixed summation order).
@@ -76,7 +85,7 @@ void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                        const float *bias, int N, int C) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)N * C);
     (void)nt;
     // out, inp are (N,C); mean, rstd (N); weight, bias (C)
     const double eps = 1e-5;
@@ -105,7 +114,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const float *mean, const float *rstd,
                         int N, int C) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)N * C);
     (void)nt;
     // Input gradient, row by row. With n = (x - mean) rstd and out = n w + b:
     //   dinp = rstd (dn - mean(dn) - n mean(dn n)),  dn = dout w
@@ -160,7 +169,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)N * C * OC);
     (void)nt;
     // out is (N,OC), inp (N,C), weight (OC,C), bias (OC): out = inp weight^T + bias,
     // in blocks of ROW_BLOCK rows (one sgemm each)
@@ -182,7 +191,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)N * C * OC);
     (void)nt;
     // backward of out = inp weight^T + bias, dout (N,OC):
     //   dinp (N,C) = dout weight        (row blocks)
@@ -234,7 +243,7 @@ static void gelu_tanh(float *t, const float *x, int n) {
 
 void gelu_forward(float *out, const float *inp, size_t n) {
     // out = 0.5 x (1 + tanh(k (x + 0.044715 x^3)))
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for(n);
     (void)nt;
     int64_t nb = (int64_t)((n + GELU_BLOCK - 1) / GELU_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -250,7 +259,7 @@ void gelu_forward(float *out, const float *inp, size_t n) {
 
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3 0.044715 x^2)
-    const int nt = pf_threads(0);
+    const int nt = threads_for(n);
     (void)nt;
     int64_t nb = (int64_t)((n + GELU_BLOCK - 1) / GELU_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -271,7 +280,7 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
 }
 
 void residual_forward(float *out, const float *a, const float *b, size_t n) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for(n);
     (void)nt;
 #pragma omp parallel for simd num_threads(nt) schedule(static)
     for (int64_t i = 0; i < (int64_t)n; i++) out[i] = a[i] + b[i];
@@ -301,7 +310,7 @@ void rope_table(float *cos_sin, int T, int hd) {
 
 /* Rotates every row of x (B,H,T,hd) by sign * angle(t). */
 static void rope_apply(float *x, const float *cos_sin, int B, int H, int T, int hd, float sign) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)B * H * T * hd);
     (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t bht = 0; bht < (int64_t)B * H * T; bht++) {
@@ -334,7 +343,7 @@ void rope_backward(float *dx, const float *cos_sin, int B, int H, int T, int hd)
 /* dst (B,H,T,hd) = columns [off + h*hd, off + (h+1)*hd) of src (B,T,ld). */
 static void split_heads(float *dst, const float *src, int ld, int off, int B, int T, int H,
                         int hd) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)B * H * T * hd);
     (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t bht = 0; bht < (int64_t)B * H * T; bht++) {
@@ -349,7 +358,7 @@ static void split_heads(float *dst, const float *src, int ld, int off, int B, in
 /* The inverse: columns [off + h*hd, ...) of dst (B,T,ld) = src (B,H,T,hd). */
 static void merge_heads(float *dst, const float *src, int ld, int off, int B, int T, int H,
                         int hd) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)B * H * T * hd);
     (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
@@ -377,6 +386,12 @@ static void attn_setup(const lm_attn_spec *spec, int B, int T, int H, int hd, pf
     fav->W = spec->W;
     fav->m = spec->m;
     fav->eps = spec->eps;
+    if (spec->kind == PF_LM_FAVORPP) {
+        /* FAVOR++: OPRF features with the model's A (causal: A must be given, SPEC §2b) */
+        fav->kernel = PF_KERNEL_OPRF;
+        fav->oprf_a_given = 1;
+        fav->oprf_a = spec->A;
+    }
 }
 
 pf_status attention_forward(float *out, float *q, float *k, float *v, float *att, float *lse,
@@ -401,12 +416,11 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
         st = pf_attn_exact(att, lse, q, k, v, &shape, &opts);
         break;
     case PF_LM_FAVOR:
+    case PF_LM_FAVORPP:
         st = pf_attn_favor(att, q, k, v, &shape, &opts, &fav);
         break;
     default:
-        /* FAVOR++: pf_attn_favor with the OPRF kernel and spec->A, once the library has it
-         * (the model keeps A's running statistic already; see lm_favorpp_refresh) */
-        st = PF_ENOTSUP;
+        st = PF_EINVAL;
     }
     if (st != PF_OK) return st;
     merge_heads(out, att, C, 0, B, T, H, hd);
@@ -430,10 +444,11 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
         st = pf_attn_exact_backward(dq, dk, dv, datt, q, k, v, att, lse, &shape, &opts);
         break;
     case PF_LM_FAVOR:
+    case PF_LM_FAVORPP:
         st = pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, &shape, &opts, &fav);
         break;
     default:
-        st = PF_ENOTSUP;
+        st = PF_EINVAL;
     }
     if (st != PF_OK) return st;
     if (cos_sin) {
@@ -453,7 +468,7 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
 
 int64_t crossentropy_forward(float *probs, float *losses, const float *logits,
                              const int32_t *targets, int N, int V) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)N * V);
     (void)nt;
     // logits, probs are (N,V); losses, targets (N). loss = logsumexp(l) - l[target]
     int64_t counted = 0;
@@ -484,7 +499,7 @@ int64_t crossentropy_forward(float *probs, float *losses, const float *logits,
 
 void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, float scale,
                            int N, int V) {
-    const int nt = pf_threads(0); /* also pins BLAS to one thread */
+    const int nt = threads_for((size_t)N * V);
     (void)nt;
     // d loss_i / d logit_j = p_j - [j == target]
 #pragma omp parallel for num_threads(nt) schedule(static)

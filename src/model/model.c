@@ -37,10 +37,16 @@ pf_status lm_config_check(const pf_model_config *c) {
     if (c->attention != PF_LM_EXACT && c->attention != PF_LM_FAVOR && c->attention != PF_LM_FAVORPP)
         return PF_EINVAL;
     if (c->attention != PF_LM_EXACT) {
-        if (pf_kernel_width(c->kernel, 1) == 0) return PF_EINVAL;
+        /* FAVOR+ maps; FAVOR++'s OPRF map is PF_LM_FAVORPP's (kernel is ignored there) */
+        if (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_POSITIVE &&
+            c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
+            c->kernel != PF_KERNEL_RELU)
+            return PF_EINVAL;
         if (c->features < 1 || c->features > 65536) return PF_EINVAL;
         if (c->redraw < 0) return PF_EINVAL;
     }
+    /* FAVOR++ is wired through (OPRF features with the running A) but the library's OPRF
+     * attention is not there yet */
     if (c->attention == PF_LM_FAVORPP) return PF_ENOTSUP;
     return PF_OK;
 }
