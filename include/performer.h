@@ -147,7 +147,8 @@ typedef enum pf_kernel {
 /* The feature width r of a kernel with m projections (m or 2m); 0 for an unknown kernel. */
 PF_API int pf_kernel_width(pf_kernel kernel, int m);
 
-/* Parses "positive", "hyperbolic", "trig", "relu"; PF_EINVAL for anything else. */
+/* Parses "positive", "hyperbolic", "trig", "relu", "oprf" (or "favor++"), "sderf" (or "favor#");
+ * PF_EINVAL for anything else. pf_kernel_name gives the first spelling. */
 PF_API pf_status pf_kernel_parse(const char *name, pf_kernel *kernel);
 PF_API const char *pf_kernel_name(pf_kernel kernel);
 
@@ -162,6 +163,40 @@ PF_API const char *pf_kernel_name(pf_kernel kernel);
  * absolutely (relu(Wx)/sqrt(m) + eps). */
 PF_API pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
                              const float *W, int m, pf_kernel kernel, float scale, float eps);
+
+/* FAVOR++ / FAVOR# (SPEC §2b): the parameters of the OPRF and SDERF maps. They are constants of
+ * a forward pass (no gradient flows into them); both sides of an attention must use the same. */
+typedef struct pf_kernel_params {
+    float oprf_a;         /* PF_KERNEL_OPRF: the scalar A < 1/8 (A = 0 is the positive map) */
+    const float *sderf_A; /* PF_KERNEL_SDERF: the symmetric A (d,d), I - 4A positive definite */
+    const float *sderf_B; /* PF_KERNEL_SDERF: B (d,d), the symmetric square root of I - 4A */
+    double sderf_log_D;   /* PF_KERNEL_SDERF: log D = log det(I - 4A) / 4 */
+} pf_kernel_params;
+
+/* pf_features for every kernel: params is read by OPRF and SDERF (required there) and ignored by
+ * the others (may be NULL). pf_features itself refuses OPRF and SDERF (PF_EINVAL). PF_EINVAL
+ * also for A >= 1/8 or not finite, NULL matrices or a log D that is not finite; PF_ENONFINITE
+ * for a matrix holding NaN or Inf. */
+PF_API pf_status pf_features_ex(float *phi, float *logscale, const float *X, int n, int d,
+                                const float *W, int m, pf_kernel kernel, float scale, float eps,
+                                const pf_kernel_params *params);
+
+/* FAVOR++'s optimal A for queries Q (Lq,d) and keys K (Lk,d) (pass only valid rows; padding is
+ * excluded by passing the valid lengths), inputs scaled once by sqrt(scale) (0: 1/sqrt(d)):
+ * s = mean|q'|^2 + mean|k'|^2 + 2 mean(q').mean(k'), each side over its own rows, rho = s/d,
+ * A* = (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16 <= 0, the A minimising the mean over pairs
+ * of the log second moment of a feature product. PF_EINVAL, PF_ENONFINITE (NaN/Inf input). */
+PF_API pf_status pf_oprf_optimal_a(float *A, const float *Q, int Lq, const float *K, int Lk,
+                                   int d, float scale);
+
+/* FAVOR#'s parameters from Q (Lq,d) and K (Lk,d) (valid rows only), scaled as above:
+ * P = M_q + M_k + mu_q mu_k^T + mu_k mu_q^T (M the mean of x' x'^T, mu the mean of x', each side
+ * over its own rows) = U diag(sigma) U^T (LAPACK dsyev), a_i = A*(sigma_i) as above,
+ * A = U diag(a) U^T, B = U diag(sqrt(1 - 4a)) U^T (A, B (d,d), row-major) and
+ * *log_D = sum_i log(1 - 4 a_i) / 4. PF_EINVAL, PF_ENONFINITE, PF_ENOMEM, PF_EDOMAIN if the
+ * eigensolver fails. */
+PF_API pf_status pf_sderf_params(float *A, float *B, double *log_D, const float *Q, int Lq,
+                                 const float *K, int Lk, int d, float scale);
 
 /* ---------------------------------------------------------------------------------------------
  * Attention
@@ -213,7 +248,9 @@ PF_API pf_status pf_attn_exact_ref(float *out, float *lse, const float *Q, const
 
 /* FAVOR+ attention (SPEC §4): out = D^-1 phi(Q) (phi(K)^T V), bidirectional or chunked causal,
  * memory O(L (r + d + dv)) per head. Padded keys contribute nothing. A denominator that is zero
- * or not finite is PF_EDOMAIN (or PF_ENONFINITE), never a NaN in out. */
+ * or not finite is PF_EDOMAIN (or PF_ENONFINITE), never a NaN in out. FAVOR++ takes A per
+ * (batch element, head) from that head's queries and valid keys unless oprf_a_given (causal:
+ * required, PF_EINVAL otherwise); FAVOR# is fitted likewise, bidirectional only (PF_ENOTSUP). */
 PF_API pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
                                const pf_shape *shape, const pf_attn_opts *opts,
                                const pf_favor_opts *favor);

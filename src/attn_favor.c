@@ -28,8 +28,14 @@ enum {
 };
 
 pf_favor_opts pf_favor_opts_default(void) {
-    pf_favor_opts o = {
-        .kernel = PF_KERNEL_POSITIVE, .W = NULL, .m = 0, .w_per_head = 0, .eps = 0.0f, .chunk = 0};
+    pf_favor_opts o = {.kernel = PF_KERNEL_POSITIVE,
+                       .W = NULL,
+                       .m = 0,
+                       .w_per_head = 0,
+                       .eps = 0.0f,
+                       .chunk = 0,
+                       .oprf_a_given = 0,
+                       .oprf_a = 0.0f};
     return o;
 }
 
@@ -41,10 +47,18 @@ pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts, const 
     if (fv->w_per_head != 0 && fv->w_per_head != 1) return PF_EINVAL;
     if (!isfinite(fv->eps) || fv->eps < 0) return PF_EINVAL;
     if (fv->chunk < 0) return PF_EINVAL;
+    if (fv->kernel == PF_KERNEL_OPRF) {
+        if (fv->oprf_a_given != 0 && fv->oprf_a_given != 1) return PF_EINVAL;
+        if (fv->oprf_a_given && !(isfinite(fv->oprf_a) && fv->oprf_a < 0.125f)) return PF_EINVAL;
+        /* a causal A may not look at the sequence (SPEC §2b, "Causal use") */
+        if (opts->causal && !fv->oprf_a_given) return PF_EINVAL;
+    }
     /* W holds (H or 1) * m * d floats; that count, in bytes, must fit in size_t */
     size_t nw = (size_t)fv->m * (size_t)shape->d; /* both < 2^31: no overflow */
     size_t heads = fv->w_per_head ? (size_t)shape->H : 1;
     if (nw > SIZE_MAX / sizeof(float) / heads) return PF_EINVAL;
+    /* FAVOR#'s A comes from the whole sequence: it has no causal form */
+    if (fv->kernel == PF_KERNEL_SDERF && opts->causal) return PF_ENOTSUP;
     if (pf_nonfinite_f32(fv->W, nw * heads)) return PF_ENONFINITE;
     return PF_OK;
 }
@@ -330,7 +344,9 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
 #pragma omp parallel num_threads(nt) reduction(max : worst)
     {
         pf_favor_ws ws;
-        const int ok = pf_favor_ws_alloc(&ws, nb, C, r, s.dv) == 0;
+        pf_kernel_ws kw;
+        int ok = pf_favor_ws_alloc(&ws, nb, C, r, s.dv) == 0;
+        if (pf_kernel_ws_alloc(&kw, favor->kernel, favor->m, s.d) != 0) ok = 0;
         if (!ok) worst = PF_ENOMEM;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < s.B; b++) {
@@ -355,9 +371,11 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
                     pf_nonfinite_f32(hd.V + (size_t)hd.klen * (size_t)s.dv, pad * (size_t)s.dv)) {
                     st = PF_ENONFINITE;
                 } else {
-                    const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
-                    st = opts->causal ? favor_causal_head(&fm, &hd, &ws, C)
-                                      : favor_bidir_head(&fm, &hd, &ws);
+                    pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+                    st = pf_favor_bind(&fm, &kw, favor, hd.Q, s.Lq, hd.K, hd.klen);
+                    if (st == PF_OK)
+                        st = opts->causal ? favor_causal_head(&fm, &hd, &ws, C)
+                                          : favor_bidir_head(&fm, &hd, &ws);
                 }
                 if (st == PF_ENONFINITE || st == PF_ENOMEM)
                     memset(hd.out, 0, sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
@@ -365,6 +383,7 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
             }
         }
         pf_favor_ws_free(&ws);
+        pf_kernel_ws_free(&kw);
     }
     return (pf_status)worst;
 }
@@ -404,7 +423,10 @@ pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const fl
     double *u = malloc(sizeof(double) * (size_t)favor->m);
     double *KV = malloc(sizeof(double) * (size_t)r * (size_t)dv1);
     double *num = malloc(sizeof(double) * (size_t)dv1);
-    if (!phiK || !phiq || !u || !KV || !num) {
+    pf_kernel_ws kw;
+    const int kw_ok = pf_kernel_ws_alloc(&kw, favor->kernel, favor->m, s.d) == 0;
+    if (!kw_ok) memset(&kw, 0, sizeof kw);
+    if (!phiK || !phiq || !u || !KV || !num || !kw_ok) {
         st = PF_ENOMEM;
         goto done;
     }
@@ -416,12 +438,13 @@ pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const fl
             const float *Kh = K + bh * (size_t)s.Lk * (size_t)s.d;
             const float *Vh = V + bh * (size_t)s.Lk * (size_t)dv;
             float *Oh = out + bh * (size_t)s.Lq * (size_t)dv;
-            const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
-            int bad = 0;
-            for (int j = 0; j < klen; j++)
+            pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+            const pf_status sb = pf_favor_bind(&fm, &kw, favor, Qh, s.Lq, Kh, klen);
+            int bad = sb != PF_OK;
+            for (int j = 0; j < klen && !bad; j++)
                 bad |= pf_fmap_row_f64(&fm, phiK + (size_t)j * r, u, Kh + (size_t)j * s.d);
             if (bad) {
-                st = worse(st, PF_ENONFINITE);
+                st = worse(st, sb != PF_OK ? sb : PF_ENONFINITE);
                 memset(Oh, 0, sizeof(float) * (size_t)s.Lq * (size_t)dv);
                 continue;
             }
@@ -468,5 +491,6 @@ done:
     free(u);
     free(KV);
     free(num);
+    pf_kernel_ws_free(&kw);
     return st;
 }

@@ -410,7 +410,9 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
 #pragma omp parallel num_threads(nt) reduction(max : worst)
     {
         bwd_ws ws;
-        const int ok = bwd_ws_alloc(&ws, s.Lq, s.Lk, nb, C, r, s.dv) == 0;
+        pf_kernel_ws kw;
+        int ok = bwd_ws_alloc(&ws, s.Lq, s.Lk, nb, C, r, s.dv) == 0;
+        if (pf_kernel_ws_alloc(&kw, favor->kernel, favor->m, s.d) != 0) ok = 0;
         if (!ok) worst = PF_ENOMEM;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < s.B; b++) {
@@ -441,9 +443,11 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
                            pf_nonfinite_f32(hd.V + kl * (size_t)s.dv, nv - kl * (size_t)s.dv)) {
                     st = PF_ENONFINITE;
                 } else {
-                    const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
-                    st = opts->causal ? bwd_causal_head(&fm, &hd, &ws, C)
-                                      : bwd_bidir_head(&fm, &hd, &ws);
+                    pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+                    st = pf_favor_bind(&fm, &kw, favor, hd.Q, s.Lq, hd.K, hd.klen);
+                    if (st == PF_OK)
+                        st = opts->causal ? bwd_causal_head(&fm, &hd, &ws, C)
+                                          : bwd_bidir_head(&fm, &hd, &ws);
                     if (st == PF_OK && (pf_nonfinite_f32(hd.dQ, nq) ||
                                         pf_nonfinite_f32(hd.dK, nk) || pf_nonfinite_f32(hd.dV, nv)))
                         st = PF_ENONFINITE;
@@ -457,6 +461,7 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
             }
         }
         pf_free(ws.mem);
+        pf_kernel_ws_free(&kw);
     }
     return (pf_status)worst;
 }
@@ -495,7 +500,9 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
     double *dN = malloc(sizeof(double) * (size_t)Lq * dv1);
     double *S = malloc(sizeof(double) * (size_t)r * dv1), *dphi = malloc(sizeof(double) * r);
     double *dx = malloc(sizeof(double) * (size_t)d), *num = malloc(sizeof(double) * dv1);
-    if (!pq || !pk || !uq || !uk || !dN || !S || !dphi || !dx || !num) {
+    pf_kernel_ws kw;
+    const int kw_ok = pf_kernel_ws_alloc(&kw, favor->kernel, m, d) == 0;
+    if (!pq || !pk || !uq || !uk || !dN || !S || !dphi || !dx || !num || !kw_ok) {
         st = PF_ENOMEM;
         goto done;
     }
@@ -509,7 +516,12 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
             const float *Qh = Q + bh * Lq * d, *Kh = K + bh * Lk * d, *Vh = V + bh * Lk * dv;
             const float *Gh = dout + bh * Lq * dv;
             float *dQh = dQ + bh * Lq * d, *dKh = dK + bh * Lk * d, *dVh = dV + bh * Lk * dv;
-            const pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+            pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+            const pf_status sb = pf_favor_bind(&fm, &kw, favor, Qh, Lq, Kh, klen);
+            if (sb != PF_OK) {
+                st = worse(st, sb);
+                continue;
+            }
             int bad = 0;
             for (int i = 0; i < Lq; i++)
                 bad |= pf_fmap_row_f64(&fm, pq + (size_t)i * r, uq + (size_t)i * m,
@@ -597,5 +609,6 @@ done:
     free(dphi);
     free(dx);
     free(num);
+    pf_kernel_ws_free(&kw);
     return st;
 }

@@ -11,15 +11,25 @@
 
 typedef struct pf_fmap {
     pf_kernel kernel;
-    const float *W; /* (m,d) */
-    int m, d, r;    /* r = pf_kernel_width(kernel, m) */
-    float sqrt_s;   /* x' = x sqrt(s) */
-    double s;       /* the effective scale s */
-    float eps;      /* >= 0, see pf_features */
-    double wmax;    /* the largest row norm of W (bounds |u| for the overflow test) */
+    const float *W;      /* (m,d): the projection the block path multiplies by: the drawn W, or
+                            for SDERF its rows times B (B w_f) */
+    const float *W0;     /* (m,d): the drawn W (the float64 path's) */
+    int m, d, r;         /* r = pf_kernel_width(kernel, m) */
+    float sqrt_s;        /* x' = x sqrt(s) */
+    double s;            /* the effective scale s */
+    float eps;           /* >= 0, see pf_features */
+    double wmax;         /* a bound of |u_f - bias_f| / |x'| (the overflow test) */
+    float wscale;        /* U = wscale X W^T: sqrt(s), times B for OPRF */
+    /* OPRF and SDERF (pf_fmap_bind), u_f = B w_f.x' + bias_f, phi = D exp(u - h)/sqrt(m): */
+    const float *bias;   /* (m): A |w_f|^2 or w_f^T A w_f, rounded from bias64; NULL otherwise */
+    const double *bias64;/* (m) */
+    double logd;         /* log D; 0 for the other maps */
+    double oprf_b;       /* OPRF: B = sqrt(1 - 4A) */
+    const float *sderf_B;/* SDERF: B (d,d) */
 } pf_fmap;
 
-/* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). */
+/* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). OPRF and
+ * SDERF maps need pf_fmap_bind (or pf_favor_bind) before use. */
 PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale,
                                  float eps);
 
@@ -31,6 +41,7 @@ PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d,
  * feature move by the rounding of that shift, consistently: phi~ exp(c) is unchanged)
  *   trig        c = h,             phi~ = [sin u, cos u]/sqrt(m)
  *   relu        c = 0,             phi~ = relu(u)/sqrt(m) + eps
+ *   oprf, sderf u += bias, then as positive with c += log D
  * and for the softmax maps phi~ += eps * max|phi~|. amax (n), if not NULL, receives that
  * max|phi~| before eps (the backward needs it). Row i depends on row i of X only.
  * PF_ENONFINITE if a row of X holds NaN or Inf or its u overflowed (that row is zeroed, the
@@ -57,8 +68,9 @@ PF_INTERNAL void pf_fmap_row_f64_backward(const pf_fmap *f, double *dx, const do
                                           const float *x, const double *u);
 
 /* The checks every FAVOR+ entry point makes: pf_attn_check, then the FAVOR options (W not
- * NULL, m > 0, known kernel, w_per_head 0 or 1, eps finite and >= 0, chunk >= 0): PF_EINVAL;
- * then W finite: PF_ENONFINITE. */
+ * NULL, m > 0, known kernel, w_per_head 0 or 1, eps finite and >= 0, chunk >= 0; OPRF:
+ * oprf_a_given 0 or 1, a given A finite and < 1/8, causal only with a given A): PF_EINVAL;
+ * causal SDERF: PF_ENOTSUP; then W finite: PF_ENONFINITE. */
 PF_INTERNAL pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts,
                                      const pf_favor_opts *favor);
 
@@ -110,6 +122,46 @@ PF_INTERNAL void pf_favor_ws_free(pf_favor_ws *ws);
 PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV,
                                            double *M, float *out, const float *Q, const float *K,
                                            const float *V, int L, int klen, int dv);
+
+/* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (favor_opt.c) ----------------------------- */
+
+/* Storage for one head's OPRF/SDERF parameters, bound into a pf_fmap. */
+typedef struct pf_kernel_ws {
+    float *A, *B;     /* (d,d): SDERF's matrices */
+    float *weff;      /* (m,d): SDERF: rows B w_f */
+    float *bias;      /* (m) */
+    double *bias64;   /* (m) */
+    double *dwork;    /* SDERF: the fit's and the binding's scratch */
+    float *fwork;     /* SDERF: (2 d d) */
+    int lwork;        /* doubles in dwork for dsyev */
+    void *mem;
+} pf_kernel_ws;
+
+/* Allocates kw for a kernel (nothing for the maps without parameters). 0, or -1 (no memory). */
+PF_INTERNAL int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d);
+PF_INTERNAL void pf_kernel_ws_free(pf_kernel_ws *kw);
+
+/* OPRF: binds A (< 1/8, finite: checked by the caller) to a map from pf_fmap_make. SDERF: binds
+ * A, B (d,d) and log D. The map keeps pointers into kw (and to A, B for SDERF). PF_ENONFINITE if
+ * a parameter derived from them is not finite. Other kernels: nothing to do, PF_OK. */
+PF_INTERNAL pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A,
+                                   const float *B, double log_d);
+
+/* OPRF's A* of one head (pf_oprf_optimal_a's formula) into *A: the statistics in double of
+ * x' = x sqrt_s. PF_ENONFINITE if they are not finite, PF_ENOMEM. */
+PF_INTERNAL pf_status pf_oprf_a_star(double *A, const float *Q, int Lq, const float *K, int Lk,
+                                     int d, float sqrt_s);
+
+/* SDERF's A, B (d,d) into kw->A, kw->B and *log_d (pf_sderf_params's formula), x' = x sqrt_s.
+ * PF_ENONFINITE (non-finite input), PF_EDOMAIN (eigensolver failure). */
+PF_INTERNAL pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float *Q, int Lq,
+                                   const float *K, int Lk, int d, float sqrt_s);
+
+/* What an attention does per (batch element, head) before using fm: OPRF with favor->oprf_a, or
+ * A* from the head's queries Q (Lq,d) and valid keys K (klen,d); SDERF fitted to them. Other
+ * kernels: nothing. Causal passes need oprf_a_given (pf_favor_check sees to it). */
+PF_INTERNAL pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
+                                    const float *Q, int Lq, const float *K, int klen);
 
 /* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
 PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);

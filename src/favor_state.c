@@ -25,6 +25,7 @@ struct pf_favor_state {
     int H, d, dv, r, C;
     float *W;         /* (H or 1, m, d): the caller's W, copied */
     pf_fmap *fm;      /* (H): each head's feature map (W pointing into the copy) */
+    pf_kernel_ws *kw; /* (H): OPRF: each head's bias (A |w_f|^2) */
     float *SV;        /* (H, r + C, dv+1): per head S, then C rows of scratch */
     double *M;        /* (H): per head reference; -inf before the first token */
     int64_t pos;      /* tokens consumed */
@@ -37,6 +38,9 @@ void pf_favor_state_free(pf_favor_state *st) {
     if (st->ws)
         for (int t = 0; t < st->nws; t++) pf_favor_ws_free(&st->ws[t]);
     free(st->ws);
+    if (st->kw)
+        for (int h = 0; h < st->H; h++) pf_kernel_ws_free(&st->kw[h]);
+    free(st->kw);
     free(st->fm);
     pf_free(st->W);
     pf_free(st->SV);
@@ -77,9 +81,12 @@ pf_status pf_favor_state_create(pf_favor_state **state, int H, int d, int dv, fl
     st->SV = pf_alloc((size_t)H * rows * dv1, sizeof(float));
     st->M = malloc(sizeof(double) * (size_t)H);
     st->ws = calloc((size_t)st->nws, sizeof(pf_favor_ws));
-    int ok = st->W && st->fm && st->SV && st->M && st->ws;
+    st->kw = calloc((size_t)H, sizeof(pf_kernel_ws));
+    int ok = st->W && st->fm && st->SV && st->M && st->ws && st->kw;
     for (int t = 0; ok && t < st->nws; t++)
         ok = pf_favor_ws_alloc(&st->ws[t], pf_favor_block(1, C), C, r, dv) == 0;
+    for (int h = 0; ok && h < H; h++)
+        ok = pf_kernel_ws_alloc(&st->kw[h], favor->kernel, favor->m, d) == 0;
     if (!ok) {
         pf_favor_state_free(st);
         return PF_ENOMEM;
@@ -87,7 +94,15 @@ pf_status pf_favor_state_create(pf_favor_state **state, int H, int d, int dv, fl
     memcpy(st->W, favor->W, sizeof(float) * wh * nw);
     pf_favor_opts own = *favor;
     own.W = st->W;
-    for (int h = 0; h < H; h++) st->fm[h] = pf_favor_fmap(&shape, &opts, &own, h);
+    for (int h = 0; h < H; h++) {
+        /* OPRF: the given A (pf_favor_check insists on one for causal use) */
+        st->fm[h] = pf_favor_fmap(&shape, &opts, &own, h);
+        pf_status sb = pf_fmap_bind(&st->fm[h], &st->kw[h], favor->oprf_a, NULL, NULL, 0.0);
+        if (sb != PF_OK) {
+            pf_favor_state_free(st);
+            return sb;
+        }
+    }
     pf_favor_state_reset(st);
     *state = st;
     return PF_OK;

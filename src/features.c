@@ -16,6 +16,8 @@ int pf_kernel_width(pf_kernel kernel, int m) {
     switch (kernel) {
     case PF_KERNEL_POSITIVE:
     case PF_KERNEL_RELU:
+    case PF_KERNEL_OPRF:
+    case PF_KERNEL_SDERF:
         return m;
     case PF_KERNEL_HYPERBOLIC:
     case PF_KERNEL_TRIG:
@@ -24,21 +26,28 @@ int pf_kernel_width(pf_kernel kernel, int m) {
     return 0;
 }
 
-static const char *const kernel_names[] = {"positive", "hyperbolic", "trig", "relu"};
+enum { NKERNELS = 6 };
+static const char *const kernel_names[NKERNELS] = {"positive", "hyperbolic", "trig",
+                                                   "relu",     "oprf",       "sderf"};
 
 pf_status pf_kernel_parse(const char *name, pf_kernel *kernel) {
     if (!name || !kernel) return PF_EINVAL;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < NKERNELS; k++) {
         if (strcmp(name, kernel_names[k]) == 0) {
             *kernel = (pf_kernel)k;
             return PF_OK;
         }
     }
+    /* the papers' names */
+    if (strcmp(name, "favor++") == 0 || strcmp(name, "favor#") == 0) {
+        *kernel = name[5] == '+' ? PF_KERNEL_OPRF : PF_KERNEL_SDERF;
+        return PF_OK;
+    }
     return PF_EINVAL;
 }
 
 const char *pf_kernel_name(pf_kernel kernel) {
-    if ((int)kernel < 0 || (int)kernel > 3) return "unknown";
+    if ((int)kernel < 0 || (int)kernel >= NKERNELS) return "unknown";
     return kernel_names[kernel];
 }
 
@@ -59,6 +68,7 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
     pf_fmap f;
     f.kernel = kernel;
     f.W = W;
+    f.W0 = W;
     f.m = m;
     f.d = d;
     f.r = pf_kernel_width(kernel, m);
@@ -72,6 +82,12 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
         wmax = fmax(wmax, sqrt(sq));
     }
     f.wmax = wmax;
+    f.wscale = f.sqrt_s;
+    f.bias = NULL;
+    f.bias64 = NULL;
+    f.logd = 0;
+    f.oprf_b = 1;
+    f.sderf_B = NULL;
     return f;
 }
 
@@ -91,12 +107,19 @@ static void add_const(float *p, int n, float add) {
     for (int f = 0; f < n; f++) p[f] += add;
 }
 
+/* p[0..n) += b[0..n) */
+static void add_vec(float *restrict p, const float *restrict b, int n) {
+#pragma omp simd
+    for (int f = 0; f < n; f++) p[f] += b[f];
+}
+
 pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
                        const float *X, int n) {
     const int m = fm->m, d = fm->d;
     const pf_simd_table *vk = pf_simd();
-    /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x'. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, d, fm->sqrt_s, X, d, fm->W, d, 0.0f,
+    /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
+     * SDERF: rows B w_f, then the bias). */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, d, fm->wscale, X, d, fm->W, d, 0.0f,
                 phi, ldphi);
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
@@ -119,6 +142,11 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, floa
         }
         float top = 0; /* the row's largest |phi~| before eps */
         switch (fm->kernel) {
+        case PF_KERNEL_OPRF:
+        case PF_KERNEL_SDERF:
+            /* D exp(u + bias - h)/sqrt(m): the positive map on u + bias, log D into c */
+            add_vec(p, fm->bias, m);
+            /* fall through */
         case PF_KERNEL_POSITIVE: {
             /* exp(u - h)/sqrt(m) = exp(u - t) exp(c), t = max u + ln sqrt(m) rounded to float
              * and c = t - ln sqrt(m) - h: the 1/sqrt(m) rides in the shift, and c uses the
@@ -127,7 +155,7 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, floa
             const float mx = vk->max(p, (size_t)m);
             const float t = (float)((double)mx + lnr);
             vk->exp_sub_sum(p, p, t, (size_t)m);
-            c[i] = (double)t - lnr - h;
+            c[i] = (double)t - lnr - h + fm->logd;
             top = (float)exp((double)mx - (double)t);
             if (eps > 0) add_const(p, m, eps * top);
             break;
@@ -280,6 +308,8 @@ void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi
         /* a_f = dg/du_f into dp[0..m); b = dg/dh */
         switch (fm->kernel) {
         case PF_KERNEL_POSITIVE: /* g = exp(u - h - t): dg/du = g, dg/dh = -g */
+        case PF_KERNEL_OPRF:     /* the same in u = B w.x' + bias (the bias is a constant) */
+        case PF_KERNEL_SDERF:
             b[i] = -bwd_positive(dp, p, sub, m);
             break;
         case PF_KERNEL_HYPERBOLIC: /* g1 = exp(u - h - t), g2 = exp(-u - h - t) */
@@ -296,9 +326,10 @@ void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi
         }
         }
     }
-    /* dx = sqrt(s) dx' = sqrt(s) (a W + b x') = sqrt(s) a W + s b x */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, m, fm->sqrt_s, dphi, lddphi, fm->W,
-                d, 0.0f, dX, d);
+    /* dx = sqrt(s) dx' = sqrt(s) (a W + b x') = sqrt(s) a W + s b x (du/dx': OPRF B W, SDERF the
+     * rows B w_f: wscale and fm->W say which) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, m, fm->wscale, dphi, lddphi,
+                fm->W, d, 0.0f, dX, d);
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     for (int i = 0; i < n; i++) {
         if (b[i] == 0) continue;
@@ -309,23 +340,16 @@ void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi
     }
 }
 
-pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d, const float *W,
-                      int m, pf_kernel kernel, float scale, float eps) {
-    if (!phi || !X || !W) return PF_EINVAL;
-    if (n <= 0 || d <= 0 || m <= 0) return PF_EINVAL;
-    const int r = pf_kernel_width(kernel, m);
-    if (r == 0) return PF_EINVAL;
-    if (!isfinite(scale) || scale < 0 || !isfinite(eps) || eps < 0) return PF_EINVAL;
-    if (pf_nonfinite_f32(X, (size_t)n * (size_t)d) || pf_nonfinite_f32(W, (size_t)m * (size_t)d))
-        return PF_ENONFINITE;
-
-    const pf_fmap fm = pf_fmap_make(kernel, W, m, d, scale, eps);
+/* Features of n rows with a bound map, in blocks of 128 rows. */
+static pf_status features_rows(const pf_fmap *fm, float *phi, float *logscale, const float *X,
+                               int n) {
+    const int r = fm->r, d = fm->d;
     enum { NB = 128 };
     double c[NB];
     for (int i0 = 0; i0 < n; i0 += NB) {
         const int nb = n - i0 < NB ? n - i0 : NB;
         float *p0 = phi + (size_t)i0 * (size_t)r;
-        pf_status st = pf_fmap_rows(&fm, p0, r, c, NULL, X + (size_t)i0 * (size_t)d, nb);
+        pf_status st = pf_fmap_rows(fm, p0, r, c, NULL, X + (size_t)i0 * (size_t)d, nb);
         if (st != PF_OK) return st;
         for (int i = 0; i < nb; i++) {
             if (logscale) {
@@ -342,19 +366,78 @@ pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
     return PF_OK;
 }
 
+pf_status pf_features_ex(float *phi, float *logscale, const float *X, int n, int d, const float *W,
+                         int m, pf_kernel kernel, float scale, float eps,
+                         const pf_kernel_params *params) {
+    if (!phi || !X || !W) return PF_EINVAL;
+    if (n <= 0 || d <= 0 || m <= 0) return PF_EINVAL;
+    const int r = pf_kernel_width(kernel, m);
+    if (r == 0) return PF_EINVAL;
+    if (!isfinite(scale) || scale < 0 || !isfinite(eps) || eps < 0) return PF_EINVAL;
+    const size_t dd = (size_t)d * (size_t)d;
+    if (kernel == PF_KERNEL_OPRF) {
+        if (!params || !isfinite(params->oprf_a) || !(params->oprf_a < 0.125f)) return PF_EINVAL;
+    } else if (kernel == PF_KERNEL_SDERF) {
+        if (!params || !params->sderf_A || !params->sderf_B || !isfinite(params->sderf_log_D))
+            return PF_EINVAL;
+        if (pf_nonfinite_f32(params->sderf_A, dd) || pf_nonfinite_f32(params->sderf_B, dd))
+            return PF_ENONFINITE;
+    }
+    if (pf_nonfinite_f32(X, (size_t)n * (size_t)d) || pf_nonfinite_f32(W, (size_t)m * (size_t)d))
+        return PF_ENONFINITE;
+
+    pf_fmap fm = pf_fmap_make(kernel, W, m, d, scale, eps);
+    pf_kernel_ws kw;
+    if (pf_kernel_ws_alloc(&kw, kernel, m, d) != 0) return PF_ENOMEM;
+    pf_status st = PF_OK;
+    if (kernel == PF_KERNEL_OPRF)
+        st = pf_fmap_bind(&fm, &kw, params->oprf_a, NULL, NULL, 0.0);
+    else if (kernel == PF_KERNEL_SDERF)
+        st = pf_fmap_bind(&fm, &kw, 0.0f, params->sderf_A, params->sderf_B, params->sderf_log_D);
+    if (st == PF_OK) st = features_rows(&fm, phi, logscale, X, n);
+    pf_kernel_ws_free(&kw);
+    return st;
+}
+
+pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d, const float *W,
+                      int m, pf_kernel kernel, float scale, float eps) {
+    /* OPRF and SDERF have parameters: pf_features_ex */
+    if (kernel == PF_KERNEL_OPRF || kernel == PF_KERNEL_SDERF) return PF_EINVAL;
+    return pf_features_ex(phi, logscale, X, n, d, W, m, kernel, scale, eps, NULL);
+}
+
 /* ---- float64 features, one row at a time: the references' own code ----------------------- */
 
-/* u = W x' into u (m) for x' = x sqrt(s); returns h = |x'|^2 / 2. */
+/* (B z)_k for OPRF (scalar B) and SDERF (the float matrix B, symmetric), z = y, or x sq if y is
+ * NULL */
+static double apply_b(const pf_fmap *fm, const double *y, const float *x, double sq, int k) {
+    if (fm->kernel == PF_KERNEL_OPRF) return fm->oprf_b * (y ? y[k] : (double)x[k] * sq);
+    const float *row = fm->sderf_B + (size_t)k * (size_t)fm->d;
+    double acc = 0;
+    for (int l = 0; l < fm->d; l++) acc += (double)row[l] * (y ? y[l] : (double)x[l] * sq);
+    return acc;
+}
+
+/* u = W x' into u (m) for x' = x sqrt(s) (OPRF, SDERF: u_f = w_f.B x' + bias_f); returns
+ * h = |x'|^2 / 2. */
 static double project_f64(const pf_fmap *fm, double *u, const float *x) {
     const int m = fm->m, d = fm->d;
     const double sq = sqrt(fm->s);
+    const int opt = fm->kernel == PF_KERNEL_OPRF || fm->kernel == PF_KERNEL_SDERF;
     double h = 0;
     for (int k = 0; k < d; k++) h += ((double)x[k] * sq) * ((double)x[k] * sq);
+    double y[256]; /* B x' (for larger d, B x' is recomputed per feature) */
+    const int keep = opt && d <= 256;
+    if (keep)
+        for (int k = 0; k < d; k++) y[k] = apply_b(fm, NULL, x, sq, k);
     for (int f = 0; f < m; f++) {
-        const float *w = fm->W + (size_t)f * (size_t)d;
+        const float *w = fm->W0 + (size_t)f * (size_t)d;
         double acc = 0;
-        for (int k = 0; k < d; k++) acc += (double)w[k] * ((double)x[k] * sq);
-        u[f] = acc;
+        for (int k = 0; k < d; k++) {
+            const double xk = !opt ? (double)x[k] * sq : keep ? y[k] : apply_b(fm, NULL, x, sq, k);
+            acc += (double)w[k] * xk;
+        }
+        u[f] = acc + (opt ? fm->bias64[f] : 0.0);
     }
     return 0.5 * h;
 }
@@ -365,6 +448,9 @@ static double base_f64(const pf_fmap *fm, const double *u, double h, int f) {
     switch (fm->kernel) {
     case PF_KERNEL_POSITIVE:
         return exp(u[f] - h) / sqrt((double)m);
+    case PF_KERNEL_OPRF:
+    case PF_KERNEL_SDERF:
+        return exp(u[f] - h + fm->logd) / sqrt((double)m);
     case PF_KERNEL_HYPERBOLIC:
         return (f < m ? exp(u[f] - h) : exp(-u[f - m] - h)) / sqrt(2.0 * (double)m);
     case PF_KERNEL_TRIG:
@@ -420,7 +506,10 @@ void pf_fmap_row_f64_backward(const pf_fmap *fm, double *dx, const double *dphi,
     double extra = 0;
     if (fm->kernel != PF_KERNEL_RELU) extra = (double)fm->eps * (gmax < 0 ? -1.0 : 1.0) * dsum;
 
-    /* dx' = sum_f (dg/du_f) w_f + (dg/dh) x'  (du_f/dx' = w_f, dh/dx' = x') */
+    /* dx' = sum_f (dg/du_f) w_f + (dg/dh) x'  (du_f/dx' = w_f, dh/dx' = x'; OPRF and SDERF:
+     * du_f/dx' = B w_f, so dx' = B sum_f (dg/du_f) w_f + (dg/dh) x') */
+    const int opt = fm->kernel == PF_KERNEL_OPRF || fm->kernel == PF_KERNEL_SDERF;
+    const int late = opt && d <= 256; /* B applied once at the end (else per feature) */
     for (int k = 0; k < d; k++) dx[k] = 0;
     double b = 0;
     for (int f = 0; f < m; f++) {
@@ -432,6 +521,8 @@ void pf_fmap_row_f64_backward(const pf_fmap *fm, double *dx, const double *dphi,
         double a = 0;
         switch (fm->kernel) {
         case PF_KERNEL_POSITIVE: /* g = exp(u - h)/sqrt(m) */
+        case PF_KERNEL_OPRF:     /* g = D exp(u - h)/sqrt(m), u = w.B x' + bias */
+        case PF_KERNEL_SDERF:
             a = d1 * g1;
             b -= d1 * g1;
             break;
@@ -447,8 +538,17 @@ void pf_fmap_row_f64_backward(const pf_fmap *fm, double *dx, const double *dphi,
             a = u[f] > 0 ? d1 / sqrt((double)m) : 0.0;
             break;
         }
-        const float *w = fm->W + (size_t)f * (size_t)d;
+        const float *w = fm->W0 + (size_t)f * (size_t)d;
+        if (opt && !late) {
+            for (int k = 0; k < d; k++) dx[k] += a * apply_b(fm, NULL, w, 1.0, k); /* B w_f */
+            continue;
+        }
         for (int k = 0; k < d; k++) dx[k] += a * (double)w[k];
+    }
+    if (late) {
+        double t[256];
+        for (int k = 0; k < d; k++) t[k] = dx[k];
+        for (int k = 0; k < d; k++) dx[k] = apply_b(fm, t, x, sq, k);
     }
     for (int k = 0; k < d; k++) dx[k] = (dx[k] + b * ((double)x[k] * sq)) * sq;
 }

@@ -39,6 +39,10 @@ static void phi_f64(double *phi, const float *x, int d, const float *W, int m, p
         case PF_KERNEL_RELU:
             phi[f] = (u > 0 ? u : 0) / sqrt(m);
             break;
+        case PF_KERNEL_OPRF: /* (test_favor_opt.c) */
+        case PF_KERNEL_SDERF:
+            phi[f] = NAN;
+            break;
         }
     }
     int r = pf_kernel_width(kernel, m);
@@ -456,7 +460,7 @@ static void test_errors(void) {
     g.m = -4;
     CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
     g = f;
-    g.kernel = (pf_kernel)5;
+    g.kernel = (pf_kernel)6;
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
     g = f;
     g.w_per_head = 2;

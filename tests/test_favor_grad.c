@@ -39,6 +39,10 @@ static void phi_f64(double *phi, const double *x, int d, const float *W, int m, 
         case PF_KERNEL_RELU:
             phi[f] = (u > 0 ? u : 0) / sqrt(m);
             break;
+        case PF_KERNEL_OPRF: /* (test_favor_opt.c) */
+        case PF_KERNEL_SDERF:
+            phi[f] = NAN;
+            break;
         }
     }
     int r = pf_kernel_width(kernel, m);

@@ -1,0 +1,277 @@
+/* favor_opt.c: the parameters of FAVOR++ (OPRF) and FAVOR# (SDERF), SPEC §2b.
+ *
+ * Both maps are the positive map with a quadratic term in w and a scaled (OPRF) or rotated and
+ * scaled (SDERF) projection: phi(x) = D/sqrt(m) exp(u_f - |x'|^2/2), u_f = w_f^T B x' + w_f^T A w_f
+ * (OPRF: A, B scalars times I). Binding a map to its parameters precomputes what depends on W
+ * only: the bias w_f^T A w_f (in double), and for SDERF the rows B w_f, so that the block path is
+ * one sgemm plus a bias per column, exactly as the positive map.
+ *
+ * The statistics come from the inputs scaled once, x' = x sqrt(s), each side averaged over its
+ * own rows (the caller passes only valid ones), and one A serves both sides: the three flaws of
+ * the TF "expplus" code (inputs scaled twice, a different A per side when the lengths differ,
+ * padding in the statistics) are avoided by construction. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "favor.h"
+
+/* LAPACK's symmetric eigensolver (OpenBLAS ships LAPACK), Fortran calling convention: every
+ * argument by reference, then the hidden lengths of the two character arguments. */
+extern void dsyev_(const char *jobz, const char *uplo, const int *n, double *a, const int *lda,
+                   double *w, double *work, const int *lwork, int *info, size_t jobz_len,
+                   size_t uplo_len);
+
+/* Rounds a count of 4- or 8-byte items up to a whole number of 64-byte lines. */
+static size_t lines(size_t n, size_t size) {
+    return (n * size + 63) / 64 * 64;
+}
+
+int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d) {
+    memset(kw, 0, sizeof *kw);
+    if (kernel != PF_KERNEL_OPRF && kernel != PF_KERNEL_SDERF) return 0;
+    const int sd = kernel == PF_KERNEL_SDERF;
+    const size_t M = (size_t)m, D = (size_t)d;
+    /* dsyev wants lwork >= 3d - 1, and (block size + 2) d to run blocked: 66 d is plenty */
+    kw->lwork = sd ? 66 * d : 0;
+    /* dwork: SDERF binding: W and W A in double (2 m d); fit: P, means (d d + 3 d) + lwork */
+    const size_t nd = sd ? 2 * M * D + D * D + 3 * D + (size_t)kw->lwork : 0;
+    const size_t sz[7] = {lines(sd ? D * D : 0, 4), lines(sd ? D * D : 0, 4),
+                          lines(sd ? M * D : 0, 4), lines(M, 4),
+                          lines(M, 8),              lines(nd, 8),
+                          lines(sd ? 2 * D * D : 0, 4)};
+    size_t total = 0;
+    for (int i = 0; i < 7; i++) total += sz[i];
+    char *p = pf_alloc(total, 1);
+    if (!p) return -1;
+    kw->mem = p;
+    kw->A = (float *)p;
+    p += sz[0];
+    kw->B = (float *)p;
+    p += sz[1];
+    kw->weff = (float *)p;
+    p += sz[2];
+    kw->bias = (float *)p;
+    p += sz[3];
+    kw->bias64 = (double *)p;
+    p += sz[4];
+    kw->dwork = (double *)p;
+    p += sz[5];
+    kw->fwork = (float *)p;
+    return 0;
+}
+
+void pf_kernel_ws_free(pf_kernel_ws *kw) {
+    if (kw) pf_free(kw->mem);
+}
+
+/* A*(rho) = (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16, the smaller root of
+ * 16 A^2 + (4 rho - 2) A - rho = 0. For small rho the same value is -rho / (1 - 2 rho + sqrt(.)),
+ * which avoids the cancellation of 1 against sqrt(.) ~ 1. */
+static double a_star(double rho) {
+    const double q = sqrt((2 * rho + 1) * (2 * rho + 1) + 8 * rho);
+    return rho <= 1 ? -rho / (1 - 2 * rho + q) : (1 - 2 * rho - q) / 16;
+}
+
+/* Column sums (d) in double of n rows of X and the sum of the squared norms, x unscaled. */
+static double col_sums(double *sum, const float *X, int n, int d) {
+    for (int k = 0; k < d; k++) sum[k] = 0;
+    double sq = 0;
+    for (int i = 0; i < n; i++) {
+        const float *x = X + (size_t)i * (size_t)d;
+        double rs = 0;
+#pragma omp simd reduction(+ : rs)
+        for (int k = 0; k < d; k++) {
+            sum[k] += (double)x[k];
+            rs += (double)x[k] * (double)x[k];
+        }
+        sq += rs;
+    }
+    return sq;
+}
+
+pf_status pf_oprf_a_star(double *A, const float *Q, int Lq, const float *K, int Lk, int d,
+                         float sqrt_s) {
+    double sq[64], sk[64], *mq = sq, *mk = sk;
+    double *heap = NULL;
+    if (d > 64) {
+        heap = pf_alloc(2 * (size_t)d, sizeof(double));
+        if (!heap) return PF_ENOMEM;
+        mq = heap;
+        mk = heap + d;
+    }
+    const double s = (double)sqrt_s * (double)sqrt_s;
+    const double nq = col_sums(mq, Q, Lq, d), nk = col_sums(mk, K, Lk, d);
+    double cross = 0;
+    for (int k = 0; k < d; k++) cross += (mq[k] / Lq) * (mk[k] / Lk);
+    pf_free(heap);
+    /* s_bar = mean |q' + k'|^2 over all pairs */
+    const double sbar = s * (nq / Lq + nk / Lk + 2 * cross);
+    if (!isfinite(sbar)) return PF_ENONFINITE;
+    *A = a_star(fmax(sbar, 0.0) / d);
+    return PF_OK;
+}
+
+pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float *Q, int Lq, const float *K,
+                       int Lk, int d, float sqrt_s) {
+    const size_t D = (size_t)d;
+    double *P = kw->dwork, *mq = P + D * D, *mk = mq + D, *sig = mk + D, *work = sig + D;
+    float *Mq = kw->fwork, *Mk = Mq + D * D;
+    const double s = (double)sqrt_s * (double)sqrt_s;
+    col_sums(mq, Q, Lq, d);
+    col_sums(mk, K, Lk, d);
+    /* second moments through sgemm (float, one product per side): the fit only has to give both
+     * sides one admissible A, which any rounding of P still does */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, Lq, 1.0f, Q, d, Q, d, 0.0f, Mq, d);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, Lk, 1.0f, K, d, K, d, 0.0f, Mk, d);
+    int bad = 0;
+    for (int i = 0; i < d; i++) {
+        for (int j = 0; j <= i; j++) {
+            const double mqi = mq[i] / Lq, mqj = mq[j] / Lq, mki = mk[i] / Lk, mkj = mk[j] / Lk;
+            /* symmetrised: sgemm need not return an exactly symmetric Q^T Q */
+            const double a = 0.5 * ((double)Mq[i * D + j] + (double)Mq[j * D + i]) / Lq;
+            const double b = 0.5 * ((double)Mk[i * D + j] + (double)Mk[j * D + i]) / Lk;
+            const double v = s * (a + b + mqi * mkj + mki * mqj);
+            P[i * D + j] = P[j * D + i] = v;
+            bad |= !isfinite(v);
+        }
+    }
+    if (bad) return PF_ENONFINITE;
+    int n = d, info = 0;
+    dsyev_("V", "U", &n, P, &n, sig, work, &kw->lwork, &info, 1, 1);
+    if (info != 0) return PF_EDOMAIN;
+    /* P (column-major, as LAPACK writes it) now holds U: column j, U[k][j] = P[j d + k], is the
+     * eigenvector of sigma_j. a_j = A*(sigma_j) (P is positive semidefinite: a negative sigma
+     * is rounding, taken as 0), b_j = sqrt(1 - 4 a_j). */
+    double ld = 0;
+    double *a = mq, *b = mk; /* (the means are no longer needed) */
+    for (int j = 0; j < d; j++) {
+        a[j] = a_star(fmax(sig[j], 0.0));
+        b[j] = sqrt(1 - 4 * a[j]);
+        ld += 0.25 * log(1 - 4 * a[j]);
+    }
+    for (int i = 0; i < d; i++) {
+        for (int k = 0; k <= i; k++) {
+            double sa = 0, sb = 0;
+            for (int j = 0; j < d; j++) {
+                const double u = P[j * D + i] * P[j * D + k];
+                sa += u * a[j];
+                sb += u * b[j];
+            }
+            kw->A[i * D + k] = kw->A[k * D + i] = (float)sa;
+            kw->B[i * D + k] = kw->B[k * D + i] = (float)sb;
+        }
+    }
+    *log_d = ld;
+    return isfinite(ld) ? PF_OK : PF_ENONFINITE;
+}
+
+pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A, const float *B,
+                       double log_d) {
+    const int m = fm->m, d = fm->d;
+    const size_t D = (size_t)d;
+    if (fm->kernel == PF_KERNEL_OPRF) {
+        /* u_f = B w_f.x' + A |w_f|^2, D = (1 - 4A)^(d/4) */
+        const double a = (double)oprf_a, b = sqrt(1 - 4 * a);
+        for (int f = 0; f < m; f++) {
+            const float *w = fm->W0 + (size_t)f * D;
+            double sq = 0;
+            for (int k = 0; k < d; k++) sq += (double)w[k] * (double)w[k];
+            kw->bias64[f] = a * sq;
+            kw->bias[f] = (float)kw->bias64[f];
+        }
+        fm->oprf_b = b;
+        fm->wscale = (float)((double)fm->sqrt_s * b);
+        fm->wmax *= b; /* pf_fmap_make's max |w_f| */
+        fm->logd = 0.25 * d * log(1 - 4 * a);
+    } else if (fm->kernel == PF_KERNEL_SDERF) {
+        /* rows B w_f (B symmetric: row f of W B) and w_f^T A w_f, in double */
+        double *Wd = kw->dwork, *T = Wd + (size_t)m * D;
+        for (size_t i = 0; i < (size_t)m * D; i++) Wd[i] = (double)fm->W0[i];
+        double *Bd = T + (size_t)m * D; /* (d,d), scratch (the fit's P is done with) */
+        for (size_t i = 0; i < D * D; i++) Bd[i] = (double)B[i];
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, d, 1.0, Wd, d, Bd, d, 0.0, T,
+                    d);
+        double wmax = 0;
+        for (size_t i = 0; i < (size_t)m * D; i++) kw->weff[i] = (float)T[i];
+        for (int f = 0; f < m; f++) {
+            double sq = 0;
+            for (int k = 0; k < d; k++) sq += T[(size_t)f * D + k] * T[(size_t)f * D + k];
+            wmax = fmax(wmax, sqrt(sq));
+        }
+        for (size_t i = 0; i < D * D; i++) Bd[i] = (double)A[i];
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, d, 1.0, Wd, d, Bd, d, 0.0, T,
+                    d);
+        for (int f = 0; f < m; f++) {
+            double acc = 0;
+            for (int k = 0; k < d; k++) acc += T[(size_t)f * D + k] * Wd[(size_t)f * D + k];
+            kw->bias64[f] = acc;
+            kw->bias[f] = (float)acc;
+        }
+        fm->W = kw->weff;
+        fm->wmax = wmax;
+        fm->sderf_B = B;
+        fm->logd = log_d;
+    } else {
+        return PF_OK;
+    }
+    fm->bias = kw->bias;
+    fm->bias64 = kw->bias64;
+    if (!isfinite(fm->logd) || !isfinite(fm->wmax) || pf_nonfinite_f32(kw->bias, (size_t)m))
+        return PF_ENONFINITE;
+    return PF_OK;
+}
+
+pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor, const float *Q,
+                        int Lq, const float *K, int klen) {
+    if (fm->kernel == PF_KERNEL_OPRF) {
+        float a = favor->oprf_a;
+        if (!favor->oprf_a_given) {
+            double as = 0;
+            pf_status st = pf_oprf_a_star(&as, Q, Lq, K, klen, fm->d, fm->sqrt_s);
+            if (st != PF_OK) return st;
+            a = (float)as;
+        }
+        return pf_fmap_bind(fm, kw, a, NULL, NULL, 0.0);
+    }
+    if (fm->kernel == PF_KERNEL_SDERF) {
+        double ld = 0;
+        pf_status st = pf_sderf_fit(kw, &ld, Q, Lq, K, klen, fm->d, fm->sqrt_s);
+        if (st != PF_OK) return st;
+        return pf_fmap_bind(fm, kw, 0.0f, kw->A, kw->B, ld);
+    }
+    return PF_OK;
+}
+
+/* ---- the public entry points ---------------------------------------------------------------- */
+
+pf_status pf_oprf_optimal_a(float *A, const float *Q, int Lq, const float *K, int Lk, int d,
+                            float scale) {
+    if (!A || !Q || !K || Lq <= 0 || Lk <= 0 || d <= 0) return PF_EINVAL;
+    if (!isfinite(scale) || scale < 0) return PF_EINVAL;
+    if (pf_nonfinite_f32(Q, (size_t)Lq * (size_t)d) || pf_nonfinite_f32(K, (size_t)Lk * (size_t)d))
+        return PF_ENONFINITE;
+    const float sqrt_s = (float)sqrt((double)pf_effective_scale(scale, d));
+    double a = 0;
+    pf_status st = pf_oprf_a_star(&a, Q, Lq, K, Lk, d, sqrt_s);
+    if (st == PF_OK) *A = (float)a;
+    return st;
+}
+
+pf_status pf_sderf_params(float *A, float *B, double *log_D, const float *Q, int Lq,
+                          const float *K, int Lk, int d, float scale) {
+    if (!A || !B || !log_D || !Q || !K || Lq <= 0 || Lk <= 0 || d <= 0) return PF_EINVAL;
+    if (!isfinite(scale) || scale < 0) return PF_EINVAL;
+    if (pf_nonfinite_f32(Q, (size_t)Lq * (size_t)d) || pf_nonfinite_f32(K, (size_t)Lk * (size_t)d))
+        return PF_ENONFINITE;
+    pf_kernel_ws kw;
+    if (pf_kernel_ws_alloc(&kw, PF_KERNEL_SDERF, 1, d) != 0) return PF_ENOMEM;
+    const float sqrt_s = (float)sqrt((double)pf_effective_scale(scale, d));
+    pf_status st = pf_sderf_fit(&kw, log_D, Q, Lq, K, Lk, d, sqrt_s);
+    if (st == PF_OK) {
+        memcpy(A, kw.A, sizeof(float) * (size_t)d * (size_t)d);
+        memcpy(B, kw.B, sizeof(float) * (size_t)d * (size_t)d);
+    }
+    pf_kernel_ws_free(&kw);
+    return st;
+}
