@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """Plots one CSV of `performer approx`.
 
-    plot_approx.py RESULT.csv OUT.png [TITLE]
+    plot_approx.py RESULT.csv OUT.png [TITLE [YLABEL]]
 
 The CSV has one row per (panel, series, x): panel, series, xvar, x, draws, failed, mse_mean,
-mse_std, mse_median, exact_ms. Each panel becomes one subplot; each series a line (the mean
-over the draws) with a band (mean +- std), on a log y axis; the grey dotted line is the mean
-square of the exact output (the error of answering 0). A series keeps its colour and marker in
-every plot. OUT is written as PNG whatever its name. Exit 3 if numpy or matplotlib is missing.
+mse_std, mse_median, zero_mse. Each panel becomes one subplot; each series a line (the mean
+over the draws) with a band (mean +- std), on a log y axis; the grey dotted line is the error
+of answering 0 (for attention, the mean square of the exact output). A series keeps its colour
+and marker in every plot. OUT is written as PNG whatever its name. Exit 3 if numpy or
+matplotlib is missing.
 """
 import csv
 import sys
@@ -33,6 +34,8 @@ STYLE = {
     "trig iid": ("#ff7f0e", "v", "--"),
     "hyperbolic orth": ("#2ca02c", "D", "-"),
     "FAVOR++": ("#9467bd", "P", "-"),
+    "positive theory": ("#1f77b4", "", ":"),
+    "FAVOR++ theory": ("#9467bd", "", ":"),
     "FAVOR#": ("#8c564b", "X", "-"),
     "sqrtd": ("#e377c2", "d", "-"),
     "qmc": ("#bcbd22", "h", "-"),
@@ -65,10 +68,11 @@ def col(rows, key):
 
 
 def main(argv):
-    if len(argv) not in (3, 4):
+    if len(argv) not in (3, 4, 5):
         sys.exit(__doc__)
     csv_path, png = argv[1], argv[2]
-    title = argv[3] if len(argv) == 4 else csv_path
+    title = argv[3] if len(argv) >= 4 else csv_path
+    ylabel = argv[4] if len(argv) == 5 else "MSE against exact attention"
     panels = read(csv_path)
     if not panels:
         sys.exit(f"plot_approx.py: {csv_path}: no rows")
@@ -81,9 +85,8 @@ def main(argv):
     handles = {}
     extra = 0
     for ax, (pname, series) in zip(axes.flat, panels.items()):
-        means = []
-        xvar = None
-        ref = None
+        lines = []  # (name, label, style, x, mean, sd)
+        xvar, ref = None, None
         for sname, rows in series.items():
             rows = sorted(rows, key=lambda r: float(r["x"]))
             xvar = rows[0]["xvar"]
@@ -92,36 +95,47 @@ def main(argv):
             if sname not in STYLE:
                 STYLE[sname] = (FALLBACK[extra % len(FALLBACK)], "o", "-")
                 extra += 1
-            color, marker, ls = STYLE[sname]
             label = sname + (f" ({failed} failed draws)" if failed else "")
             ok = np.isfinite(mean) & (mean > 0)
-            (h,) = ax.plot(x[ok], mean[ok], ls, color=color, marker=marker, ms=4.5, lw=1.6,
-                           label=label)
-            handles.setdefault(label, h)
-            means.append(mean[ok])
-            band = (x[ok], mean[ok] - sd[ok], mean[ok] + sd[ok])
-            ax._pf_bands = getattr(ax, "_pf_bands", []) + [(band, color)]
+            lines.append((sname, label, STYLE[sname], x[ok], mean[ok], sd[ok]))
             if ref is None:
-                ref = (x, col(rows, "exact_ms"))
-        allm = np.concatenate(means) if means else np.array([1.0])
-        allm = allm[allm > 0]
-        if allm.size == 0:
-            allm = np.array([1.0])
-        lo, hi = allm.min() / 4, allm.max() * 4
+                ref = (x, col(rows, "zero_mse"))
+        tops = sorted((ln[4].max(), ln[0]) for ln in lines if ln[4].size)
+        bottoms = [ln[4].min() for ln in lines if ln[4].size]
+        lo = min(bottoms) / 4 if bottoms else 0.25
+        hi = tops[-1][0] * 4 if tops else 4.0
+        if ref is not None:
+            lo, hi = min(lo, ref[1].min() / 4), max(hi, ref[1].max() * 4)
+        # Series many decades above the typical one would flatten the rest: cut the axis at
+        # 1e8 times the median series top and say which series go beyond it.
+        note = None
+        cap = float(np.median([t for t, _ in tops])) * 1e8 if tops else hi
+        over = [(t, name) for t, name in tops if t > cap]
+        if over and len(over) < len(tops):
+            hi = max(t for t, _ in tops if t <= cap) * 100
+            if ref is not None:
+                hi = max(hi, ref[1].max() * 4)
+            names = ", ".join(name for _, name in over)
+            note = f"off the top: {names} (up to {max(t for t, _ in over):.0e})"
+        for sname, label, (color, marker, ls), x, mean, sd in lines:
+            (h,) = ax.plot(x, mean, ls, color=color, marker=marker, ms=4.5, lw=1.6, label=label)
+            handles.setdefault(label, h)
+            # on a log axis a band's lower edge at or below 0 is drawn down to the bottom
+            ax.fill_between(x, np.maximum(mean - sd, lo), np.minimum(mean + sd, hi * 10),
+                            color=color, alpha=0.15, lw=0)
         if ref is not None:
             (h,) = ax.plot(ref[0], ref[1], ":", color="0.45", lw=1.2,
-                           label="exact output mean square (MSE of answering 0)")
+                           label="the error of answering 0")
             handles.setdefault(h.get_label(), h)
-            lo, hi = min(lo, ref[1].min() / 4), max(hi, ref[1].max() * 4)
-        # Bands on a log axis: a lower edge at or below 0 is drawn down to the axis' bottom.
-        for (bx, blo, bhi), color in ax._pf_bands:
-            ax.fill_between(bx, np.maximum(blo, lo), bhi, color=color, alpha=0.15, lw=0)
+        if note:
+            ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=8.5,
+                    color="0.25")
         ax.set_yscale("log")
         ax.set_ylim(lo, hi)
         if xvar in LOG2_X:
             ax.set_xscale("log", base=2)
         ax.set_xlabel(XLABEL.get(xvar, xvar))
-        ax.set_ylabel("MSE against exact attention")
+        ax.set_ylabel(ylabel)
         ax.set_title(pname, fontsize=10)
         ax.grid(alpha=0.3, which="both", lw=0.5)
     for ax in list(axes.flat)[n:]:

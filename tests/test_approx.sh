@@ -29,7 +29,7 @@ fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
 
 if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
 
-HEADER="panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,exact_ms"
+HEADER="panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse"
 
 # csv_ok FILE ROWS DRAWS: header, row count, draws column, finite non-negative numbers
 csv_ok() {
@@ -49,8 +49,9 @@ csv_ok() {
 }
 
 # ---- every experiment, --quick --no-plot --------------------------------------------------
-# name:rows (without FAVOR++ / FAVOR#); the FAVOR++ and FAVOR# rows each experiment adds
-for spec in ortho:36:0:0 maps:12:4:4 norms:18:0:0 estimators:20:4:0 length:18:0:0; do
+# name:rows (without FAVOR++ / FAVOR#):FAVOR++ rows (with its closed form):FAVOR# rows
+for spec in ortho:36:0:0 maps:12:4:4 kernel:16:8:4 norms:18:0:0 estimators:20:4:0 \
+            length:18:0:0; do
     name=${spec%%:*}; rest=${spec#*:}
     rows=${rest%%:*}; rest=${rest#*:}
     opp=${rest%%:*}; sharp=${rest#*:}
@@ -73,7 +74,7 @@ for spec in ortho:36:0:0 maps:12:4:4 norms:18:0:0 estimators:20:4:0 length:18:0:
     if [ "$sharp" -gt 0 ]; then
         grep -q ",FAVOR#," "$out/$name.csv" && pass || fail "$name: no FAVOR# rows"
     fi
-    grep -q "MSE against exact attention" "$T/stdout" && pass || fail "$name: no table"
+    grep -q "MSE .*, mean over 3 draws" "$T/stdout" && pass || fail "$name: no table"
     grep -q "approx $name: \[" "$T/stderr" && pass || fail "$name: no progress on stderr"
     [ ! -e "$out/$name.png" ] && pass || fail "$name: --no-plot drew a plot"
     left=$(find "$out" -name '*.tmp.*')
@@ -142,8 +143,8 @@ refuse "--quick=1" 2 "takes no value" --quick=1 ortho
 # ---- help -------------------------------------------------------------------------------------
 "$P" approx --help >"$T/help" 2>&1; rc=$?
 [ $rc -eq 0 ] && pass || fail "approx --help exit $rc"
-for w in --all --out --draws --quick --threads --no-plot ortho maps norms estimators length \
-         mse_mean mse_std; do
+for w in --all --out --draws --quick --threads --no-plot ortho maps kernel norms estimators \
+         length mse_mean mse_std zero_mse; do
     grep -q -- "$w" "$T/help" || fail "approx --help does not mention $w"
 done
 "$P" --help | grep -q "approx" && pass || fail "performer --help does not list approx"
