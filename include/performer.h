@@ -395,7 +395,7 @@ PF_API void pf_array_free(pf_array *a);
 typedef enum pf_lm_attention {
     PF_LM_EXACT = 0,   /* exact causal softmax attention */
     PF_LM_FAVOR = 1,   /* causal FAVOR+ with config.kernel and a fresh W every config.redraw */
-    PF_LM_FAVORPP = 2  /* FAVOR++ (A from a running average of batch statistics): PF_ENOTSUP */
+    PF_LM_FAVORPP = 2  /* FAVOR++: OPRF features, A from a running average of training batches */
 } pf_lm_attention;
 
 typedef enum pf_lm_positions {
@@ -410,7 +410,7 @@ typedef struct pf_model_config {
     int heads;                /* H; the head width C/H must be even for rotary positions */
     pf_lm_attention attention;
     pf_lm_positions positions;
-    pf_kernel kernel;         /* FAVOR feature map (relu gets eps 1e-3, the others 0) */
+    pf_kernel kernel;         /* FAVOR+ map, not OPRF/SDERF (relu gets eps 1e-3, others 0) */
     int features;             /* m: rows of each layer's W (m, C/H), shared by the heads */
     int redraw;               /* a new W every `redraw` optimizer steps; 0: never */
     uint64_t seed;            /* initial weights and every W (orthogonal rows, chi norms) */
@@ -423,7 +423,7 @@ typedef struct pf_model pf_model;
 PF_API pf_model_config pf_model_config_default(void);
 
 /* Creates a model with GPT-2's initialisation from config->seed. PF_EINVAL on a bad config,
- * PF_ENOTSUP for PF_LM_FAVORPP (not yet), PF_ENOMEM. */
+ * PF_ENOMEM. */
 PF_API pf_status pf_model_create(pf_model **model, const pf_model_config *config);
 
 /* Frees a model; harmless on NULL. */

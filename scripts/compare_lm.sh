@@ -1,8 +1,9 @@
 #!/bin/sh
 # compare_lm.sh: the same small byte-level language model trained on the proteins of Debian's
 # mmseqs2-examples (or, with DATA=bible, the King James Bible) for the same steps with exact
-# softmax attention, FAVOR+ (positive features) and FAVOR+ with ReLU features; validation
-# curves in one plot and a table of final loss, perplexity, accuracy and training speed.
+# softmax attention, FAVOR+ (positive features), FAVOR+ with ReLU features and FAVOR++;
+# validation curves in one plot and a table of final loss, perplexity, accuracy and training
+# speed, with the unigram entropy of the data (what a model without context reaches).
 #
 #   sh scripts/compare_lm.sh              (after `make`; runs one model at a time)
 #   DATA=bible sh scripts/compare_lm.sh
@@ -16,7 +17,7 @@
 # eight minutes per run on a 2-core machine:
 #   BUILD (build), DATA (proteins), OUT, LAYERS (4), DMODEL (128), HEADS (4), CONTEXT (1024),
 #   BATCH (4), STEPS (1000), LR (2e-3), WARMUP (100), FEATURES (128), REDRAW (100),
-#   EVAL_EVERY (100), EVAL_BATCHES (16), THREADS (2), RUNS ("exact favor relu")
+#   EVAL_EVERY (100), EVAL_BATCHES (16), THREADS (2), RUNS ("exact favor relu favorpp")
 set -e
 BUILD=${BUILD:-build}
 P=$BUILD/performer
@@ -40,7 +41,7 @@ REDRAW=${REDRAW:-100}
 EVAL_EVERY=${EVAL_EVERY:-100}
 EVAL_BATCHES=${EVAL_BATCHES:-16}
 THREADS=${THREADS:-2}
-RUNS=${RUNS:-exact favor relu}
+RUNS=${RUNS:-exact favor relu favorpp}
 FIG=${FIG:-docs/figures}
 
 [ -x "$P" ] || { echo "compare_lm.sh: no $P (run make first)" >&2; exit 1; }
@@ -57,6 +58,8 @@ for run in $RUNS; do
            label="FAVOR+ positive (m=$FEATURES)" ;;
     relu) args="--attention favor --kernel relu --features $FEATURES --redraw $REDRAW"
           label="FAVOR+ ReLU (m=$FEATURES)" ;;
+    favorpp) args="--attention favor++ --features $FEATURES --redraw $REDRAW"
+             label="FAVOR++ (m=$FEATURES)" ;;
     *) echo "compare_lm.sh: unknown run '$run'" >&2; exit 2 ;;
     esac
     dir=$OUT/$run
@@ -75,21 +78,66 @@ for run in $RUNS; do
     plots="$plots|$label=$dir/log.csv"
 done
 
+# A reference: the loss of a model without context, the byte frequencies of the training split
+# scored on the validation split (the split rebuilt as the tool makes it, by document hash).
+case $DATA in
+proteins) src=/usr/share/doc/mmseqs2/example-data/DB.fasta.gz ;;
+bible) src=$(ls "$OUT"/*/bible-kjv.txt | head -1) ;;
+esac
+unigram=$(/usr/bin/python3 - "$src" "$DATA" <<'EOF'
+import collections, gzip, math, sys
+path, kind = sys.argv[1], sys.argv[2]
+raw = (gzip.open if path.endswith(".gz") else open)(path, "rb").read()
+docs = []
+if kind == "proteins":  # each record's residues, then '\n' (src/io/text.c)
+    cur = []
+    for line in raw.split(b"\n"):
+        if line.startswith(b">"):
+            if cur:
+                docs.append(b"".join(cur) + b"\n")
+            cur = []
+        elif line.strip():
+            cur.append(line.strip())
+    if cur:
+        docs.append(b"".join(cur) + b"\n")
+else:  # text: pieces ending at the first line end after 2048 bytes
+    s = 0
+    for i, ch in enumerate(raw):
+        if ch == 10 and (i + 1 - s >= 2048 or i + 1 == len(raw)):
+            docs.append(raw[s:i + 1])
+            s = i + 1
+M = (1 << 64) - 1
+def doc_hash(b):  # pf_doc_hash: FNV-1a 64, then splitmix64's finaliser
+    h = 14695981039346656037
+    for x in b:
+        h = ((h ^ x) * 1099511628211) & M
+    h ^= h >> 30; h = (h * 0xbf58476d1ce4e5b9) & M
+    h ^= h >> 27; h = (h * 0x94d049bb133111eb) & M
+    return h ^ (h >> 31)
+train, val = collections.Counter(), collections.Counter()
+for d in docs:
+    ((val if (doc_hash(d) >> 11) * 2.0 ** -53 < 0.05 else train)).update(d)
+nt, nv = sum(train.values()), sum(val.values())
+print("%.4f" % -sum(c / nv * math.log(train[b] / nt) for b, c in val.items()))
+EOF
+)
 title="$what: $LAYERS layers, d_model $DMODEL, $HEADS heads, context"
 title="$title $CONTEXT, batch $BATCH, $STEPS steps"
 # labels hold spaces: pass them through a '|'-separated list
 IFS='|'
 # shellcheck disable=SC2086
 /usr/bin/python3 scripts/plot_train.py --compare "$FIG/lm_compare$suffix.png" --title "$title" \
-    ${plots#|}
+    --baseline "$unigram" "byte frequencies only (no context)" ${plots#|}
 unset IFS
 
-/usr/bin/python3 - "$FIG/lm_compare$suffix.md" "$BATCH" "$CONTEXT" "$title" "${plots#|}" <<'EOF'
+/usr/bin/python3 - "$FIG/lm_compare$suffix.md" "$BATCH" "$CONTEXT" "$title" "${plots#|}" \
+    "$unigram" <<'EOF'
 import csv, math, sys
 out, B, T, title, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+unigram = float(sys.argv[6])
 rows = []
 for item in runs.split("|"):
-    label, path = item.split("=", 1)
+    label, path = item.rsplit("=", 1)
     last_val, steps, elapsed, per_step = None, 0, 0.0, []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
@@ -112,6 +160,9 @@ lines = [f"{title}\n",
 for label, loss, ppl, acc, med, tps, el in rows:
     lines.append(f"| {label} | {loss:.4f} | {100 * (loss / base - 1):+.1f}% | {ppl:.3f} | "
                  f"{acc:.4f} | {med:.0f} | {tps:.0f} | {el / 60:.1f} min |")
+lines.append("")
+lines.append(f"Without context (the training split's byte frequencies scored on the "
+             f"validation split): {unigram:.4f} nats/byte.")
 lines.append("")
 lines.append("tokens/s: training steps only (evaluation excluded). The median over steps is the "
              "better speed estimate on a shared machine; the whole-run figure includes time "

@@ -5,8 +5,11 @@
         one run: training loss (raw and smoothed) and validation loss against steps, and
         validation accuracy
 
-    plot_train.py --compare OUT.png [--title TITLE] LABEL=LOG.csv [LABEL=LOG.csv ...]
-        several runs: validation loss and accuracy against steps, one line per run
+    plot_train.py --compare OUT.png [--title TITLE] [--baseline VALUE LABEL]
+                  LABEL=LOG.csv [LABEL=LOG.csv ...]       (each split at its last "=")
+        several runs: validation loss and accuracy against steps, one line per run, from the
+        first evaluation after step 0 (the untrained value would flatten the curves), and a
+        dashed reference line at VALUE on the loss panel
 
 The log's columns: step, lr, train_loss, grad_norm, tokens_per_s, elapsed_s, val_loss,
 val_ppl, val_acc (the val_* columns only on evaluation steps). Needs numpy and matplotlib.
@@ -71,12 +74,17 @@ def one(log_path, png, title):
     fig.savefig(png, dpi=110)
 
 
-def compare(png, title, runs):
+def compare(png, title, runs, baseline=None):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (label, path) in enumerate(runs):
         d = read_log(path)
-        ax1.plot(d["val_step"], d["val_loss"], "o-", ms=2.5, color=f"C{i}", label=label)
-        ax2.plot(d["val_step"], d["val_acc"], "o-", ms=2.5, color=f"C{i}", label=label)
+        keep = d["val_step"] > 0
+        ax1.plot(d["val_step"][keep], d["val_loss"][keep], "o-", ms=2.5, color=f"C{i}",
+                 label=label)
+        ax2.plot(d["val_step"][keep], d["val_acc"][keep], "o-", ms=2.5, color=f"C{i}",
+                 label=label)
+    if baseline is not None:
+        ax1.axhline(baseline[0], color="0.4", ls="--", lw=1, label=baseline[1])
     ax1.set_xlabel("step")
     ax1.set_ylabel("validation cross-entropy (nats per byte)")
     ax1.grid(alpha=0.3)
@@ -91,13 +99,16 @@ def compare(png, title, runs):
 
 def main(argv):
     if len(argv) >= 3 and argv[1] == "--compare":
-        png, rest, title = argv[2], argv[3:], "validation curves"
+        png, rest, title, baseline = argv[2], argv[3:], "validation curves", None
         if len(rest) >= 2 and rest[0] == "--title":
             title, rest = rest[1], rest[2:]
-        runs = [tuple(r.split("=", 1)) for r in rest]
+        if len(rest) >= 3 and rest[0] == "--baseline":
+            baseline, rest = (float(rest[1]), rest[2]), rest[3:]
+        runs = [tuple(r.rsplit("=", 1)) for r in rest]
         if not runs or any(len(r) != 2 for r in runs):
-            sys.exit("usage: plot_train.py --compare OUT.png [--title T] LABEL=LOG.csv ...")
-        compare(png, title, runs)
+            sys.exit("usage: plot_train.py --compare OUT.png [--title T] [--baseline V LABEL] "
+                     "LABEL=LOG.csv ...")
+        compare(png, title, runs, baseline)
     elif len(argv) in (3, 4):
         one(argv[1], argv[2], argv[3] if len(argv) == 4 else argv[1])
     else:

@@ -90,7 +90,7 @@ static void rope_ref(double *x, int ld, int off, int B, int T, int H, int hd) {
 
 /* Feature map phi (r) of a row x (hd), already scaled, for W (m,hd). */
 static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd, pf_kernel kern,
-                    double eps) {
+                    double eps, double A) {
     double h = 0;
     for (int j = 0; j < hd; j++) h += x[j] * x[j];
     h /= 2;
@@ -112,6 +112,15 @@ static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd,
         case PF_KERNEL_RELU:
             phi[f] = (u > 0 ? u : 0) / sqrt(m) + eps;
             break;
+        case PF_KERNEL_OPRF: {
+            /* FAVOR++: D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), B = sqrt(1-4A),
+             * D = (1-4A)^(d/4) */
+            double w2 = 0;
+            for (int j = 0; j < hd; j++)
+                w2 += (double)W[(size_t)f * hd + j] * W[(size_t)f * hd + j];
+            phi[f] = pow(1 - 4 * A, hd / 4.0) / sqrt(m) * exp(A * w2 + sqrt(1 - 4 * A) * u - h);
+            break;
+        }
         default: /* not a FAVOR+ map */
             phi[f] = NAN;
         }
@@ -122,7 +131,7 @@ static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd,
 /* Causal attention of qkv (B,T,3C) into out (B,T,C): exact softmax when W is NULL, else FAVOR
  * with the explicit features (no stabilisation: the test inputs are small). */
 static void attn_ref(double *out, const double *qkv_in, int B, int T, int C, int H, int rotary,
-                     const float *W, int m, pf_kernel kern, double eps) {
+                     const float *W, int m, pf_kernel kern, double eps, double A) {
     int hd = C / H;
     double *qkv = xmalloc(sizeof(double) * (size_t)B * T * 3 * C);
     memcpy(qkv, qkv_in, sizeof(double) * (size_t)B * T * 3 * C);
@@ -150,8 +159,8 @@ static void attn_ref(double *out, const double *qkv_in, int B, int T, int C, int
                             xq[c] = q[c] * rs;
                             xk[c] = k[c] * rs;
                         }
-                        int r = fmap_ref(pq, xq, W, m, hd, kern, eps);
-                        fmap_ref(pk, xk, W, m, hd, kern, eps);
+                        int r = fmap_ref(pq, xq, W, m, hd, kern, eps, A);
+                        fmap_ref(pk, xk, W, m, hd, kern, eps, A);
                         double dot = 0;
                         for (int f = 0; f < r; f++) dot += pq[f] * pk[f];
                         w[j] = dot;
@@ -204,7 +213,8 @@ static double model_ref(const pf_model *mod, const double *P, const int32_t *tok
         ln_ref(ln, x, p[2] + l * C, p[3] + l * C, N, C);
         mm_ref(qkv, ln, p[4] + (size_t)l * 3 * C * C, p[5] + l * 3 * C, N, C, 3 * C);
         lm_attn_spec sp = lm_layer_spec(mod, l);
-        attn_ref(att, qkv, B, T, C, H, c->positions == PF_LM_ROTARY, sp.W, sp.m, sp.kernel, sp.eps);
+        attn_ref(att, qkv, B, T, C, H, c->positions == PF_LM_ROTARY, sp.W, sp.m, sp.kernel, sp.eps,
+                 sp.A);
         mm_ref(tmp, att, p[6] + (size_t)l * C * C, p[7] + l * C, N, C, C);
         for (size_t i = 0; i < NC; i++) x[i] += tmp[i];
         ln_ref(ln, x, p[8] + l * C, p[9] + l * C, N, C);
@@ -510,12 +520,12 @@ typedef struct {
     const float *W;
     int m;
     pf_kernel kern;
-    double eps;
+    double eps, A;
 } att_ctx;
 
 static double att_loss(void *p) {
     att_ctx *c = p;
-    attn_ref(c->out, c->qkv, c->B, c->T, c->C, c->H, c->rotary, c->W, c->m, c->kern, c->eps);
+    attn_ref(c->out, c->qkv, c->B, c->T, c->C, c->H, c->rotary, c->W, c->m, c->kern, c->eps, c->A);
     double s = 0;
     for (int i = 0; i < c->B * c->T * c->C; i++) s += c->out[i] * c->R[i];
     return s;
@@ -534,7 +544,7 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
                          kind == PF_LM_EXACT ? NULL : W,
                          kind == PF_LM_EXACT ? 0 : m,
                          kern == PF_KERNEL_RELU ? 1e-3f : 0.0f,
-                         0.0f};
+                         kind == PF_LM_FAVORPP ? -0.2f : 0.0f};
     float *q = xmalloc(sizeof(float) * n), *k = xmalloc(sizeof(float) * n);
     float *v = xmalloc(sizeof(float) * n), *att = xmalloc(sizeof(float) * n);
     float *lse = xmalloc(sizeof(float) * B * H * T), *out = xmalloc(sizeof(float) * n);
@@ -553,7 +563,8 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
                  spec.W,
                  spec.m,
                  kern,
-                 spec.eps};
+                 spec.eps,
+                 spec.A};
     att_loss(&c);
     double e = relerr(out, c.out, n);
     st = attention_backward(dqkv, s4, s4 + n, s4 + 2 * n, s4 + 3 * n, R, q, k, v, att, lse,
@@ -563,6 +574,7 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     fd_grad(g, c.qkv, n3, att_loss, &c);
     double eg = relerr(dqkv, g, n3);
     const char *name = kind == PF_LM_EXACT ? "exact" : pf_kernel_name(kern);
+    if (kind == PF_LM_FAVORPP) name = "favor++ (A = -0.2)";
     /* trig features can be negative, so the denominators of some rows nearly cancel and
      * amplify float rounding (measured 1.6e-5 / 3.7e-5): a looser bound for that map only */
     double bf = kern == PF_KERNEL_TRIG && kind != PF_LM_EXACT ? 1e-4 : 1e-5;
@@ -589,6 +601,13 @@ static pf_model_config tiny_config(pf_lm_attention att, pf_lm_positions pos, pf_
     return c;
 }
 
+/* FAVOR++: a running statistic as if some batches had been seen, so A is not 0 (FAVOR+). */
+static void set_favorpp_stats(pf_model *m) {
+    if (m->config.attention != PF_LM_FAVORPP) return;
+    for (int l = 0; l < m->config.layers; l++) m->rho[l] = 0.5f + 0.25f * (float)l;
+    m->rho_count = 3;
+}
+
 /* Makes the tiny model's weights larger than GPT-2's 0.02 so every path carries signal. */
 static void perturb(pf_model *m) {
     pf_rng rng;
@@ -603,6 +622,7 @@ static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_ke
     CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
     if (!m) return;
     perturb(m);
+    set_favorpp_stats(m);
     const int B = 2, T = 7;
     int32_t tok[14], tgt[14];
     pf_rng rng;
@@ -614,6 +634,21 @@ static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_ke
     CHECK_STATUS(pf_model_set_training(m, 1), PF_OK);
     CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, B, T), PF_OK);
     CHECK_STATUS(pf_model_backward(m), PF_OK);
+    if (att == PF_LM_FAVORPP) {
+        /* the forward used A*(rho) of the earlier batches, then added its own batch */
+        CHECK(m->rho_count == 4 && m->rho[0] != 0.5f, "training forward did not update rho");
+        CHECK_CLOSE(m->A[1], favorpp_a(0.75), 0, 1e-6);
+        float r0 = m->rho[0];
+        CHECK_STATUS(pf_model_set_training(m, 0), PF_OK);
+        CHECK_STATUS(pf_model_forward(m, NULL, NULL, tok, NULL, B, T), PF_OK);
+        CHECK(m->rho_count == 4 && m->rho[0] == r0, "evaluation changed the statistic");
+        CHECK_STATUS(pf_model_set_training(m, 1), PF_OK);
+        /* the gradients below belong to the training forward's A: recompute them with it */
+        for (int l = 0; l < cfg.layers; l++) m->rho[l] = 0.5f + 0.25f * (float)l;
+        m->rho_count = 3;
+        CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, B, T), PF_OK);
+        CHECK_STATUS(pf_model_backward(m), PF_OK);
+    }
     double *P = to_f64(m->params_memory, m->num_params);
     double ref = model_ref(m, P, tok, tgt, B, T, NULL);
     CHECK_CLOSE(loss, ref, 0, 1e-5);
@@ -645,8 +680,10 @@ static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_ke
         off += n;
     }
     printf("model %s/%s/%s: loss %.6f (ref %.6f), worst gradient rel err %.2g\n",
-           att == PF_LM_EXACT ? "exact" : "favor", pf_kernel_name(kern),
-           pos == PF_LM_ROTARY ? "rotary" : "learned", loss, ref, worst);
+           att == PF_LM_EXACT   ? "exact"
+           : att == PF_LM_FAVOR ? "favor"
+                                : "favor++",
+           pf_kernel_name(kern), pos == PF_LM_ROTARY ? "rotary" : "learned", loss, ref, worst);
     free(P);
     pf_model_free(m);
 }
@@ -699,6 +736,7 @@ static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
     CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
     if (!m) return;
     perturb(m);
+    set_favorpp_stats(m);
     const int T = 24;
     int32_t tok[24];
     for (int t = 0; t < T; t++) tok[t] = (t * 91 + 7) % V;
@@ -733,8 +771,10 @@ static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
     /* float rounding through ~30 operations of different blocking: ~1e-6 */
     CHECK(worst < 1e-5, "decoder logits vs full forward: rel err %.3g", worst);
     printf("decoder %s/%s: worst rel err of the logits %.2g\n",
-           att == PF_LM_EXACT ? "exact" : "favor", pos == PF_LM_ROTARY ? "rotary" : "learned",
-           worst);
+           att == PF_LM_EXACT   ? "exact"
+           : att == PF_LM_FAVOR ? "favor"
+                                : "favor++",
+           pos == PF_LM_ROTARY ? "rotary" : "learned", worst);
     CHECK_STATUS(pf_decoder_step(d, row, 256), PF_EINVAL);
     CHECK_STATUS(pf_decoder_step(d, NULL, 1), PF_EINVAL);
     pf_decoder_free(d);
@@ -915,6 +955,16 @@ static void test_favorpp_stats(void) {
     CHECK_CLOSE(r, mean, 0, 1e-6);
     float r2 = favorpp_update(r, 5.0, 101);
     CHECK_CLOSE(r2, r + (5.0 - r) * 0.01, 0, 1e-6);
+    /* for one sequence and head, A*(rho) is the library's optimal A (an independent code) */
+    {
+        const int L1 = 9, d1 = 8;
+        float *q1 = randf((size_t)L1 * d1, 1.5f, 72), *k1 = randf((size_t)L1 * d1, 1.0f, 73);
+        for (int i = 0; i < L1 * d1; i++) q1[i] += 0.3f;
+        float a_lib = 0;
+        CHECK_STATUS(pf_oprf_optimal_a(&a_lib, q1, L1, k1, L1, d1, 0.0f), PF_OK);
+        CHECK_CLOSE(favorpp_a(favorpp_rho(q1, k1, 1, 1, L1, d1, 0.0f)), a_lib, 1e-6, 1e-5);
+        free(q1), free(k1);
+    }
     /* rho of a batch against a direct mean over pairs */
     const int B = 2, H = 2, T = 5, hd = 4;
     size_t n = (size_t)B * H * T * hd;
@@ -949,8 +999,6 @@ static void test_arguments(void) {
     c.d_model = 6;
     c.heads = 2; /* head width 3: odd, no rotary */
     CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
-    c = tiny_config(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
-    CHECK_STATUS(pf_model_create(&m, &c), PF_ENOTSUP);
     c = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_OPRF); /* FAVOR++ is its own kind */
     CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
     c = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
@@ -988,15 +1036,18 @@ int main(void) {
     test_attention(PF_LM_FAVOR, PF_KERNEL_HYPERBOLIC, 0);
     test_attention(PF_LM_FAVOR, PF_KERNEL_TRIG, 1);
     test_attention(PF_LM_FAVOR, PF_KERNEL_RELU, 1);
+    test_attention(PF_LM_FAVORPP, PF_KERNEL_OPRF, 1);
     test_model_gradients(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_FAVOR, PF_LM_ROTARY, PF_KERNEL_RELU);
+    test_model_gradients(PF_LM_FAVORPP, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
     test_threads();
     test_decoder(PF_LM_EXACT, PF_LM_LEARNED);
     test_decoder(PF_LM_EXACT, PF_LM_ROTARY);
     test_decoder(PF_LM_FAVOR, PF_LM_LEARNED);
     test_decoder(PF_LM_FAVOR, PF_LM_ROTARY);
+    test_decoder(PF_LM_FAVORPP, PF_LM_ROTARY);
     test_sampling();
     test_adamw();
     test_schedule();

@@ -313,6 +313,13 @@ static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos) {
     CHECK(pf_model_steps(r) == 4, "step %lld", (long long)pf_model_steps(r));
     CHECK(r->w_stream == m->w_stream, "W stream differs");
     if (att != PF_LM_EXACT) CHECK(memcmp(m->W, r->W, sizeof(float) * 2 * 8 * 8) == 0, "W differs");
+    if (att == PF_LM_FAVORPP) {
+        /* A is the last forward's; the next forward's comes from rho, as after the load */
+        lm_favorpp_refresh(m);
+        CHECK(r->rho_count == 4 && memcmp(m->rho, r->rho, sizeof(float) * 2) == 0 &&
+                  memcmp(m->A, r->A, sizeof(float) * 2) == 0 && r->A[0] < 0,
+              "FAVOR++ statistic differs after load");
+    }
     CHECK(pf_model_meta(r, "run.lr") && strcmp(pf_model_meta(r, "run.lr"), "0.001") == 0,
           "user metadata lost");
     CHECK(pf_model_meta(m, "run.lr") == NULL, "a created model has metadata");
@@ -407,6 +414,7 @@ int main(void) {
     test_damaged();
     test_checkpoint(PF_LM_EXACT, PF_LM_LEARNED);
     test_checkpoint(PF_LM_FAVOR, PF_LM_ROTARY);
+    test_checkpoint(PF_LM_FAVORPP, PF_LM_LEARNED);
     test_checkpoint_refusals();
     /* no temporary file survived any write */
     DIR *d = opendir(dir);

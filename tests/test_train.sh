@@ -5,7 +5,8 @@
 #
 # - a run stopped after a checkpoint (--stop-after) and resumed, at another thread count, ends
 #   with the same bits in every tensor (weights, AdamW moments, FAVOR's W) as the run never
-#   stopped, and the same log, for exact and FAVOR+ attention (W redrawn every 5 steps); so
+#   stopped, and the same log, for exact, FAVOR+ and FAVOR++ attention (W redrawn every 5
+#   steps, FAVOR++'s running statistic carried over); so
 #   does a run killed with SIGKILL at an arbitrary moment and resumed;
 #   the checkpoints are read by an independent reader (Python json + numpy.frombuffer);
 # - the log has a header and one row per step, evaluations on schedule, a falling loss;
@@ -86,11 +87,12 @@ TINY="--layers 2 --d-model 32 --heads 2 --context 32 --batch 4 --eval-batches 2 
 
 # ---- stop and resume gives the uninterrupted run's bits ---------------------------------------
 # the FAVOR run redraws W every 5 steps, so the stop (after step 12) falls inside a period
-for run in learned rotary favor; do
+for run in learned rotary favor favorpp; do
     case $run in
     learned) args="--positions learned" ;;
     rotary) args="--positions rotary" ;;
     favor) args="--positions rotary --attention favor --features 16 --redraw 5" ;;
+    favorpp) args="--positions learned --attention favor++ --features 16 --redraw 5" ;;
     esac
     pos=$run
     A="$T/full-$pos"; B="$T/stopped-$pos"
@@ -123,6 +125,16 @@ check "training loss falls" sh -c "awk -F, 'NR >= 3 && NR <= 8 {a += \$3} NR >= 
     END {exit !(b < a - 0.3)}' '$L'"
 check "summary printed" grep -q "validation loss" "$T/a-learned.out"
 check "FAVOR run's summary" grep -q "FAVOR+ positive" "$T/a-favor.out"
+check "FAVOR++ run's summary" grep -q "FAVOR++" "$T/a-favorpp.out"
+# FAVOR++: the running statistic was saved and moved away from its start
+check "FAVOR++ checkpoint holds rho after 24 batches" $PY -c "
+import json, struct, sys
+b = open('$T/full-favorpp/checkpoint.safetensors', 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+assert h['__metadata__']['pf.rho_count'] == '24', h['__metadata__']['pf.rho_count']
+assert h['favorpp.rho']['shape'] == [2]
+"
 
 # ---- killed at a random moment and resumed ----------------------------------------------------
 K="$T/killed"; F="$T/kill-full"
@@ -186,6 +198,9 @@ check "FAVOR+ sample uses the recurrent state" grep -q "recurrent state" "$T/f.e
 check "FAVOR+ decoder steps = bytes (no restart)" grep -q "101 decoder steps" "$T/f.err"
 $P sample --checkpoint "$FC" --prompt "MK" --tokens 100 --seed 2 --threads 1 >"$T/f2" 2>/dev/null
 check "FAVOR+: same seed, same sample" cmp -s "$T/f1" "$T/f2"
+$P sample --checkpoint "$T/full-favorpp/checkpoint.safetensors" --prompt "MK" --tokens 20 \
+    >"$T/pp" 2>"$T/pp.err"
+check "FAVOR++ sample: $(cat "$T/pp.err")" grep -q "FAVOR++, recurrent state" "$T/pp.err"
 # longer than the context (32): the decoder slides its window
 $P sample --checkpoint "$C" --tokens 100 >"$T/s5" 2>/dev/null
 check "sampling past the context" [ $? -eq 0 ]

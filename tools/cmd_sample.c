@@ -129,8 +129,9 @@ int cmd_sample(int argc, char **argv) {
         fflush(stdout);
         fprintf(stderr, "performer sample: %d bytes, %lld decoder steps, %.2f ms per step (%s)\n",
                 tokens, (long long)steps, steps ? ms / (double)steps : 0.0,
-                c.attention == PF_LM_EXACT ? "exact attention, key/value cache"
-                                           : "FAVOR+, recurrent state");
+                c.attention == PF_LM_EXACT   ? "exact attention, key/value cache"
+                : c.attention == PF_LM_FAVOR ? "FAVOR+, recurrent state"
+                                             : "FAVOR++, recurrent state");
     }
     free(text);
     pf_decoder_free(d);

@@ -29,7 +29,7 @@
 #define EVAL_STREAM (UINT64_C(1) << 63)
 
 const char cmd_train_synopsis[] =
-    "performer train --out DIR [--data proteins|bible|FILE] [--attention exact|favor]\n"
+    "performer train --out DIR [--data proteins|bible|FILE] [--attention exact|favor|favor++]\n"
     "     [--kernel K] [--features M] [--redraw N] [--positions learned|rotary] [--layers L]\n"
     "     [--d-model C] [--heads H] [--context T] [--steps S] [--batch B] [--lr LR]\n"
     "     [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N] [--eval-batches N]\n"
@@ -56,7 +56,8 @@ void cmd_train_help(void) {
            "  --d-model C         width                                           [128]\n"
            "  --heads H           attention heads (C/H even for rotary)           [4]\n"
            "  --context T         sequence length of training windows            [256]\n"
-           "  --attention NAME    exact | favor                                   [exact]\n"
+           "  --attention NAME    exact | favor | favor++ (OPRF features, A from a running\n"
+           "                      average of training batches, frozen for evaluation) [exact]\n"
            "  --kernel NAME       FAVOR map: positive | hyperbolic | trig | relu  [positive]\n"
            "  --features M        FAVOR projections per layer                     [64]\n"
            "  --redraw N          a new FAVOR W every N steps, 0 = never          [1000]\n"
@@ -103,7 +104,7 @@ typedef struct train_cfg {
 /* ---- command line -------------------------------------------------------------------------- */
 
 static int parse_args(train_cfg *c, int argc, char **argv) {
-    static const char *const atts[] = {"exact", "favor", NULL};
+    static const char *const atts[] = {"exact", "favor", "favor++", NULL};
     static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
     static const char *const poss[] = {"learned", "rotary", NULL};
     static const char *const formats[] = {"auto", "fasta", "text", NULL};
@@ -133,7 +134,7 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
             if (v) tool_parse_int(&a, "--context", v, 1, 1 << 20, &m->context);
         } else if (tool_opt(&a, "--attention", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--attention", v, atts)) >= 0)
-                m->attention = idx == 0 ? PF_LM_EXACT : PF_LM_FAVOR;
+                m->attention = idx == 0 ? PF_LM_EXACT : idx == 1 ? PF_LM_FAVOR : PF_LM_FAVORPP;
         } else if (tool_opt(&a, "--kernel", &v)) {
             if (v && tool_parse_choice(&a, "--kernel", v, kernels) >= 0 &&
                 pf_kernel_parse(v, &m->kernel) != PF_OK) {
@@ -463,16 +464,26 @@ static int find_script(char *path, size_t cap, const char *name) {
     return access(path, R_OK) == 0;
 }
 
+/* "exact", "FAVOR+ positive", "FAVOR++": the attention in words. */
+static const char *attention_desc(const pf_model_config *m, char *buf, size_t cap) {
+    if (m->attention == PF_LM_EXACT)
+        snprintf(buf, cap, "exact");
+    else if (m->attention == PF_LM_FAVOR)
+        snprintf(buf, cap, "FAVOR+ %s, m %d", pf_kernel_name(m->kernel), m->features);
+    else
+        snprintf(buf, cap, "FAVOR++, m %d", m->features);
+    return buf;
+}
+
 static void plot(const train_cfg *c, const char *log_path) {
-    char script[4200], png[4200], title[256];
+    char script[4200], png[4200], title[256], att[64];
     if (!find_script(script, sizeof(script), "plot_train.py")) {
         fprintf(stderr, "performer train: scripts/plot_train.py not found: no plot\n");
         return;
     }
     snprintf(png, sizeof(png), "%s/curves.png", c->out);
-    snprintf(title, sizeof(title), "%s, %s%s%s, %d layers, d_model %d, context %d", c->data,
-             c->model.attention == PF_LM_EXACT ? "exact" : "FAVOR+ ",
-             c->model.attention == PF_LM_EXACT ? "" : pf_kernel_name(c->model.kernel),
+    snprintf(title, sizeof(title), "%s, %s%s, %d layers, d_model %d, context %d", c->data,
+             attention_desc(&c->model, att, sizeof(att)),
              c->model.positions == PF_LM_ROTARY ? ", rotary" : "", c->model.layers,
              c->model.d_model, c->model.context);
     fflush(stdout);
@@ -633,12 +644,11 @@ static int train(train_cfg *c) {
     const uint64_t dseed = mc->seed ^ DATA_SEED_MIX;
     printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n", data,
            r.corpus.n[0], r.corpus.docs[0], r.corpus.n[1], r.corpus.docs[1]);
-    printf("model: %lld parameters, %d layers, d_model %d, %d heads, context %d, %s%s%s, "
+    char att[64];
+    printf("model: %lld parameters, %d layers, d_model %d, %d heads, context %d, %s attention, "
            "%s positions\n",
            (long long)pf_model_num_params(r.model), mc->layers, mc->d_model, mc->heads, mc->context,
-           mc->attention == PF_LM_EXACT ? "exact attention" : "FAVOR+ ",
-           mc->attention == PF_LM_EXACT ? "" : pf_kernel_name(mc->kernel),
-           mc->attention == PF_LM_EXACT ? "" : " features",
+           attention_desc(mc, att, sizeof(att)),
            mc->positions == PF_LM_ROTARY ? "rotary" : "learned");
     fflush(stdout);
 

@@ -45,9 +45,6 @@ pf_status lm_config_check(const pf_model_config *c) {
         if (c->features < 1 || c->features > 65536) return PF_EINVAL;
         if (c->redraw < 0) return PF_EINVAL;
     }
-    /* FAVOR++ is wired through (OPRF features with the running A) but the library's OPRF
-     * attention is not there yet */
-    if (c->attention == PF_LM_FAVORPP) return PF_ENOTSUP;
     return PF_OK;
 }
 
@@ -202,7 +199,10 @@ lm_attn_spec lm_layer_spec(const pf_model *m, int l) {
         s.m = c->features;
         s.eps = m->favor_eps;
     }
-    if (c->attention == PF_LM_FAVORPP) s.A = m->A[l];
+    if (c->attention == PF_LM_FAVORPP) {
+        s.kernel = PF_KERNEL_OPRF;
+        s.A = m->A[l];
+    }
     return s;
 }
 
@@ -256,7 +256,7 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
     memset(m->v_memory, 0, sizeof(float) * m->num_params);
     m->counted = -1;
     m->w_stream = -1;
-    m->favor_eps = c->kernel == PF_KERNEL_RELU ? 1e-3f : 0.0f;
+    m->favor_eps = c->attention == PF_LM_FAVOR && c->kernel == PF_KERNEL_RELU ? 1e-3f : 0.0f;
     if (m->rho) memset(m->rho, 0, sizeof(float) * (size_t)c->layers);
     if (m->A) memset(m->A, 0, sizeof(float) * (size_t)c->layers);
     if (m->rope) rope_table(m->rope, c->context, hd);
