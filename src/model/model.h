@@ -7,12 +7,13 @@
  * pointers into it. Every array carries its shape in a comment. N = B*T rows of a (B,T,.) tensor.
  *
  * Gradient conventions: parameter gradients (dweight, dbias, dwte, ...) are ACCUMULATED (+=);
- * an input gradient is overwritten (=) except in layernorm_backward and encoder_backward's
- * callers' residual stream, where it is accumulated (the residual adds). Each function says.
+ * input gradients are overwritten (=), except layernorm_backward's dinp, which accumulates:
+ * it is the residual stream's gradient, to which every block adds. Each function says.
  *
  * Determinism: work is split into blocks whose boundaries depend on the shapes only (never on
  * the thread count), and every reduction runs in a fixed order, so results are bit-identical at
- * any thread count. Matrix products are cblas_sgemm (the serial OpenBLAS) per block. */
+ * any thread count. Matrix products are cblas_sgemm (OpenBLAS pinned to one thread) per
+ * block. */
 #ifndef PF_MODEL_H
 #define PF_MODEL_H
 
