@@ -531,9 +531,10 @@ grep -q '\[256\]' "$T/ahelp" && pass || fail "attn --help does not give the defa
 # ---- demo --quick: a table with a row per L (small sizes: this also runs under ASan) ----------
 "$P" demo --quick --heads 2 --d 16 --features 32 >"$T/demo" 2>"$T/demo.err"; rc=$?
 if [ $rc -ne 0 ]; then fail "demo --quick exit $rc: $(tail -n 5 "$T/demo.err")"
-elif ! grep -q "rel. error" "$T/demo"; then fail "demo: no table header"
+elif ! grep -q "FAVOR+ err  *FAVOR++ err" "$T/demo"; then fail "demo: no table header"
 else
-    rows=$(grep -c -E '^ +(512|1024|2048|4096) +[0-9]' "$T/demo")
+    # every row ends with two finite errors (FAVOR+ and FAVOR++ against exact)
+    rows=$(grep -c -E '^ +(512|1024|2048|4096) +[0-9].* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+$' "$T/demo")
     [ "$rows" -eq 4 ] && pass || { fail "demo: $rows rows, expected 4"; cat "$T/demo"; }
     grep -q "L=4096" "$T/demo.err" && pass || fail "demo: no progress on stderr"
 fi
