@@ -190,7 +190,7 @@ static pf_status bwd_bidir_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *w
             beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
             M = cb;
         }
-        pf_favor_weighted_values(ws->vaug, Vb, dv, ws->kc + j0, NULL, M, nb);
+        pf_favor_weighted_values(ws->vaug, dv + 1, Vb, dv, ws->kc + j0, NULL, M, nb);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, Kb, r, ws->vaug, dv1,
                     beta, KV, dv1);
     }
@@ -219,8 +219,8 @@ static pf_status bwd_bidir_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *w
         const int nb = hd->klen - j0 < NB ? hd->klen - j0 : NB;
         const float *Kb = ws->kst + (size_t)j0 * (size_t)r;
         float *dVb = hd->dV + (size_t)j0 * (size_t)dv;
-        pf_favor_weighted_values(ws->vaug, hd->V + (size_t)j0 * (size_t)dv, dv, ws->kc + j0, NULL,
-                                 M, nb);
+        pf_favor_weighted_values(ws->vaug, dv + 1, hd->V + (size_t)j0 * (size_t)dv, dv, ws->kc + j0,
+                                 NULL, M, nb);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv1, 1.0f, ws->vaug, dv1, dKV,
                     dv1, 0.0f, ws->dblk, r);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Kb, r, dKV, dv1,
@@ -292,7 +292,7 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc, r,
                             0.0f, A, C);
                 mask_chunk(A, C, n, nk, P);
-                pf_favor_weighted_values(ws->vs, Vc, dv, ck, P, 0.0, nk);
+                pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, P, 0.0, nk);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, nk, 1.0f, A, C,
                             ws->vs, dv1, have_state ? 1.0f : 0.0f, O, dv1);
             }
@@ -317,7 +317,7 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 /* S = e^(M - M') S + K~^T [V|1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
-                pf_favor_weighted_values(ws->vs, Vc, dv, ck, NULL, Mn, nk);
+                pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, NULL, Mn, nk);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nk, 1.0f, ws->vs, dv1,
                             Kc, r, beta, ST, r);
                 M = Mn;
@@ -353,7 +353,7 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 float *dKc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
                 float *dVc = hd->dV + (size_t)t0 * (size_t)dv;
                 if (have_r) {
-                    pf_favor_weighted_values(ws->vs, Vc, dv, ck, NULL, Mc, nk);
+                    pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, NULL, Mc, nk);
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nk, r, dv1, 1.0f, ws->vs,
                                 dv1, RT, r, 0.0f, dKc, r);
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nk, dv, r, 1.0f, Kc, r, RT,

@@ -9,23 +9,32 @@
 
 #include "internal.h"
 
+/* Elementwise loops that -O2 vectorises for the baseline ISA only (SSE2 on x86-64) are compiled
+ * also for AVX2 and AVX-512 and picked at load time by cpuid (GCC's function multiversioning).
+ * Without contraction to FMA (-std=c11 turns it off) every version gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(PF_NO_CLONES)
+#define PF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PF_CLONES
+#endif
+
 typedef struct pf_fmap {
     pf_kernel kernel;
-    const float *W;      /* (m,d): the projection the block path multiplies by: the drawn W, or
-                            for SDERF its rows times B (B w_f) */
-    const float *W0;     /* (m,d): the drawn W (the float64 path's) */
-    int m, d, r;         /* r = pf_kernel_width(kernel, m) */
-    float sqrt_s;        /* x' = x sqrt(s) */
-    double s;            /* the effective scale s */
-    float eps;           /* >= 0, see pf_features */
-    double wmax;         /* a bound of |u_f - bias_f| / |x'| (the overflow test) */
-    float wscale;        /* U = wscale X W^T: sqrt(s), times B for OPRF */
+    const float *W;  /* (m,d): the projection the block path multiplies by: the drawn W, or
+                        for SDERF its rows times B (B w_f) */
+    const float *W0; /* (m,d): the drawn W (the float64 path's) */
+    int m, d, r;     /* r = pf_kernel_width(kernel, m) */
+    float sqrt_s;    /* x' = x sqrt(s) */
+    double s;        /* the effective scale s */
+    float eps;       /* >= 0, see pf_features */
+    double wmax;     /* a bound of |u_f - bias_f| / |x'| (the overflow test) */
+    float wscale;    /* U = wscale X W^T: sqrt(s), times B for OPRF */
     /* OPRF and SDERF (pf_fmap_bind), u_f = B w_f.x' + bias_f, phi = D exp(u - h)/sqrt(m): */
-    const float *bias;   /* (m): A |w_f|^2 or w_f^T A w_f, rounded from bias64; NULL otherwise */
-    const double *bias64;/* (m) */
-    double logd;         /* log D; 0 for the other maps */
-    double oprf_b;       /* OPRF: B = sqrt(1 - 4A) */
-    const float *sderf_B;/* SDERF: B (d,d) */
+    const float *bias;    /* (m): A |w_f|^2 or w_f^T A w_f, rounded from bias64; NULL otherwise */
+    const double *bias64; /* (m) */
+    double logd;          /* log D; 0 for the other maps */
+    double oprf_b;        /* OPRF: B = sqrt(1 - 4A) */
+    const float *sderf_B; /* SDERF: B (d,d) */
 } pf_fmap;
 
 /* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). OPRF and
@@ -84,10 +93,15 @@ PF_INTERNAL int pf_favor_chunk(const pf_favor_opts *favor, int L);
 /* Rows per block of features: bidirectional a fixed block, causal a whole number of chunks. */
 PF_INTERNAL int pf_favor_block(int causal, int C);
 
-/* dst (n, dv+1) row j = w_j [v_j | 1], w_j = exp(c_j - ref_j), ref_j = ref[j] if ref is not
- * NULL, else ref0. V is (n, dv). */
-PF_INTERNAL void pf_favor_weighted_values(float *dst, const float *V, int dv, const double *c,
-                                          const double *ref, double ref0, int n);
+/* The width of the augmented values [V | 1] in the forward: dv + 1 rounded up to a multiple of
+ * 16, zeros after the ones column (OpenBLAS runs products 65 columns wide at 60% of the speed of
+ * 64 or 80 columns). */
+PF_INTERNAL int pf_favor_dw(int dv);
+
+/* dst (n, dw >= dv+1) row j = w_j [v_j | 1 | 0...], w_j = exp(c_j - ref_j), ref_j = ref[j] if
+ * ref is not NULL, else ref0. V is (n, dv). Returns 1 if V holds a NaN or Inf, else 0. */
+PF_INTERNAL int pf_favor_weighted_values(float *dst, int dw, const float *V, int dv,
+                                         const double *c, const double *ref, double ref0, int n);
 
 /* Per-thread scratch of the forward (attn_favor.c): blocks of nb rows; C = 0 for bidirectional,
  * else the causal chunk. */
@@ -95,10 +109,10 @@ typedef struct pf_favor_ws {
     float *phi;   /* (nb, r + C): features of a block of rows; causal: Q~ and, in the last C
                      columns of a chunk's rows, its masked scores A */
     float *kphi;  /* (nb, r): causal: K~ of the block */
-    float *vaug;  /* (nb, dv+1): bidirectional: weighted [V | 1] rows */
-    float *vs;    /* (C, dv+1): causal: [V | 1] rows weighted for the state update */
-    float *o;     /* (nb, dv+1): numerators and denominators of a block of queries */
-    float *state; /* (r + C, dv+1): K~^T [V | 1] (bidirectional); causal: the state S, then the
+    float *vaug;  /* (nb, dw): bidirectional: weighted [V | 1] rows */
+    float *vs;    /* (C, dw): causal: [V | 1] rows weighted for the state update */
+    float *o;     /* (nb, dw): numerators and denominators of a block of queries */
+    float *state; /* (r + C, dw): K~^T [V | 1] (bidirectional); causal: the state S, then the
                      chunk's weighted [V | 1] rows right below it */
     double *c;    /* (nb): log factors of a block of keys */
     double *cq;   /* (nb): log factors of a block of queries (not needed, they cancel) */
@@ -112,11 +126,11 @@ PF_INTERNAL int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv)
 PF_INTERNAL void pf_favor_ws_free(pf_favor_ws *ws);
 
 /* The causal scan over L rows of one head, in chunks of C from row 0 and feature blocks of
- * pf_favor_block(1, C) rows, continuing from a state: SV ((r + C), dv+1) holds in its first r
- * rows S = sum_{earlier keys j} k~_j e^(c_j - M) [v_j | 1] (the other C rows are scratch), *M the
- * reference (-inf: no key yet, S is ignored). Q, K (L, d), V (L, dv); keys j >= klen are padding
- * (klen >= 1 when *M is -inf); writes out (L, dv) and leaves S and *M advanced past the L rows.
- * ws is from pf_favor_ws_alloc(nb >= pf_favor_block(1, C), C, r, dv). Status as readout: a
+ * pf_favor_block(1, C) rows, continuing from a state: SV ((r + C), dw) holds in its first r
+ * rows S = sum_{earlier keys j} k~_j e^(c_j - M) [v_j | 1 | 0] (the other C rows are scratch), *M
+ * the reference (-inf: no key yet, S is ignored). Q, K (L, d), V (L, dv); keys j >= klen are
+ * padding (klen >= 1 when *M is -inf); writes out (L, dv) and leaves S and *M advanced past the L
+ * rows. ws is from pf_favor_ws_alloc(nb >= pf_favor_block(1, C), C, r, dv). Status as readout: a
  * zero or non-finite denominator (that row zeroed, the scan goes on); PF_ENONFINITE for a NaN or
  * Inf in V or Q/K (or an overflowing projection), which stops the scan part way. */
 PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV,
@@ -127,13 +141,13 @@ PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, i
 
 /* Storage for one head's OPRF/SDERF parameters, bound into a pf_fmap. */
 typedef struct pf_kernel_ws {
-    float *A, *B;     /* (d,d): SDERF's matrices */
-    float *weff;      /* (m,d): SDERF: rows B w_f */
-    float *bias;      /* (m) */
-    double *bias64;   /* (m) */
-    double *dwork;    /* SDERF: the fit's and the binding's scratch */
-    float *fwork;     /* SDERF: (2 d d) */
-    int lwork;        /* doubles in dwork for dsyev */
+    float *A, *B;   /* (d,d): SDERF's matrices */
+    float *weff;    /* (m,d): SDERF: rows B w_f */
+    float *bias;    /* (m) */
+    double *bias64; /* (m) */
+    double *dwork;  /* SDERF: the fit's and the binding's scratch */
+    float *fwork;   /* SDERF: (2 d d) */
+    int lwork;      /* doubles in dwork for dsyev */
     void *mem;
 } pf_kernel_ws;
 
@@ -162,6 +176,25 @@ PF_INTERNAL pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float 
  * kernels: nothing. Causal passes need oprf_a_given (pf_favor_check sees to it). */
 PF_INTERNAL pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
                                     const float *Q, int Lq, const float *K, int klen);
+
+/* ---- units of work for threads (attn_favor.c, attn_favor_bwd.c) ----------------------------- */
+
+/* Cuts L rows into blocks of whole `unit`s, about ceil(target / heads) of them (at least 1, at
+ * most one per unit): *len receives the block length; returns the number of blocks. Depends on
+ * the shape only, never on the thread count. */
+PF_INTERNAL int pf_favor_split(int L, int heads, int unit, int target, int *len);
+
+/* The local sum of n valid keys K (n,d), V (n,dv): KVb (r, dw) = sum_j k~_j e^(c_j - Mb)
+ * [v_j | 1], *Mb = max_j c_j, features in blocks of FAVOR_BLOCK rows (ws as for bidirectional).
+ * If kst is not NULL the features K~ are kept there (n, r), with kc (n) their log factors and
+ * kamax (n, may be NULL) their max|k~|. PF_ENONFINITE on NaN/Inf (or overflow) in K or V. */
+PF_INTERNAL pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, double *Mb,
+                                         const float *K, const float *V, int n, int dv, float *kst,
+                                         double *kc, float *kamax);
+
+/* S (n floats) referenced to *M becomes S + S2 (referenced to M2), referenced to the larger
+ * reference: S = e^(M - M') S + e^(M2 - M') S2. A reference of -inf is an empty sum. */
+PF_INTERNAL void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n);
 
 /* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
 PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);

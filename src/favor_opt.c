@@ -36,9 +36,12 @@ int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d) {
     kw->lwork = sd ? 66 * d : 0;
     /* dwork: SDERF binding: W and W A in double (2 m d); fit: P, means (d d + 3 d) + lwork */
     const size_t nd = sd ? 2 * M * D + D * D + 3 * D + (size_t)kw->lwork : 0;
-    const size_t sz[7] = {lines(sd ? D * D : 0, 4), lines(sd ? D * D : 0, 4),
-                          lines(sd ? M * D : 0, 4), lines(M, 4),
-                          lines(M, 8),              lines(nd, 8),
+    const size_t sz[7] = {lines(sd ? D * D : 0, 4),
+                          lines(sd ? D * D : 0, 4),
+                          lines(sd ? M * D : 0, 4),
+                          lines(M, 4),
+                          lines(M, 8),
+                          lines(nd, 8),
                           lines(sd ? 2 * D * D : 0, 4)};
     size_t total = 0;
     for (int i = 0; i < 7; i++) total += sz[i];
@@ -258,8 +261,8 @@ pf_status pf_oprf_optimal_a(float *A, const float *Q, int Lq, const float *K, in
     return st;
 }
 
-pf_status pf_sderf_params(float *A, float *B, double *log_D, const float *Q, int Lq,
-                          const float *K, int Lk, int d, float scale) {
+pf_status pf_sderf_params(float *A, float *B, double *log_D, const float *Q, int Lq, const float *K,
+                          int Lk, int d, float scale) {
     if (!A || !B || !log_D || !Q || !K || Lq <= 0 || Lk <= 0 || d <= 0) return PF_EINVAL;
     if (!isfinite(scale) || scale < 0) return PF_EINVAL;
     if (pf_nonfinite_f32(Q, (size_t)Lq * (size_t)d) || pf_nonfinite_f32(K, (size_t)Lk * (size_t)d))

@@ -26,7 +26,7 @@ struct pf_favor_state {
     float *W;         /* (H or 1, m, d): the caller's W, copied */
     pf_fmap *fm;      /* (H): each head's feature map (W pointing into the copy) */
     pf_kernel_ws *kw; /* (H): OPRF: each head's bias (A |w_f|^2) */
-    float *SV;        /* (H, r + C, dv+1): per head S, then C rows of scratch */
+    float *SV;        /* (H, r + C, dw): per head S, then C rows of scratch */
     double *M;        /* (H): per head reference; -inf before the first token */
     int64_t pos;      /* tokens consumed */
     int nws;          /* workspaces, one per thread the steps may use */
@@ -63,7 +63,7 @@ pf_status pf_favor_state_create(pf_favor_state **state, int H, int d, int dv, fl
     const int C = pf_favor_chunk(favor, INT32_MAX);
     /* every buffer's size in bytes must fit in size_t */
     const size_t wh = favor->w_per_head ? (size_t)H : 1, nw = (size_t)favor->m * (size_t)d;
-    const size_t rows = (size_t)r + (size_t)C, dv1 = (size_t)dv + 1;
+    const size_t rows = (size_t)r + (size_t)C, dv1 = (size_t)pf_favor_dw(dv);
     if (rows > SIZE_MAX / sizeof(float) / dv1 / (size_t)H) return PF_EINVAL;
 
     pf_favor_state *st = calloc(1, sizeof *st);
@@ -110,7 +110,7 @@ pf_status pf_favor_state_create(pf_favor_state **state, int H, int d, int dv, fl
 
 pf_status pf_favor_state_reset(pf_favor_state *st) {
     if (!st) return PF_EINVAL;
-    const size_t per = ((size_t)st->r + (size_t)st->C) * ((size_t)st->dv + 1);
+    const size_t per = ((size_t)st->r + (size_t)st->C) * (size_t)pf_favor_dw(st->dv);
     memset(st->SV, 0, sizeof(float) * per * (size_t)st->H);
     for (int h = 0; h < st->H; h++) st->M[h] = -INFINITY;
     st->pos = 0;
@@ -151,7 +151,7 @@ pf_status pf_favor_state_step(pf_favor_state *st, float *out, const float *q, co
     /* the first piece ends at the next multiple of C */
     const int into = (int)(st->pos % C);
     const int first = into == 0 ? 0 : (C - into < n ? C - into : n);
-    const size_t per = ((size_t)st->r + (size_t)C) * ((size_t)dv + 1);
+    const size_t per = ((size_t)st->r + (size_t)C) * (size_t)pf_favor_dw(dv);
     int nt = st->nws;
     /* Threads only for big steps: a token of one head is a few microseconds of work, and on a
      * busy machine waking a second thread can cost a scheduler time slice (milliseconds). */
@@ -175,8 +175,8 @@ pf_status pf_favor_state_step(pf_favor_state *st, float *out, const float *q, co
         if (n > first) {
             const size_t o = (size_t)first;
             s2 = pf_favor_causal_rows(&st->fm[h], ws, C, SV, &st->M[h], oh + o * (size_t)dv,
-                                      qh + o * (size_t)d, kh + o * (size_t)d,
-                                      vh + o * (size_t)dv, n - first, n - first, dv);
+                                      qh + o * (size_t)d, kh + o * (size_t)d, vh + o * (size_t)dv,
+                                      n - first, n - first, dv);
         }
         const int s = s1 > s2 ? (int)s1 : (int)s2;
         if (s > worst) worst = s;

@@ -51,7 +51,7 @@ const char *pf_kernel_name(pf_kernel kernel) {
     return kernel_names[kernel];
 }
 
-int pf_nonfinite_f32(const float *x, size_t n) {
+PF_CLONES int pf_nonfinite_f32(const float *x, size_t n) {
     /* x * 0 is 0 for finite x and NaN for Inf or NaN; 16 independent sums with a fixed inner
      * trip count, so that -O2 vectorises the loop. */
     float acc[16] = {0};
@@ -93,7 +93,7 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
 
 /* sum of x[k]^2 in double with 8 independent partial sums (a fixed order, so the same bits
  * every time): a single chain of dependent adds would cost as much as the row's exps. */
-static double sumsq_f64(const float *x, int d) {
+static inline __attribute__((always_inline)) double sumsq_f64(const float *x, int d) {
     double acc[8] = {0};
     int k = 0;
     for (; k + 8 <= d; k += 8)
@@ -107,14 +107,22 @@ static void add_const(float *p, int n, float add) {
     for (int f = 0; f < n; f++) p[f] += add;
 }
 
+/* p[0..n) = exp(p - t): the subtraction in float as the vector exp_sub_sum does it, without its
+ * sum (a quarter of its time) */
+static void exp_shift(const pf_simd_table *vk, float *restrict p, float t, int n) {
+#pragma omp simd
+    for (int f = 0; f < n; f++) p[f] -= t;
+    vk->exp(p, p, (size_t)n);
+}
+
 /* p[0..n) += b[0..n) */
 static void add_vec(float *restrict p, const float *restrict b, int n) {
 #pragma omp simd
     for (int f = 0; f < n; f++) p[f] += b[f];
 }
 
-pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
-                       const float *X, int n) {
+PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
+                                 const float *X, int n) {
     const int m = fm->m, d = fm->d;
     const pf_simd_table *vk = pf_simd();
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
@@ -124,6 +132,9 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, floa
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     const float eps = fm->eps;
+    const int need_top = amax != NULL || eps > 0; /* the largest phi~ is O(1), known to rounding */
+    const double wmax2 = fm->wmax * fm->wmax;
+    const double lnr = 0.5 * log((double)(fm->kernel == PF_KERNEL_HYPERBOLIC ? 2 * m : m));
     pf_status st = PF_OK;
     for (int i = 0; i < n; i++) {
         float *p = phi + (size_t)i * (size_t)ldphi;
@@ -133,7 +144,7 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, floa
         /* |u_f| and every partial sum of the sgemm are <= |x'| max|w| (Cauchy-Schwarz): only
          * rows near that bound, or with a NaN or Inf in x (then sq and every u_f are NaN or
          * Inf too), need the full test */
-        if (!(sqrt(s2 * sq) * fm->wmax <= 1e38) && pf_nonfinite_f32(p, (size_t)m)) {
+        if (!(s2 * sq * wmax2 <= 1e76) && pf_nonfinite_f32(p, (size_t)m)) {
             memset(p, 0, sizeof(float) * (size_t)fm->r);
             c[i] = 0;
             if (amax) amax[i] = 0;
@@ -151,25 +162,23 @@ pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, floa
             /* exp(u - h)/sqrt(m) = exp(u - t) exp(c), t = max u + ln sqrt(m) rounded to float
              * and c = t - ln sqrt(m) - h: the 1/sqrt(m) rides in the shift, and c uses the
              * rounded t, so phi~ exp(c) is the feature to float rounding */
-            const double lnr = 0.5 * log((double)m);
             const float mx = vk->max(p, (size_t)m);
             const float t = (float)((double)mx + lnr);
-            vk->exp_sub_sum(p, p, t, (size_t)m);
+            exp_shift(vk, p, t, m);
             c[i] = (double)t - lnr - h + fm->logd;
-            top = (float)exp((double)mx - (double)t);
+            if (need_top) top = (float)exp((double)mx - (double)t);
             if (eps > 0) add_const(p, m, eps * top);
             break;
         }
         case PF_KERNEL_HYPERBOLIC: {
             /* [exp(u - h), exp(-u - h)]/sqrt(2m) likewise, shifted by a = max|u| */
-            const double lnr = 0.5 * log(2.0 * (double)m);
             float *q = p + m;
             for (int f = 0; f < m; f++) q[f] = -p[f];
             const float a = fmaxf(vk->max(p, (size_t)m), vk->max(q, (size_t)m));
             const float t = (float)((double)a + lnr);
-            vk->exp_sub_sum(p, p, t, (size_t)(2 * m));
+            exp_shift(vk, p, t, 2 * m);
             c[i] = (double)t - lnr - h;
-            top = (float)exp((double)a - (double)t);
+            if (need_top) top = (float)exp((double)a - (double)t);
             if (eps > 0) add_const(p, 2 * m, eps * top);
             break;
         }
@@ -328,8 +337,8 @@ void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi
     }
     /* dx = sqrt(s) dx' = sqrt(s) (a W + b x') = sqrt(s) a W + s b x (du/dx': OPRF B W, SDERF the
      * rows B w_f: wscale and fm->W say which) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, m, fm->wscale, dphi, lddphi,
-                fm->W, d, 0.0f, dX, d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, m, fm->wscale, dphi, lddphi, fm->W,
+                d, 0.0f, dX, d);
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     for (int i = 0; i < n; i++) {
         if (b[i] == 0) continue;

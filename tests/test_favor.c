@@ -307,6 +307,47 @@ static void test_approaches_exact(void) {
     problem_free(&p);
 }
 
+/* f'. Few heads: the work is cut into row blocks (bidirectional: key blocks whose partial sums are
+ * combined in order; causal: scan blocks with an in-order prefix combine of their states), the
+ * same cut at any thread count. B*H = 1 and 3 at lengths that give several blocks, with padding
+ * inside the last block and before the second (whose blocks then hold no valid key): threads 1,
+ * 2 and 3 give the same bits, and the result matches the float64 reference. */
+static void test_threads_few_heads(void) {
+    const int lens[2] = {3000, 1500}, Bs[2] = {1, 3};
+    for (int c = 0; c < 2; c++) {
+        const int L = lens[c], B = Bs[c], d = 16, dv = 16, m = 32;
+        problem p = problem_make(B, 1, L, L, d, dv, m, 1, 55 + c);
+        scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
+        scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+        int32_t klen[3] = {L - 3, L, 900};
+        for (int causal = 0; causal < 2; causal++) {
+            for (int pad = 0; pad < 2; pad++) {
+                pf_attn_opts o = pf_attn_opts_default();
+                o.causal = causal;
+                if (pad) {
+                    klen[0] = c == 0 ? 900 : L - 3;
+                    o.key_len = klen;
+                }
+                pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, m, 0);
+                o.threads = 1;
+                CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
+                for (int t = 2; t <= 3; t++) {
+                    o.threads = t;
+                    CHECK_STATUS(pf_attn_favor(p.out2, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
+                    CHECK(memcmp(p.out, p.out2, sizeof(float) * p.no) == 0,
+                          "B=%d H=1 L=%d causal=%d pad=%d: threads 1 and %d differ", B, L, causal,
+                          pad, t);
+                }
+                favor_f64(p.ref, p.Q, p.K, p.V, &p.s, &o, &f);
+                double e = rel_err_f64(p.out, p.ref, p.no);
+                CHECK(e < 1e-5, "B=%d H=1 L=%d causal=%d pad=%d: rel err %.3g", B, L, causal, pad,
+                      e);
+            }
+        }
+        problem_free(&p);
+    }
+}
+
 /* f. threads 1 and 2 give the same bits. */
 static void test_threads(void) {
     problem p = problem_make(2, 3, 300, 300, 32, 16, 64, 3, 51);
@@ -563,6 +604,7 @@ int main(void) {
     test_large_norms();
     test_approaches_exact();
     test_threads();
+    test_threads_few_heads();
     test_causality_and_padding();
     test_errors();
     TEST_MAIN_END();

@@ -601,8 +601,9 @@ static kparams head_params(const pf_favor_opts *f, const float *Qh, int Lq, cons
                            int klen, int d, double scale, float *mats) {
     kparams kp = {f->kernel, 0, NULL, NULL, 0};
     if (f->kernel == PF_KERNEL_OPRF) {
-        kp.a = f->oprf_a_given ? f->oprf_a
-                               : (double)(float)a_star_f64(pair_mean(Qh, Lq, Kh, klen, d, scale) / d);
+        kp.a = f->oprf_a_given
+                   ? f->oprf_a
+                   : (double)(float)a_star_f64(pair_mean(Qh, Lq, Kh, klen, d, scale) / d);
     } else if (f->kernel == PF_KERNEL_SDERF) {
         pf_sderf_params(mats, mats + d * d, &kp.logD, Qh, Lq, Kh, klen, d, (float)scale);
         kp.A = mats;
@@ -708,7 +709,8 @@ static void test_attention(void) {
         if (!causal) {
             const int kl = klen[1];
             pf_shape st = {1, H, Lq, kl, d, dv};
-            float *Kt = xmalloc(sizeof(float) * H * kl * d), *Vt = xmalloc(sizeof(float) * H * kl * dv);
+            float *Kt = xmalloc(sizeof(float) * H * kl * d),
+                  *Vt = xmalloc(sizeof(float) * H * kl * dv);
             for (int h = 0; h < H; h++) {
                 memcpy(Kt + (size_t)h * kl * d, p.K + ((size_t)(H + h) * Lk) * d,
                        sizeof(float) * kl * d);
@@ -769,7 +771,8 @@ static double loss_f64(const double *Q, const double *K, const double *V, const 
                     den += a;
                     for (int k = 0; k < s->dv; k++) num[k] += a * V[(bh * s->Lk + j) * s->dv + k];
                 }
-                for (int k = 0; k < s->dv; k++) loss += G[(bh * s->Lq + i) * s->dv + k] * num[k] / den;
+                for (int k = 0; k < s->dv; k++)
+                    loss += G[(bh * s->Lq + i) * s->dv + k] * num[k] / den;
             }
         }
     }
@@ -794,7 +797,8 @@ static void test_gradients(void) {
         float *G = xmalloc(sizeof(float) * p.no);
         fill_normal(G, p.no, 1, 500 + c, 3);
         float *g[6];
-        for (int t = 0; t < 6; t++) g[t] = xmalloc(sizeof(float) * (t % 3 == 2 ? p.nv : p.nk + p.nq));
+        for (int t = 0; t < 6; t++)
+            g[t] = xmalloc(sizeof(float) * (t % 3 == 2 ? p.nv : p.nk + p.nq));
         CHECK_STATUS(pf_attn_favor_backward(g[0], g[1], g[2], G, p.Q, p.K, p.V, &p.s, &o, &f),
                      PF_OK);
         CHECK_STATUS(pf_attn_favor_backward_ref(g[3], g[4], g[5], G, p.Q, p.K, p.V, &p.s, &o, &f),

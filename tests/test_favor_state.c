@@ -201,8 +201,8 @@ static void test_large_norms(void) {
                 printf("norm 30 (keys %s), %s, %s: rel err vs float64 %.3g\n",
                        keys ? "1..30" : "30", pf_kernel_name(f.kernel),
                        pass ? "mixed steps" : "token by token", e);
-                CHECK(e < 1e-5, "norm 30 %s pass %d: rel err %.3g", pf_kernel_name(f.kernel),
-                      pass, e);
+                CHECK(e < 1e-5, "norm 30 %s pass %d: rel err %.3g", pf_kernel_name(f.kernel), pass,
+                      e);
             }
             pf_favor_state_free(st);
             free(ref);
