@@ -119,8 +119,8 @@ static pf_status run_once(const bench_case *c, buffers *b) {
         fav.m = c->m;
         st = pf_attn_favor(b->out, b->Q, b->K, b->V, &shape, &opts, &fav);
         if (st == PF_OK && c->pass == FWD_BWD)
-            st = pf_attn_favor_backward(b->dQ, b->dK, b->dV, b->dout, b->Q, b->K, b->V, &shape,
-                                        &opts, &fav);
+            st = pf_attn_favor_backward(b->dQ, b->dK, b->dV, b->dout, b->Q, b->K, b->V, b->out,
+                                        &shape, &opts, &fav);
     }
     return st;
 }

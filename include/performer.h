@@ -337,12 +337,14 @@ PF_API pf_status pf_attn_exact_backward_ref(float *dQ, float *dK, float *dV, con
                                             const float *Q, const float *K, const float *V,
                                             const pf_shape *shape, const pf_attn_opts *opts);
 
-/* FAVOR+ backward through the linear attention, the feature map and the input scaling; W is a
- * constant. Causal runs the chunked scan in reverse (no stored per-position state). */
+/* FAVOR+ backward through the linear attention, the feature map and the input scaling; W (and
+ * FAVOR++/FAVOR#'s A) is a constant. Causal runs the chunked scan in reverse (no stored
+ * per-position state). out, if not NULL, is the forward's output (B,H,Lq,dv) for these inputs
+ * and options, which the backward then does not recompute; NULL recomputes it. */
 PF_API pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout,
                                         const float *Q, const float *K, const float *V,
-                                        const pf_shape *shape, const pf_attn_opts *opts,
-                                        const pf_favor_opts *favor);
+                                        const float *out, const pf_shape *shape,
+                                        const pf_attn_opts *opts, const pf_favor_opts *favor);
 
 /* Its reference: the explicit formula differentiated in float64 with materialised features. */
 PF_API pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const float *dout,

@@ -197,6 +197,10 @@ static int split_columns(int dv) {
     return dv % 16 == 0;
 }
 
+int pf_favor_bidir_blocks(int L, int heads, int *len) {
+    return pf_favor_split(L, heads, FAVOR_BLOCK, FAVOR_SPLIT, len);
+}
+
 int pf_favor_split(int L, int heads, int unit, int target, int *len) {
     const int units = (L + unit - 1) / unit;
     int want = (target + heads - 1) / heads;
@@ -509,7 +513,7 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     if (opts->causal)
         j.nkb = pf_favor_split(s.Lk, heads, SCAN_UNIT * pf_favor_block(1, j.C), SCAN_SPLIT, &j.kbl);
     else
-        j.nkb = pf_favor_split(s.Lk, heads, FAVOR_BLOCK, FAVOR_SPLIT, &j.kbl);
+        j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
     const int nqb = opts->causal ? j.nkb : (s.Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
     const size_t nkv = (size_t)j.r * (size_t)pf_favor_dw(s.dv), H = (size_t)heads;
     j.fm = malloc(sizeof(pf_fmap) * H);
@@ -565,12 +569,15 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
         if (nomem) worst = PF_ENOMEM;
         /* statuses in a fixed order; a head that failed outright is zeroed */
         for (int bh = 0; bh < heads && worst != PF_ENOMEM; bh++) {
-            int hs = j.hst[bh];
+            /* a failed setup or key block leaves the head unwritten; a query or scan unit's
+             * NaN leaves part of it */
+            int hs = j.hst[bh], dead = hs != PF_OK;
             for (int u = 0; u < nqb; u++) {
                 const int us = j.ust[(size_t)bh * (size_t)nqb + (size_t)u];
                 hs = us > hs ? us : hs;
+                dead |= fatal(us);
             }
-            if (fatal(hs))
+            if (dead)
                 memset(out + head_off(bh, s.Lq, s.dv), 0,
                        sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
             if (hs > worst) worst = hs;

@@ -14,19 +14,25 @@
  * out is homogeneous of degree 0 in each query's features and in the key features a query
  * sees, so the references M, P_i and the query's own log factor are constants: the gradient
  * through each feature map is the one of the unstabilised map, written in terms of phi~
- * (pf_fmap_rows_backward), and exact almost everywhere.
+ * (pf_fmap_rows_backward), and exact almost everywhere. When the caller passes the forward's
+ * out, only D_i is recomputed (a matrix-vector product), not n_i.
  *
- * Bidirectional: KV~ = sum_j k^_j [v_j|1]^T (r x dv+1); dQ~ = dN~ KV~^T; dKV~ = Q~^T dN~;
- * dK^ = [V|1]_w dKV~^T; dV = K^ dKV. Three passes: keys (KV~), queries (dQ, dKV~), keys again.
+ * Bidirectional: KV~ = sum_j k^_j [v_j|1]^T (r x dw, the forward's layout and the forward's
+ * key blocks, so D_i has the forward's bits); dQ~ = dN~ KV~^T; dKV~ = Q~^T dN~;
+ * dK^ = [V|1]_w dKV~^T; dV = K^ dKV. Three passes, each cut into units independent of the
+ * thread count: key blocks (K~ kept, partial KV~ combined in block order), query blocks (dQ,
+ * partial dKV~ summed in block order), key blocks again (dK, dV). Heads go in groups whose kept
+ * K~ fit in a fixed budget.
  *
- * Causal, chunks of C as in the forward: a forward scan recomputes out with the prefix state S
- * and gives dQ~ (inter-chunk e^(M - P_i) S dN~_i, intra-chunk the masked C x C products); a
- * reverse scan carries the suffix state R = sum_{i later} e^(ref - P_i) q~_i dN~_i^T, kept
- * referenced to the state max M_c at the end of the current chunk: stepping back to a smaller
- * reference multiplies R by e^(M_{c-1} - M_c) <= 1, and every key weight e^(c_j - P_i) or
- * e^(c_j - M_c) is <= 1 too. There is no per-position state and no prefix state is ever
- * recovered by subtraction. One head keeps its features Q~, K~ (L x r each), dN~ (L x dv+1),
- * the chunks' masked score blocks (L x C, twice) and the log factors (L): O(L (r + C + dv)). */
+ * Causal, chunks of C as in the forward, one head per unit: a forward scan recomputes out (or D)
+ * with the prefix state S and gives dQ~ (inter-chunk e^(M - P_i) S dN~_i, intra-chunk the masked
+ * C x C products); a reverse scan carries the suffix state R = sum_{i later} e^(ref - P_i) q~_i
+ * dN~_i^T, kept referenced to the state max M_c at the end of the current chunk: stepping back
+ * to a smaller reference multiplies R by e^(M_{c-1} - M_c) <= 1, and every key weight
+ * e^(c_j - P_i) or e^(c_j - M_c) is <= 1 too. There is no per-position state and no prefix
+ * state is ever recovered by subtraction. One head keeps its features Q~, K~ (L x r each), dN~
+ * (L x dv+1), the chunks' masked score blocks (L x C, twice) and the log factors (L):
+ * O(L (r + C + dv)). */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -35,25 +41,31 @@
 #include "attn_common.h"
 #include "favor.h"
 
+enum {
+    BWD_BLOCK = 256,     /* rows per block of features, bidirectional */
+    BWD_SPLIT = 16,      /* bidirectional: blocks wanted over all heads (pf_favor_split) */
+    BWD_BUDGET = 1 << 20 /* floats of kept K~ (4 MiB) a group of heads holds: one L = 4096 head */
+};
+
 /* ---- per-thread scratch ------------------------------------------------------------------- */
 
 typedef struct bwd_ws {
-    float *kst;    /* (Lk, r): K~ of the head */
+    float *kst;    /* (Lk, r): causal: K~ of the head */
     float *qst;    /* (L, r): causal: Q~ of the head */
     float *dnst;   /* (L, dv+1): causal: dN~ of the head */
     float *ast;    /* (L, C): causal: per chunk, A'_ij = (q~_i.k~_j) e^(c_j - P_i), j <= i */
-    float *bst;    /* (L, C): causal: per chunk, B_ij = (dN~_i.[v_j|1]) e^(c_j - P_i), j <= i */
-    float *kamax;  /* (Lk): max|k~| before eps, per key */
+    float *bst;    /* (L, C): causal: per chunk, B_ij = (dN~_i.[v_j|1]_w) e^(c_j - P_i), j <= i */
+    float *kamax;  /* (Lk): causal: max|k~| before eps, per key */
     float *qamax;  /* (L or nb): max|q~| before eps, per query */
     float *blk;    /* (nb, r): bidirectional: Q~ of a block */
     float *dblk;   /* (nb, r): d loss / d phi~ of a block of rows */
-    float *vaug;   /* (nb, dv+1): weighted [V | 1] rows, or dN~ of a block (bidirectional) */
-    float *o;      /* (nb, dv+1): numerators and denominators of a block of queries */
+    float *vaug;   /* (nb, dw): weighted [V | 1] rows, or dN~ of a block (bidirectional) */
+    float *o;      /* (nb, dw): numerators and denominators of a block of queries */
     float *vs;     /* (C, dv+1): causal: [V | 1] rows weighted for the state */
     float *dnw;    /* (C, dv+1): causal: dN~ rows weighted for the suffix state */
-    float *state;  /* (r, dv+1): KV~; causal: the prefix state S^T (dv+1, r) */
-    float *dstate; /* (r, dv+1): dKV~; causal: the suffix state R^T (dv+1, r) */
-    double *kc;    /* (Lk): key log factors */
+    float *state;  /* (r, dv+1): causal: the prefix state S^T (dv+1, r) */
+    float *dstate; /* (r, dv+1): causal: the suffix state R^T (dv+1, r) */
+    double *kc;    /* (Lk): causal: key log factors */
     double *p;     /* (L): causal: prefix maxima */
     double *cq;    /* (nb): query log factors (unused, they cancel) */
     double *bsc;   /* (nb): scratch of pf_fmap_rows_backward */
@@ -64,16 +76,17 @@ static size_t lines(size_t n, size_t size) {
     return (n * size + 63) / 64 * 64;
 }
 
-/* C = 0 for bidirectional. Returns 0, or -1 when out of memory. */
+/* C = 0 for bidirectional (then L, Lk are not needed). Returns 0, or -1 when out of memory. */
 static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv) {
     const size_t R = (size_t)r, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
-    const size_t LL = C ? (size_t)L : 0, LK = (size_t)Lk;
+    const size_t dw = (size_t)pf_favor_dw(dv);
+    const size_t LL = C ? (size_t)L : 0, LK = C ? (size_t)Lk : 0;
     const size_t sz[19] = {
-        lines(LK * R, 4),   lines(LL * R, 4),   lines(LL * dv1, 4),    lines(LL * CC, 4),
-        lines(LL * CC, 4),  lines(LK, 4),       lines(C ? LL : NB, 4), lines(C ? 0 : NB * R, 4),
-        lines(NB * R, 4),   lines(NB * dv1, 4), lines(NB * dv1, 4),    lines(CC * dv1, 4),
-        lines(CC * dv1, 4), lines(R * dv1, 4),  lines(R * dv1, 4),     lines(LK, 8),
-        lines(LL, 8),       lines(NB, 8),       lines(NB, 8)};
+        lines(LK * R, 4),   lines(LL * R, 4),  lines(LL * dv1, 4),    lines(LL * CC, 4),
+        lines(LL * CC, 4),  lines(LK, 4),      lines(C ? LL : NB, 4), lines(NB * R, 4),
+        lines(NB * R, 4),   lines(NB * dw, 4), lines(NB * dw, 4),     lines(CC * dv1, 4),
+        lines(CC * dv1, 4), lines(R * dv1, 4), lines(R * dv1, 4),     lines(LK, 8),
+        lines(LL, 8),       lines(NB, 8),      lines(NB, 8)};
     memset(ws, 0, sizeof *ws);
     size_t total = 0;
     for (int i = 0; i < 19; i++) {
@@ -100,6 +113,7 @@ static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv)
 
 typedef struct bwd_head {
     const float *Q, *K, *V, *G; /* (Lq,d), (Lk,d), (Lk,dv), dout (Lq,dv) */
+    const float *out;           /* (Lq,dv), the forward's output, or NULL */
     float *dQ, *dK, *dV;        /* (Lq,d), (Lk,d), (Lk,dv) */
     int Lq, Lk, klen, dv;
 } bwd_head;
@@ -108,16 +122,18 @@ static pf_status worse(pf_status a, pf_status b) {
     return a > b ? a : b;
 }
 
-/* From the numerators and denominators o (n, dv+1) and G (n, dv): dN~ (n, dv+1) with
- * dN~_i = [G_i / D_i | -(G_i.out_i) / D_i]. A zero denominator is PF_EDOMAIN, a non-finite one
- * PF_ENONFINITE; such a row gets dN~ = 0 (it passes no gradient on, and no NaN). */
-static pf_status grad_of_out(float *dn, const float *o, const float *G, int n, int dv) {
-    const int dv1 = dv + 1;
+/* From the denominators (column dv of o, row stride ldo) and either the numerators (columns
+ * 0..dv-1 of o; out NULL) or the forward's out (n, dv), and G (n, dv): dN~ (n, lddn) with
+ * dN~_i = [G_i / D_i | -(G_i.out_i) / D_i | 0 ...] (zeros up to lddn). A zero denominator is
+ * PF_EDOMAIN, a non-finite one PF_ENONFINITE; such a row gets dN~ = 0 (it passes no gradient on,
+ * and no NaN). */
+PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int ldo,
+                                       const float *out, const float *G, int n, int dv) {
     pf_status st = PF_OK;
     for (int i = 0; i < n; i++) {
-        const float *row = o + (size_t)i * (size_t)dv1;
+        const float *row = o + (size_t)i * (size_t)ldo;
         const float *g = G + (size_t)i * (size_t)dv;
-        float *dst = dn + (size_t)i * (size_t)dv1;
+        float *dst = dn + (size_t)i * (size_t)lddn;
         const float den = row[dv];
         pf_status bad = PF_OK;
         if (!isfinite(den))
@@ -125,30 +141,40 @@ static pf_status grad_of_out(float *dn, const float *o, const float *G, int n, i
         else if (den == 0.0f)
             bad = PF_EDOMAIN;
         if (bad != PF_OK) {
-            memset(dst, 0, sizeof(float) * (size_t)dv1);
+            memset(dst, 0, sizeof(float) * (size_t)lddn);
             st = worse(st, bad);
             continue;
         }
         const double inv = 1.0 / (double)den;
+        const float finv = (float)inv;
         double go = 0; /* G_i . out_i */
-        for (int k = 0; k < dv; k++) {
-            go += (double)g[k] * ((double)row[k] * inv);
-            dst[k] = (float)((double)g[k] * inv);
+        if (out) {
+            const float *oi = out + (size_t)i * (size_t)dv;
+            float acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int k = 0; k < dv; k++) acc += g[k] * oi[k];
+            go = acc;
+        } else {
+            for (int k = 0; k < dv; k++) go += (double)g[k] * ((double)row[k] * inv);
         }
+#pragma omp simd
+        for (int k = 0; k < dv; k++) dst[k] = g[k] * finv;
         dst[dv] = (float)(-go * inv);
+        for (int k = dv + 1; k < lddn; k++) dst[k] = 0.0f;
     }
     return st;
 }
 
 /* Row i of x (n rows of w floats, stride ld) times e^(ref_i - P_i) where it differs from 1;
  * ref_i = ref[i] if ref is not NULL, else ref0. */
-static void scale_rows(float *x, int ld, int n, int w, const double *ref, double ref0,
-                       const double *P) {
+PF_CLONES static void scale_rows(float *x, int ld, int n, int w, const double *ref, double ref0,
+                                 const double *P) {
     for (int i = 0; i < n; i++) {
         const double e = (ref ? ref[i] : ref0) - P[i];
         if (e == 0) continue;
         const float f = (float)exp(e);
         float *row = x + (size_t)i * (size_t)ld;
+#pragma omp simd
         for (int k = 0; k < w; k++) row[k] *= f;
     }
 }
@@ -168,71 +194,167 @@ static void mask_chunk(float *X, int ld, int n, int nk, const double *P) {
 
 /* ---- bidirectional ------------------------------------------------------------------------ */
 
-static pf_status bwd_bidir_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *ws) {
-    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, NB = pf_favor_block(0, 0);
-    float *KV = ws->state, *dKV = ws->dstate;
-    memset(KV, 0, sizeof(float) * (size_t)r * (size_t)dv1);
-    memset(dKV, 0, sizeof(float) * (size_t)r * (size_t)dv1);
-    /* pass 1, keys: K~ kept, KV~ = sum_j k~_j e^(c_j - M) [v_j|1]^T under the running max M */
-    double M = -INFINITY;
-    for (int j0 = 0; j0 < hd->klen; j0 += NB) {
-        const int nb = hd->klen - j0 < NB ? hd->klen - j0 : NB;
-        const float *Vb = hd->V + (size_t)j0 * (size_t)dv;
-        float *Kb = ws->kst + (size_t)j0 * (size_t)r;
-        if (pf_nonfinite_f32(Vb, (size_t)nb * (size_t)dv)) return PF_ENONFINITE;
-        pf_status st = pf_fmap_rows(fm, Kb, r, ws->kc + j0, ws->kamax + j0,
-                                    hd->K + (size_t)j0 * (size_t)d, nb);
-        if (st != PF_OK) return st;
-        double cb = -INFINITY;
-        for (int j = 0; j < nb; j++) cb = ws->kc[j0 + j] > cb ? ws->kc[j0 + j] : cb;
-        float beta = 1.0f;
-        if (cb > M) {
-            beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
-            M = cb;
-        }
-        pf_favor_weighted_values(ws->vaug, dv + 1, Vb, dv, ws->kc + j0, NULL, M, nb);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, Kb, r, ws->vaug, dv1,
-                    beta, KV, dv1);
-    }
-    /* pass 2, queries: out, dN~, dQ~ = dN~ KV~^T, dKV~ += Q~^T dN~, dQ */
+typedef struct bwd_job {
+    const pf_shape *s;
+    const pf_attn_opts *opts;
+    const pf_favor_opts *favor;
+    const float *Q, *K, *V, *G, *out;
+    float *dQ, *dK, *dV;
+    int r, dw, C;
+    int nkb, kbl, nqb, qbl; /* key and query blocks per head, their lengths */
+    int g0;                 /* the group's first head */
+    pf_fmap *fm;            /* (heads) */
+    pf_kernel_ws *kw;       /* (heads) */
+    int *hst;               /* (heads): the head's status */
+    int *dead;              /* (heads): 1 once a failure leaves the head without gradients */
+    int *kst, *qst;         /* (heads, nkb), (heads, nqb): unit statuses */
+    /* the group's storage, per head of the group: */
+    float *kf;    /* (Lk, r): K~ */
+    double *kc;   /* (Lk): key log factors */
+    float *kamax; /* (Lk) */
+    float *part;  /* (nkb, r, dw): partial KV~; slot 0 the total */
+    double *pmax; /* (nkb) */
+    float *dpart; /* (nqb, r, dw): partial dKV~; slot 0 the total */
+} bwd_job;
+
+static size_t hoff(int bh, int L, int w) {
+    return (size_t)bh * (size_t)L * (size_t)w;
+}
+
+/* The group slot of head bh: index (bh - g0) into the group's storage. */
+static size_t gslot(const bwd_job *j, int bh) {
+    return (size_t)(bh - j->g0);
+}
+
+/* Phase 1: keys of block kb: K~ kept, partial KV~. */
+static pf_status bidir_keys(bwd_job *j, pf_favor_ws *fws, int bh, int kb) {
+    const pf_shape *s = j->s;
+    const int klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk);
+    const int j0 = kb * j->kbl;
+    int n = klen - j0;
+    n = n > j->kbl ? j->kbl : n;
+    const size_t g = gslot(j, bh), nkv = (size_t)j->r * (size_t)j->dw;
+    float *KVb = j->part + (g * (size_t)j->nkb + (size_t)kb) * nkv;
+    double *Mb = j->pmax + g * (size_t)j->nkb + (size_t)kb;
+    *Mb = -INFINITY;
+    if (n <= 0) return PF_OK;
+    const size_t Lk = (size_t)s->Lk;
+    return pf_favor_key_block(
+        &j->fm[bh], fws, KVb, Mb, j->K + hoff(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d,
+        j->V + hoff(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv, n, s->dv,
+        j->kf + (g * Lk + (size_t)j0) * (size_t)j->r, j->kc + g * Lk + j0, j->kamax + g * Lk + j0);
+}
+
+/* Phase 2: KV~ of the head in slot 0, in block order. */
+static void bidir_combine_kv(bwd_job *j, int bh) {
+    const size_t g = gslot(j, bh), nkv = (size_t)j->r * (size_t)j->dw;
+    float *P = j->part + g * (size_t)j->nkb * nkv;
+    double *M = j->pmax + g * (size_t)j->nkb;
+    for (int kb = 1; kb < j->nkb; kb++)
+        pf_favor_combine(P, &M[0], P + (size_t)kb * nkv, M[kb], nkv);
+}
+
+/* Phase 3: queries of block qb: dN~, dQ, partial dKV~ = Q~^T dN~. */
+static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
+    const pf_shape *s = j->s;
+    const pf_fmap *fm = &j->fm[bh];
+    const int r = j->r, d = s->d, dv = s->dv, dw = j->dw;
+    const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
+    const float *KV = j->part + g * (size_t)j->nkb * nkv;
+    float *dKV = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
+    const int i0 = qb * j->qbl, L = s->Lq - i0 < j->qbl ? s->Lq - i0 : j->qbl;
     pf_status st = PF_OK;
-    for (int i0 = 0; i0 < hd->Lq; i0 += NB) {
-        const int nb = hd->Lq - i0 < NB ? hd->Lq - i0 : NB;
-        const float *Gb = hd->G + (size_t)i0 * (size_t)dv;
-        const float *Qb = hd->Q + (size_t)i0 * (size_t)d;
-        if (pf_nonfinite_f32(Gb, (size_t)nb * (size_t)dv)) return PF_ENONFINITE;
+    memset(dKV, 0, sizeof(float) * nkv); /* (the padding columns are never written) */
+    for (int b0 = 0; b0 < L; b0 += BWD_BLOCK) {
+        const int nb = L - b0 < BWD_BLOCK ? L - b0 : BWD_BLOCK;
+        const size_t row = (size_t)(i0 + b0);
+        const float *Qb = j->Q + hoff(bh, s->Lq, d) + row * (size_t)d;
+        const float *Gb = j->G + hoff(bh, s->Lq, dv) + row * (size_t)dv;
+        const float *ob = j->out ? j->out + hoff(bh, s->Lq, dv) + row * (size_t)dv : NULL;
+        if (pf_nonfinite_f32(Gb, (size_t)nb * (size_t)dv) ||
+            (ob && pf_nonfinite_f32(ob, (size_t)nb * (size_t)dv)))
+            return PF_ENONFINITE;
         pf_status s1 = pf_fmap_rows(fm, ws->blk, r, ws->cq, ws->qamax, Qb, nb);
         if (s1 != PF_OK) return s1;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, ws->blk, r, KV,
-                    dv1, 0.0f, ws->o, dv1);
+        /* D = Q~ z (and, without the forward's out, the numerators Q~ KV~[:, :dv]) */
+        if (!ob)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, ws->blk, r, KV,
+                        dw, 0.0f, ws->o, dw);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, ws->blk, r, KV + dv, dw, 0.0f,
+                    ws->o + dv, dw);
         float *dN = ws->vaug;
-        st = worse(st, grad_of_out(dN, ws->o, Gb, nb, dv));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv1, 1.0f, dN, dv1, KV, dv1,
+        st = worse(st, grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv));
+        /* dQ~ = dN~ KV~^T (the dv + 1 columns that matter) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv + 1, 1.0f, dN, dw, KV, dw,
                     0.0f, ws->dblk, r);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, ws->blk, r, dN, dv1,
-                    1.0f, dKV, dv1);
-        pf_fmap_rows_backward(fm, hd->dQ + (size_t)i0 * (size_t)d, ws->dblk, r, ws->blk, r,
-                              ws->qamax, Qb, nb, ws->bsc);
-    }
-    /* pass 3, keys: dK^ = [V|1]_w dKV~^T, dV = diag(w) K~ dKV, w_j = e^(c_j - M) */
-    for (int j0 = 0; j0 < hd->klen; j0 += NB) {
-        const int nb = hd->klen - j0 < NB ? hd->klen - j0 : NB;
-        const float *Kb = ws->kst + (size_t)j0 * (size_t)r;
-        float *dVb = hd->dV + (size_t)j0 * (size_t)dv;
-        pf_favor_weighted_values(ws->vaug, dv + 1, hd->V + (size_t)j0 * (size_t)dv, dv, ws->kc + j0,
-                                 NULL, M, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv1, 1.0f, ws->vaug, dv1, dKV,
-                    dv1, 0.0f, ws->dblk, r);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Kb, r, dKV, dv1,
-                    0.0f, dVb, dv);
-        for (int j = 0; j < nb; j++) {
-            const float w = ws->vaug[(size_t)j * (size_t)dv1 + (size_t)dv];
-            for (int k = 0; k < dv; k++) dVb[(size_t)j * (size_t)dv + k] *= w;
+        /* dKV~ += Q~^T dN~: the numerator columns by sgemm (dv a multiple of 16: full speed;
+         * otherwise all dw columns, the zero padding of dN~ making zeros), the denominator
+         * column by sgemv (OpenBLAS runs products 65 columns wide at 60% of the speed) */
+        const float beta = b0 ? 1.0f : 0.0f;
+        if (dv % 16 == 0) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv, nb, 1.0f, ws->blk, r, dN,
+                        dw, beta, dKV, dw);
+            cblas_sgemv(CblasRowMajor, CblasTrans, nb, r, 1.0f, ws->blk, r, dN + dv, dw, beta,
+                        dKV + dv, dw);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dw, nb, 1.0f, ws->blk, r, dN,
+                        dw, beta, dKV, dw);
         }
-        pf_fmap_rows_backward(fm, hd->dK + (size_t)j0 * (size_t)d, ws->dblk, r, Kb, r,
-                              ws->kamax + j0, hd->K + (size_t)j0 * (size_t)d, nb, ws->bsc);
+        /* (gradients are checked block by block, while in cache) */
+        if (pf_fmap_rows_backward(fm, j->dQ + hoff(bh, s->Lq, d) + row * (size_t)d, ws->dblk, r,
+                                  ws->blk, r, ws->qamax, Qb, nb, ws->bsc))
+            return PF_ENONFINITE;
     }
     return st;
+}
+
+/* Phase 4: dKV~ of the head in slot 0, summed in block order. */
+static void bidir_combine_dkv(bwd_job *j, int bh) {
+    const size_t g = gslot(j, bh), nkv = (size_t)j->r * (size_t)j->dw;
+    float *P = j->dpart + g * (size_t)j->nqb * nkv;
+    for (int qb = 1; qb < j->nqb; qb++) {
+        const float *Pb = P + (size_t)qb * nkv;
+        for (size_t i = 0; i < nkv; i++) P[i] += Pb[i];
+    }
+}
+
+/* Phase 5: keys of block kb again: dK^ = [V|1]_w dKV~^T, dV = w K~ dKV~[:, :dv], dK. */
+static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
+    const pf_shape *s = j->s;
+    const pf_fmap *fm = &j->fm[bh];
+    const int r = j->r, d = s->d, dv = s->dv, dw = j->dw;
+    const int klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk);
+    const int j0 = kb * j->kbl;
+    int n = klen - j0;
+    n = n > j->kbl ? j->kbl : n;
+    const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw, Lk = (size_t)s->Lk;
+    const float *dKV = j->dpart + g * (size_t)j->nqb * nkv;
+    const double M = j->pmax[g * (size_t)j->nkb];
+    for (int b0 = 0; b0 < n; b0 += BWD_BLOCK) {
+        const int nb = n - b0 < BWD_BLOCK ? n - b0 : BWD_BLOCK;
+        const size_t row = (size_t)(j0 + b0);
+        const float *Kb = j->kf + (g * Lk + row) * (size_t)r;
+        const double *c = j->kc + g * Lk + row;
+        float *dVb = j->dV + hoff(bh, s->Lk, dv) + row * (size_t)dv;
+        pf_favor_weighted_values(ws->vaug, dw, j->V + hoff(bh, s->Lk, dv) + row * (size_t)dv, dv, c,
+                                 NULL, M, nb);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv + 1, 1.0f, ws->vaug, dw, dKV,
+                    dw, 0.0f, ws->dblk, r);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Kb, r, dKV, dw,
+                    0.0f, dVb, dv);
+        for (int i = 0; i < nb; i++) {
+            const float w = ws->vaug[(size_t)i * (size_t)dw + (size_t)dv];
+            float *dvr = dVb + (size_t)i * (size_t)dv;
+#pragma omp simd
+            for (int k = 0; k < dv; k++) dvr[k] *= w;
+        }
+        if (pf_fmap_rows_backward(fm, j->dK + hoff(bh, s->Lk, d) + row * (size_t)d, ws->dblk, r, Kb,
+                                  r, j->kamax + g * Lk + row,
+                                  j->K + hoff(bh, s->Lk, d) + row * (size_t)d, nb, ws->bsc) ||
+            pf_nonfinite_f32(dVb, (size_t)nb * (size_t)dv))
+            return PF_ENONFINITE;
+    }
+    return PF_OK;
 }
 
 /* ---- causal ------------------------------------------------------------------------------- */
@@ -256,7 +378,9 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
         const float *Qx = hd->Q + (size_t)b0 * (size_t)d;
         float *Qb = ws->qst + (size_t)b0 * (size_t)r;
         if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv) ||
-            pf_nonfinite_f32(hd->G + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv))
+            pf_nonfinite_f32(hd->G + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv) ||
+            (hd->out &&
+             pf_nonfinite_f32(hd->out + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv)))
             return PF_ENONFINITE;
         pf_status s1 = pf_fmap_rows(fm, Qb, r, ws->cq, ws->qamax + b0, Qx, nb);
         if (s1 == PF_OK && nkb > 0)
@@ -282,21 +406,33 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 if (j < nk && ck[j] > run) run = ck[j];
                 P[j] = run;
             }
-            /* out: O = e^(M - P) Q~ S + A [V|1]_w, A masked, [V|1]_w = e^(c_j - P_j) [v_j|1] */
+            /* out: O = e^(M - P) Q~ S + A [V|1]_w, A masked, [V|1]_w = e^(c_j - P_j) [v_j|1];
+             * with the forward's out only its last column, the denominators D */
+            const int w = hd->out ? 1 : dv1, c0 = hd->out ? dv : 0;
             if (have_state) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, dv1, r, 1.0f, Qc, r, ST, r,
-                            0.0f, O, dv1);
-                scale_rows(O, dv1, n, dv1, NULL, M, P);
+                if (hd->out)
+                    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, r, 1.0f, Qc, r,
+                                ST + (size_t)dv * (size_t)r, 1, 0.0f, O + dv, dv1);
+                else
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, dv1, r, 1.0f, Qc, r, ST,
+                                r, 0.0f, O, dv1);
+                scale_rows(O + c0, dv1, n, w, NULL, M, P);
             }
             if (nk > 0) {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc, r,
                             0.0f, A, C);
                 mask_chunk(A, C, n, nk, P);
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, P, 0.0, nk);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, nk, 1.0f, A, C,
-                            ws->vs, dv1, have_state ? 1.0f : 0.0f, O, dv1);
+                if (hd->out)
+                    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, nk, 1.0f, A, C, ws->vs + dv, dv1,
+                                have_state ? 1.0f : 0.0f, O + dv, dv1);
+                else
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, nk, 1.0f, A, C,
+                                ws->vs, dv1, have_state ? 1.0f : 0.0f, O, dv1);
             }
-            st = worse(st, grad_of_out(dN, O, hd->G + (size_t)t0 * (size_t)dv, n, dv));
+            st = worse(st, grad_of_out(dN, dv1, O, dv1,
+                                       hd->out ? hd->out + (size_t)t0 * (size_t)dv : NULL,
+                                       hd->G + (size_t)t0 * (size_t)dv, n, dv));
             /* dQ~ = e^(M - P) dN~ S^T + B K~, B_ij = (dN~_i.[v_j|1]_w) e^(P_j - P_i) masked */
             if (have_state) {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, dv1, 1.0f, dN, dv1, ST,
@@ -323,8 +459,9 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 M = Mn;
             }
         }
-        pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r, Qb, r,
-                              ws->qamax + b0, Qx, nb, ws->bsc);
+        if (pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r, Qb, r,
+                                  ws->qamax + b0, Qx, nb, ws->bsc))
+            return PF_ENONFINITE;
     }
 
     /* reverse scan: R = sum_{i after chunk c} e^(M_c - P_i) q~_i dN~_i^T, M_c = P at the end of
@@ -383,86 +520,226 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 have_r = 1;
             }
         }
-        if (nkb > 0)
-            pf_fmap_rows_backward(fm, hd->dK + (size_t)b0 * (size_t)d, ws->dblk, r,
-                                  ws->kst + (size_t)b0 * (size_t)r, r, ws->kamax + b0,
-                                  hd->K + (size_t)b0 * (size_t)d, nkb, ws->bsc);
+        if (nkb > 0 &&
+            (pf_fmap_rows_backward(fm, hd->dK + (size_t)b0 * (size_t)d, ws->dblk, r,
+                                   ws->kst + (size_t)b0 * (size_t)r, r, ws->kamax + b0,
+                                   hd->K + (size_t)b0 * (size_t)d, nkb, ws->bsc) ||
+             pf_nonfinite_f32(hd->dV + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv)))
+            return PF_ENONFINITE;
     }
     return st;
 }
 
 /* ---- the driver --------------------------------------------------------------------------- */
 
+/* Phase 0 of a head: its map (OPRF/SDERF parameters), the padded keys (checked; zero
+ * gradients). */
+static pf_status bwd_head_setup(bwd_job *j, int bh) {
+    const pf_shape *s = j->s;
+    const int b = bh / s->H, h = bh % s->H;
+    const int klen = pf_attn_key_len(j->opts, b, s->Lk);
+    const size_t kl = (size_t)klen, pad = (size_t)(s->Lk - klen);
+    const float *Kh = j->K + hoff(bh, s->Lk, s->d), *Vh = j->V + hoff(bh, s->Lk, s->dv);
+    memset(j->dK + hoff(bh, s->Lk, s->d) + kl * (size_t)s->d, 0,
+           sizeof(float) * pad * (size_t)s->d);
+    memset(j->dV + hoff(bh, s->Lk, s->dv) + kl * (size_t)s->dv, 0,
+           sizeof(float) * pad * (size_t)s->dv);
+    if (pf_nonfinite_f32(Kh + kl * (size_t)s->d, pad * (size_t)s->d) ||
+        pf_nonfinite_f32(Vh + kl * (size_t)s->dv, pad * (size_t)s->dv))
+        return PF_ENONFINITE;
+    j->fm[bh] = pf_favor_fmap(s, j->opts, j->favor, h);
+    return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor, j->Q + hoff(bh, s->Lq, s->d), s->Lq, Kh,
+                         klen);
+}
+
+/* The causal unit: one whole head. */
+static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
+    const pf_shape *s = j->s;
+    bwd_head hd = {
+        .Q = j->Q + hoff(bh, s->Lq, s->d),
+        .K = j->K + hoff(bh, s->Lk, s->d),
+        .V = j->V + hoff(bh, s->Lk, s->dv),
+        .G = j->G + hoff(bh, s->Lq, s->dv),
+        .out = j->out ? j->out + hoff(bh, s->Lq, s->dv) : NULL,
+        .dQ = j->dQ + hoff(bh, s->Lq, s->d),
+        .dK = j->dK + hoff(bh, s->Lk, s->d),
+        .dV = j->dV + hoff(bh, s->Lk, s->dv),
+        .Lq = s->Lq,
+        .Lk = s->Lk,
+        .klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk),
+        .dv = s->dv,
+    };
+    return bwd_causal_head(&j->fm[bh], &hd, ws, j->C);
+}
+
+static int fatal(int st) {
+    return st == PF_ENONFINITE || st == PF_ENOMEM;
+}
+
+/* A unit's status u into its head's: the worse one; a fatal one (or any failure of the setup)
+ * marks the head dead: its remaining units are skipped and its gradients zeroed at the end. */
+static void merge(bwd_job *j, int bh, int u) {
+    if (u > j->hst[bh]) j->hst[bh] = u;
+    if (fatal(u)) j->dead[bh] = 1;
+}
+
 pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
-                                 const float *K, const float *V, const pf_shape *shape,
-                                 const pf_attn_opts *opts, const pf_favor_opts *favor) {
+                                 const float *K, const float *V, const float *out,
+                                 const pf_shape *shape, const pf_attn_opts *opts,
+                                 const pf_favor_opts *favor) {
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
     pf_status st0 = pf_favor_check(shape, opts, favor);
     if (st0 != PF_OK) return st0;
     const pf_shape s = *shape;
-    const int r = pf_kernel_width(favor->kernel, favor->m);
-    const int C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
-    const int nb = pf_favor_block(opts->causal, C);
-    int nt = pf_threads(opts->threads);
-    if (nt > s.B * s.H) nt = s.B * s.H;
-
+    const int heads = s.B * s.H, causal = opts->causal;
+    const pf_attn_sizes ns = pf_attn_sizes_of(&s);
+    bwd_job j = {.s = &s,
+                 .opts = opts,
+                 .favor = favor,
+                 .Q = Q,
+                 .K = K,
+                 .V = V,
+                 .G = dout,
+                 .out = out,
+                 .dQ = dQ,
+                 .dK = dK,
+                 .dV = dV};
+    j.r = pf_kernel_width(favor->kernel, favor->m);
+    j.dw = pf_favor_dw(s.dv);
+    j.C = causal ? pf_favor_chunk(favor, s.Lq) : 0;
+    /* the forward's key blocks (so KV~ and D have its bits); query blocks cut alike */
+    j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
+    j.nqb = pf_favor_bidir_blocks(s.Lq, heads, &j.qbl);
+    /* heads per group: their kept K~ within the budget */
+    const size_t per = (size_t)s.Lk * (size_t)j.r;
+    int G = causal ? heads : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
+    G = G > heads ? heads : (G < 1 ? 1 : G);
+    const size_t H = (size_t)heads, GG = causal ? 0 : (size_t)G;
+    const size_t nkv = (size_t)j.r * (size_t)j.dw;
+    j.fm = malloc(sizeof(pf_fmap) * H);
+    j.kw = calloc(H, sizeof(pf_kernel_ws));
+    j.hst = calloc(H, sizeof(int));
+    j.dead = calloc(H, sizeof(int));
+    j.kst = calloc(H * (size_t)j.nkb, sizeof(int));
+    j.qst = calloc(H * (size_t)j.nqb, sizeof(int));
+    j.kf = pf_alloc(GG * per, sizeof(float));
+    j.kc = pf_alloc(GG * (size_t)s.Lk, sizeof(double));
+    j.kamax = pf_alloc(GG * (size_t)s.Lk, sizeof(float));
+    j.part = pf_alloc(GG * (size_t)j.nkb * nkv, sizeof(float));
+    j.pmax = pf_alloc(GG * (size_t)j.nkb, sizeof(double));
+    j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
     int worst = PF_OK;
-#pragma omp parallel num_threads(nt) reduction(max : worst)
-    {
-        bwd_ws ws;
-        pf_kernel_ws kw;
-        int ok = bwd_ws_alloc(&ws, s.Lq, s.Lk, nb, C, r, s.dv) == 0;
-        if (pf_kernel_ws_alloc(&kw, favor->kernel, favor->m, s.d) != 0) ok = 0;
-        if (!ok) worst = PF_ENOMEM;
-#pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < s.B; b++) {
-            for (int h = 0; h < s.H; h++) {
-                const size_t bh = (size_t)b * (size_t)s.H + (size_t)h;
-                bwd_head hd = {
-                    .Q = Q + bh * (size_t)s.Lq * (size_t)s.d,
-                    .K = K + bh * (size_t)s.Lk * (size_t)s.d,
-                    .V = V + bh * (size_t)s.Lk * (size_t)s.dv,
-                    .G = dout + bh * (size_t)s.Lq * (size_t)s.dv,
-                    .dQ = dQ + bh * (size_t)s.Lq * (size_t)s.d,
-                    .dK = dK + bh * (size_t)s.Lk * (size_t)s.d,
-                    .dV = dV + bh * (size_t)s.Lk * (size_t)s.dv,
-                    .Lq = s.Lq,
-                    .Lk = s.Lk,
-                    .klen = pf_attn_key_len(opts, b, s.Lk),
-                    .dv = s.dv,
-                };
-                const size_t nq = (size_t)s.Lq * (size_t)s.d, nk = (size_t)s.Lk * (size_t)s.d;
-                const size_t nv = (size_t)s.Lk * (size_t)s.dv, kl = (size_t)hd.klen;
-                /* padded keys get zero gradients; their inputs are only checked */
-                memset(hd.dK + kl * (size_t)s.d, 0, sizeof(float) * (nk - kl * (size_t)s.d));
-                memset(hd.dV + kl * (size_t)s.dv, 0, sizeof(float) * (nv - kl * (size_t)s.dv));
-                pf_status st;
-                if (!ok) {
-                    st = PF_ENOMEM;
-                } else if (pf_nonfinite_f32(hd.K + kl * (size_t)s.d, nk - kl * (size_t)s.d) ||
-                           pf_nonfinite_f32(hd.V + kl * (size_t)s.dv, nv - kl * (size_t)s.dv)) {
-                    st = PF_ENONFINITE;
-                } else {
-                    pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
-                    st = pf_favor_bind(&fm, &kw, favor, hd.Q, s.Lq, hd.K, hd.klen);
-                    if (st == PF_OK)
-                        st = opts->causal ? bwd_causal_head(&fm, &hd, &ws, C)
-                                          : bwd_bidir_head(&fm, &hd, &ws);
-                    if (st == PF_OK && (pf_nonfinite_f32(hd.dQ, nq) ||
-                                        pf_nonfinite_f32(hd.dK, nk) || pf_nonfinite_f32(hd.dV, nv)))
-                        st = PF_ENONFINITE;
-                }
-                if (st == PF_ENONFINITE || st == PF_ENOMEM) {
-                    memset(hd.dQ, 0, sizeof(float) * nq);
-                    memset(hd.dK, 0, sizeof(float) * nk);
-                    memset(hd.dV, 0, sizeof(float) * nv);
-                }
-                if ((int)st > worst) worst = (int)st;
+    if (!j.fm || !j.kw || !j.hst || !j.dead || !j.kst || !j.qst ||
+        (!causal && (!j.kf || !j.kc || !j.kamax || !j.part || !j.pmax || !j.dpart)))
+        worst = PF_ENOMEM;
+    for (int bh = 0; bh < heads && worst == PF_OK; bh++)
+        if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
+    const int nt = pf_threads(opts->threads);
+    if (worst == PF_OK) {
+        int nomem = 0;
+#pragma omp parallel num_threads(nt)
+        {
+            bwd_ws ws;
+            pf_favor_ws fws;
+            memset(&fws, 0, sizeof fws);
+            int ok = bwd_ws_alloc(&ws, s.Lq, s.Lk, causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C,
+                                  j.r, s.dv) == 0;
+            if (!causal && pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0) ok = 0;
+            if (!ok) {
+#pragma omp atomic write
+                nomem = 1;
             }
+#pragma omp barrier
+            for (int g0 = 0; g0 < heads && !nomem; g0 += G) {
+                const int g1 = g0 + G < heads ? g0 + G : heads, ng = g1 - g0;
+#pragma omp single
+                j.g0 = g0;
+#pragma omp for schedule(dynamic, 1)
+                for (int bh = g0; bh < g1; bh++) {
+                    j.hst[bh] = (int)bwd_head_setup(&j, bh);
+                    j.dead[bh] = j.hst[bh] != PF_OK;
+                }
+                if (causal) {
+#pragma omp for schedule(dynamic, 1)
+                    for (int bh = g0; bh < g1; bh++)
+                        if (!j.dead[bh]) merge(&j, bh, (int)bwd_causal_unit(&j, &ws, bh));
+                    continue;
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int u = 0; u < ng * j.nkb; u++) {
+                    const int bh = g0 + u / j.nkb, kb = u % j.nkb;
+                    if (!j.dead[bh])
+                        j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
+                            (int)bidir_keys(&j, &fws, bh, kb);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int bh = g0; bh < g1; bh++) {
+                    for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
+                        merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
+                    if (!j.dead[bh]) bidir_combine_kv(&j, bh);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int u = 0; u < ng * j.nqb; u++) {
+                    const int bh = g0 + u / j.nqb, qb = u % j.nqb;
+                    if (!j.dead[bh])
+                        j.qst[(size_t)bh * (size_t)j.nqb + (size_t)qb] =
+                            (int)bidir_queries(&j, &ws, bh, qb);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int bh = g0; bh < g1; bh++) {
+                    for (int qb = 0; qb < j.nqb && !j.dead[bh]; qb++)
+                        merge(&j, bh, j.qst[(size_t)bh * (size_t)j.nqb + (size_t)qb]);
+                    if (!j.dead[bh]) bidir_combine_dkv(&j, bh);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int u = 0; u < ng * j.nkb; u++) {
+                    const int bh = g0 + u / j.nkb, kb = u % j.nkb;
+                    if (!j.dead[bh])
+                        j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
+                            (int)bidir_keys_again(&j, &ws, bh, kb);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int bh = g0; bh < g1; bh++)
+                    for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
+                        merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
+            }
+            pf_free(ws.mem);
+            pf_favor_ws_free(&fws);
         }
-        pf_free(ws.mem);
-        pf_kernel_ws_free(&kw);
+        if (nomem) worst = PF_ENOMEM;
+        for (int bh = 0; bh < heads && worst != PF_ENOMEM; bh++) {
+            int hs = j.hst[bh], dead = j.dead[bh];
+            const size_t nq = (size_t)s.Lq * (size_t)s.d, nk = (size_t)s.Lk * (size_t)s.d;
+            const size_t nv = (size_t)s.Lk * (size_t)s.dv;
+            float *dq = dQ + hoff(bh, s.Lq, s.d), *dk = dK + hoff(bh, s.Lk, s.d);
+            float *dvh = dV + hoff(bh, s.Lk, s.dv);
+            if (dead) {
+                memset(dq, 0, sizeof(float) * nq);
+                memset(dk, 0, sizeof(float) * nk);
+                memset(dvh, 0, sizeof(float) * nv);
+            }
+            if (hs > worst) worst = hs;
+        }
     }
+    if (worst == PF_ENOMEM) {
+        memset(dQ, 0, sizeof(float) * ns.q);
+        memset(dK, 0, sizeof(float) * ns.k);
+        memset(dV, 0, sizeof(float) * ns.v);
+    }
+    if (j.kw)
+        for (int bh = 0; bh < heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
+    free(j.fm);
+    free(j.kw);
+    free(j.hst);
+    free(j.dead);
+    free(j.kst);
+    free(j.qst);
+    pf_free(j.kf);
+    pf_free(j.kc);
+    pf_free(j.kamax);
+    pf_free(j.part);
+    pf_free(j.pmax);
+    pf_free(j.dpart);
     return (pf_status)worst;
 }
 

@@ -62,10 +62,11 @@ PF_INTERNAL pf_status pf_fmap_rows(const pf_fmap *f, float *phi, int ldphi, doub
  * homogeneous of degree 0 in each query's features and in the key features a query sees, so
  * d out / d x through phi~ = phi exp(-c0), c0 fixed, is exact (a.e.). Given phi~ (n, ldphi) and
  * amax (n) from pf_fmap_rows and dphi (n, lddphi) = d loss / d phi~, writes dX (n,d), the
- * gradient with respect to X (through x' = x sqrt(s)). dphi is overwritten; b (n) is scratch. */
-PF_INTERNAL void pf_fmap_rows_backward(const pf_fmap *f, float *dX, float *dphi, int lddphi,
-                                       const float *phi, int ldphi, const float *amax,
-                                       const float *X, int n, double *b);
+ * gradient with respect to X (through x' = x sqrt(s)). dphi is overwritten; b (n) is scratch.
+ * Returns 1 if dX holds a NaN or Inf, else 0. */
+PF_INTERNAL int pf_fmap_rows_backward(const pf_fmap *f, float *dX, float *dphi, int lddphi,
+                                      const float *phi, int ldphi, const float *amax,
+                                      const float *X, int n, double *b);
 
 /* Unstabilised float64 features of one row x (d): phi (r), u (m) receives W x'. The reference
  * code, independent of pf_fmap_rows. Returns 0, or -1 if a feature is not finite. */
@@ -183,6 +184,11 @@ PF_INTERNAL pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favo
  * most one per unit): *len receives the block length; returns the number of blocks. Depends on
  * the shape only, never on the thread count. */
 PF_INTERNAL int pf_favor_split(int L, int heads, int unit, int target, int *len);
+
+/* The bidirectional key (and query) blocks of a head of L rows: pf_favor_split with the forward's
+ * unit and target; the backward cuts its keys the same way, so its K~^T [V|1] has the forward's
+ * bits. */
+PF_INTERNAL int pf_favor_bidir_blocks(int L, int heads, int *len);
 
 /* The local sum of n valid keys K (n,d), V (n,dv): KVb (r, dw) = sum_j k~_j e^(c_j - Mb)
  * [v_j | 1], *Mb = max_j c_j, features in blocks of FAVOR_BLOCK rows (ws as for bidirectional).

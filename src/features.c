@@ -212,14 +212,17 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
  * trip counts and restrict pointers so that -O2 vectorises them; each returns a sum of terms
  * kept in 16 float lanes, added in double in a fixed order. g = p - sub is the feature before
  * eps. */
-static double lanes_sum(const float *acc, double tail) {
-    double s = 0;
-    for (int k = 0; k < 16; k++) s += (double)acc[k];
-    return s + tail;
+static inline __attribute__((always_inline)) double lanes_sum(const float *acc, double tail) {
+    /* a pairwise tree (a chain of 16 dependent adds costs more than the lanes themselves) */
+    double s[8];
+    for (int k = 0; k < 8; k++) s[k] = (double)acc[k] + (double)acc[k + 8];
+    for (int k = 0; k < 4; k++) s[k] += s[k + 4];
+    return ((s[0] + s[2]) + (s[1] + s[3])) + tail;
 }
 
 /* positive: a_f = dp_f g_f in place; returns sum_f a_f */
-static double bwd_positive(float *restrict dp, const float *restrict p, float sub, int n) {
+static inline __attribute__((always_inline)) double
+bwd_positive(float *restrict dp, const float *restrict p, float sub, int n) {
     float acc[16] = {0};
     int f = 0;
     for (; f + 16 <= n; f += 16)
@@ -239,8 +242,9 @@ static double bwd_positive(float *restrict dp, const float *restrict p, float su
 
 /* hyperbolic (d1, p1 the exp(u) half, d2, p2 the exp(-u) half): a_f = d1 g1 - d2 g2 into d1;
  * returns sum_f (d1 g1 + d2 g2) */
-static double bwd_hyperbolic(float *restrict d1, const float *restrict d2, const float *restrict p1,
-                             const float *restrict p2, float sub, int n) {
+static inline __attribute__((always_inline)) double
+bwd_hyperbolic(float *restrict d1, const float *restrict d2, const float *restrict p1,
+               const float *restrict p2, float sub, int n) {
     float acc[16] = {0};
     int f = 0;
     for (; f + 16 <= n; f += 16)
@@ -259,8 +263,9 @@ static double bwd_hyperbolic(float *restrict d1, const float *restrict d2, const
 }
 
 /* trig (1: sin half, 2: cos half): a_f = d1 g2 - d2 g1 into d1; returns sum_f (d1 g1 + d2 g2) */
-static double bwd_trig(float *restrict d1, const float *restrict d2, const float *restrict p1,
-                       const float *restrict p2, float sub, int n) {
+static inline __attribute__((always_inline)) double
+bwd_trig(float *restrict d1, const float *restrict d2, const float *restrict p1,
+         const float *restrict p2, float sub, int n) {
     float acc[16] = {0};
     int f = 0;
     for (; f + 16 <= n; f += 16)
@@ -281,7 +286,7 @@ static double bwd_trig(float *restrict d1, const float *restrict d2, const float
 }
 
 /* sum of x[0..n), 16 float lanes added in double */
-static double sum_lanes(const float *x, int n) {
+static inline __attribute__((always_inline)) double sum_lanes(const float *x, int n) {
     float acc[16] = {0};
     int f = 0;
     for (; f + 16 <= n; f += 16)
@@ -291,8 +296,9 @@ static double sum_lanes(const float *x, int n) {
     return lanes_sum(acc, tail);
 }
 
-void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi, const float *phi,
-                           int ldphi, const float *amax, const float *X, int n, double *b) {
+PF_CLONES int pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi,
+                                    const float *phi, int ldphi, const float *amax, const float *X,
+                                    int n, double *b) {
     const int m = fm->m, d = fm->d, r = fm->r;
     const float eps = fm->eps;
     for (int i = 0; i < n; i++) {
@@ -345,8 +351,10 @@ void pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, int lddphi
         const float f = (float)(s2 * b[i]);
         float *dx = dX + (size_t)i * (size_t)d;
         const float *x = X + (size_t)i * (size_t)d;
+#pragma omp simd
         for (int k = 0; k < d; k++) dx[k] += f * x[k];
     }
+    return pf_nonfinite_f32(dX, (size_t)n * (size_t)d); /* (while in cache) */
 }
 
 /* Features of n rows with a bound map, in blocks of 128 rows. */

@@ -5,7 +5,9 @@
  *   bidirectional and causal, with and without padding, with eps (the max term) and without;
  * - the fast backward against the float64 reference at lengths that are not multiples of the
  *   chunk, every kernel, and for rows of norm 30;
- * - outputs are overwritten, padded keys get zeros, threads do not change a bit, error paths.
+ * - the same with the forward's out passed in (only the denominators are then recomputed);
+ * - outputs are overwritten, padded keys get zeros, threads do not change a bit (also with one
+ *   head cut into blocks), error paths.
  *
  * Finite differences: step h = 1e-6 in float64 on inputs of norm ~1, so the truncation error
  * (~h^2) and the rounding error (~1e-16 / h) are far below the tolerances: 1e-4 for the float32
@@ -182,9 +184,9 @@ static void test_finite_differences(void) {
                 o.causal = causal;
                 int32_t klen[2] = {9, 5};
                 o.key_len = pad ? klen : NULL;
-                CHECK_STATUS(
-                    pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
-                    PF_OK);
+                CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL,
+                                                    &p.s, &o, &f),
+                             PF_OK);
                 CHECK_STATUS(
                     pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
                     PF_OK);
@@ -260,16 +262,22 @@ static void test_vs_reference(void) {
                     pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
                     PF_OK);
                 const int chunks[3] = {0, 7, 64};
+                float *out = xmalloc(sizeof(float) * p.no);
                 for (int ci = 0; ci < (causal ? 3 : 1); ci++) {
                     f.chunk = chunks[ci];
-                    CHECK_STATUS(
-                        pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
-                        PF_OK);
-                    double e = worst3(&p, 0, "");
-                    worst = fmax(worst, e);
-                    CHECK(e < 1e-5, "%s causal=%d L=%d chunk=%d: fast vs ref rel err %.3g",
-                          pf_kernel_name(f.kernel), causal, L, f.chunk, e);
+                    /* without and with the forward's out */
+                    CHECK_STATUS(pf_attn_favor(out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
+                    for (int given = 0; given < 2; given++) {
+                        CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V,
+                                                            given ? out : NULL, &p.s, &o, &f),
+                                     PF_OK);
+                        double e = worst3(&p, 0, "");
+                        worst = fmax(worst, e);
+                        CHECK(e < 1e-5, "%s causal=%d L=%d chunk=%d out=%d: rel err %.3g",
+                              pf_kernel_name(f.kernel), causal, L, f.chunk, given, e);
+                    }
                 }
+                free(out);
                 problem_free(&p);
             }
         }
@@ -289,8 +297,9 @@ static void test_large_norms(void) {
             pf_favor_opts f = favor_of(&p, ks[k], m, ks[k] == PF_KERNEL_RELU ? 1e-3f : 0.0f);
             pf_attn_opts o = pf_attn_opts_default();
             o.causal = causal;
-            CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
-                         PF_OK);
+            CHECK_STATUS(
+                pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f),
+                PF_OK);
             CHECK_STATUS(
                 pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
                 PF_OK);
@@ -317,14 +326,16 @@ static void test_overwrite_and_threads(void) {
             for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
             for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
             for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
-            CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
-                         PF_OK);
+            CHECK_STATUS(
+                pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f),
+                PF_OK);
             memset(p.rQ, 0, sizeof(float) * p.nq);
             memset(p.rK, 0, sizeof(float) * p.nk);
             memset(p.rV, 0, sizeof(float) * p.nv);
             o.threads = 2;
-            CHECK_STATUS(pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
-                         PF_OK);
+            CHECK_STATUS(
+                pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f),
+                PF_OK);
             CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
                       memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
                       memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
@@ -333,6 +344,56 @@ static void test_overwrite_and_threads(void) {
         }
     }
     problem_free(&p);
+}
+
+/* 5'. Few heads: bidirectional passes cut into key and query blocks (partial sums combined in
+ * block order), B*H = 1 and 3 at lengths with several blocks and padding, with and without the
+ * forward's out: threads 1, 2 and 3 give the same bits, and the float64 reference agrees. */
+static void test_few_heads(void) {
+    const int lens[2] = {3000, 1300}, Bs[2] = {1, 3};
+    for (int c = 0; c < 2; c++) {
+        const int L = lens[c], B = Bs[c], d = 16, dv = 16, m = 32;
+        problem p = problem_make(B, 1, L, L, d, dv, m, 650 + c);
+        scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
+        scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+        int32_t klen[3] = {c == 0 ? 900 : L - 7, L, 700};
+        float *out = xmalloc(sizeof(float) * p.no);
+        float *g[3] = {xmalloc(sizeof(float) * p.nq), xmalloc(sizeof(float) * p.nk),
+                       xmalloc(sizeof(float) * p.nv)};
+        for (int causal = 0; causal < 2; causal++) {
+            pf_attn_opts o = pf_attn_opts_default();
+            o.causal = causal;
+            o.key_len = klen;
+            pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, m, 0);
+            CHECK_STATUS(pf_attn_favor(out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
+            CHECK_STATUS(
+                pf_attn_favor_backward_ref(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, &p.s, &o, &f),
+                PF_OK);
+            for (int given = 0; given < 2; given++) {
+                o.threads = 1;
+                CHECK_STATUS(pf_attn_favor_backward(g[0], g[1], g[2], p.G, p.Q, p.K, p.V,
+                                                    given ? out : NULL, &p.s, &o, &f),
+                             PF_OK);
+                for (int t = 2; t <= 3; t++) {
+                    o.threads = t;
+                    CHECK_STATUS(pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V,
+                                                        given ? out : NULL, &p.s, &o, &f),
+                                 PF_OK);
+                    CHECK(memcmp(p.dQ, g[0], sizeof(float) * p.nq) == 0 &&
+                              memcmp(p.dK, g[1], sizeof(float) * p.nk) == 0 &&
+                              memcmp(p.dV, g[2], sizeof(float) * p.nv) == 0,
+                          "B=%d L=%d causal=%d out=%d: threads 1 and %d differ", B, L, causal,
+                          given, t);
+                }
+                double e = worst3(&p, 0, "");
+                CHECK(e < 1e-5, "B=%d L=%d causal=%d out=%d: rel err vs reference %.3g", B, L,
+                      causal, given, e);
+            }
+        }
+        free(out);
+        for (int t = 0; t < 3; t++) free(g[t]);
+        problem_free(&p);
+    }
 }
 
 static int has_nan(const float *x, size_t n) {
@@ -348,40 +409,55 @@ static void test_errors(void) {
     pf_attn_opts o = pf_attn_opts_default();
     const pf_shape s = p.s;
     float *dQ = p.dQ, *dK = p.dK, *dV = p.dV;
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_OK);
-    CHECK_STATUS(pf_attn_favor_backward(NULL, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, NULL, dV, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, NULL, p.G, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, NULL, p.Q, p.K, p.V, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, NULL, p.K, p.V, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, NULL, p.V, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, NULL, &s, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &o, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, NULL, &f), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, NULL), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &f), PF_OK);
+    CHECK_STATUS(pf_attn_favor_backward(NULL, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, NULL, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, NULL, p.G, p.Q, p.K, p.V, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, NULL, p.Q, p.K, p.V, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, NULL, p.K, p.V, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, NULL, p.V, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, NULL, NULL, &s, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, NULL, &o, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, NULL, &f),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, NULL),
+                 PF_EINVAL);
     CHECK_STATUS(pf_attn_favor_backward_ref(NULL, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &f),
                  PF_EINVAL);
     CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, NULL),
                  PF_EINVAL);
     pf_favor_opts g = f;
     g.W = NULL;
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &g),
+                 PF_EINVAL);
     g = f;
     g.m = 0;
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &g),
+                 PF_EINVAL);
     g.m = -1;
     CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
     g = f;
     g.kernel = (pf_kernel)9;
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &g),
+                 PF_EINVAL);
     g = f;
     g.chunk = -3;
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &o, &g),
+                 PF_EINVAL);
     pf_shape bad = s;
     bad.Lk = 10;
     pf_attn_opts oc = o;
     oc.causal = 1;
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &bad, &oc, &f), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &bad, &oc, &f),
+                 PF_EINVAL);
     CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &bad, &oc, &f),
                  PF_EINVAL);
 
@@ -398,8 +474,9 @@ static void test_errors(void) {
                 pf_attn_opts on = o;
                 on.causal = c;
                 on.key_len = kl;
-                CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &f),
-                             PF_ENONFINITE);
+                CHECK_STATUS(
+                    pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &on, &f),
+                    PF_ENONFINITE);
                 if (a < 4)
                     CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
                           "NaN in the gradients after a NaN input (%d)", a);
@@ -410,6 +487,18 @@ static void test_errors(void) {
             }
         }
     }
+    /* a NaN or Inf in the forward's out */
+    float *outb = xmalloc(sizeof(float) * p.no);
+    CHECK_STATUS(pf_attn_favor(outb, p.Q, p.K, p.V, &s, &o, &f), PF_OK);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, outb, &s, &o, &f), PF_OK);
+    outb[p.no / 2] = NAN;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, outb, &s, &o, &f),
+                 PF_ENONFINITE);
+    outb[p.no / 2] = INFINITY;
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, outb, &s, &o, &f),
+                 PF_ENONFINITE);
+    free(outb);
+
     /* zero denominators: relu, eps = 0, every key feature relu(u) = 0 */
     for (size_t i = 0; i < (size_t)2 * 16 * 8; i++) p.W[i] = (i % 8 == 0) ? 1.0f : 0.0f;
     for (size_t j = 0; j < p.nk / 8; j++) p.K[j * 8] = -fabsf(p.K[j * 8]) - 0.1f;
@@ -418,7 +507,7 @@ static void test_errors(void) {
     for (int c = 0; c < 2; c++) {
         pf_attn_opts on = o;
         on.causal = c;
-        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
+        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &on, &g),
                      PF_EDOMAIN);
         CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
               "NaN in the gradients after a zero denominator (causal=%d)", c);
@@ -433,6 +522,7 @@ int main(void) {
     test_vs_reference();
     test_large_norms();
     test_overwrite_and_threads();
+    test_few_heads();
     test_errors();
     TEST_MAIN_END();
 }

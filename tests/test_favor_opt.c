@@ -799,7 +799,7 @@ static void test_gradients(void) {
         float *g[6];
         for (int t = 0; t < 6; t++)
             g[t] = xmalloc(sizeof(float) * (t % 3 == 2 ? p.nv : p.nk + p.nq));
-        CHECK_STATUS(pf_attn_favor_backward(g[0], g[1], g[2], G, p.Q, p.K, p.V, &p.s, &o, &f),
+        CHECK_STATUS(pf_attn_favor_backward(g[0], g[1], g[2], G, p.Q, p.K, p.V, NULL, &p.s, &o, &f),
                      PF_OK);
         CHECK_STATUS(pf_attn_favor_backward_ref(g[3], g[4], g[5], G, p.Q, p.K, p.V, &p.s, &o, &f),
                      PF_OK);
@@ -897,7 +897,8 @@ static void test_errors(void) {
         g.oprf_a = bad_a[i];
         CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
         CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &oc, &g), PF_EINVAL);
-        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
+        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, NULL, &s, &o, &g),
+                     PF_EINVAL);
     }
     pf_favor_opts g = f;
     g.oprf_a = 0.1249f; /* admissible, though its variance is infinite */
@@ -907,12 +908,14 @@ static void test_errors(void) {
     g.oprf_a_given = 0; /* causal without A */
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &oc, &g), PF_EINVAL);
     CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &oc, &g), PF_EINVAL);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, &s, &oc, &g), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, NULL, &s, &oc, &g),
+                 PF_EINVAL);
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_OK);
     g.kernel = PF_KERNEL_SDERF; /* causal SDERF */
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &oc, &g), PF_ENOTSUP);
     CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &oc, &g), PF_ENOTSUP);
-    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, &s, &oc, &g), PF_ENOTSUP);
+    CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, NULL, &s, &oc, &g),
+                 PF_ENOTSUP);
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_OK);
     /* NaN inputs: the statistics see them first */
     for (int k = 0; k < 2; k++) {
@@ -924,7 +927,7 @@ static void test_errors(void) {
         int nan = 0;
         for (size_t i = 0; i < p.no; i++) nan |= isnan(p.out[i]);
         CHECK(!nan, "%s: a NaN input left NaN in out", pf_kernel_name(g.kernel));
-        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, &s, &o, &g),
+        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, G, p.Q, p.K, p.V, NULL, &s, &o, &g),
                      PF_ENONFINITE);
         p.K[30] = keep;
     }

@@ -587,7 +587,7 @@ static int run(const attn_cfg *c) {
             goto done;
         }
         const float *dO = in.dout.data;
-        st = c->favor ? pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, sh, &opts, &fav)
+        st = c->favor ? pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav)
                       : pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
         if (st != PF_OK) {
             rc = library_error(c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",

@@ -445,7 +445,7 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
         break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
-        st = pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, &shape, &opts, &fav);
+        st = pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, att, &shape, &opts, &fav);
         break;
     default:
         st = PF_EINVAL;
