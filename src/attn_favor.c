@@ -26,7 +26,7 @@ enum {
     FAVOR_BLOCK = 256, /* rows per block, bidirectional */
     FAVOR_CHUNK = 16,  /* causal chunk when opts->chunk is 0 (see pf_favor_chunk) */
     FAVOR_SPLIT = 16,  /* bidirectional: key blocks wanted over all heads (pf_favor_split) */
-    SCAN_SPLIT = 8,    /* causal: scan blocks wanted over all heads */
+    SCAN_SPLIT = 4,    /* causal: scan blocks wanted over all heads (each costs extra work) */
     SCAN_UNIT = 4      /* causal: scan blocks are whole multiples of this many feature blocks */
 };
 
@@ -195,6 +195,10 @@ static pf_status worse(pf_status a, pf_status b) {
  * dw = dv + 16 columns of the padded layout (23% more work). The layout is the same. */
 static int split_columns(int dv) {
     return dv % 16 == 0;
+}
+
+int pf_favor_scan_blocks(int L, int heads, int C, int *len) {
+    return pf_favor_split(L, heads, SCAN_UNIT * pf_favor_block(1, C), SCAN_SPLIT, len);
 }
 
 int pf_favor_bidir_blocks(int L, int heads, int *len) {
@@ -511,7 +515,7 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     j.r = pf_kernel_width(favor->kernel, favor->m);
     j.C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
     if (opts->causal)
-        j.nkb = pf_favor_split(s.Lk, heads, SCAN_UNIT * pf_favor_block(1, j.C), SCAN_SPLIT, &j.kbl);
+        j.nkb = pf_favor_scan_blocks(s.Lk, heads, j.C, &j.kbl);
     else
         j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
     const int nqb = opts->causal ? j.nkb : (s.Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;

@@ -192,6 +192,16 @@ static void mask_chunk(float *X, int ld, int n, int nk, const double *P) {
     }
 }
 
+/* What the causal passes keep for the rows of a head: per thread when a head is one unit, per
+ * head when its rows are cut into scan blocks (then the passes over the blocks are units). */
+typedef struct causal_store {
+    float *qst, *kst;     /* (L, r): Q~, K~ */
+    float *dnst;          /* (L, dv+1): dN~ */
+    float *ast, *bst;     /* (L, C): per chunk A' and B (see bwd_ws) */
+    float *qamax, *kamax; /* (L) */
+    double *kc, *p;       /* (L): key log factors, prefix maxima */
+} causal_store;
+
 /* ---- bidirectional ------------------------------------------------------------------------ */
 
 typedef struct bwd_job {
@@ -203,11 +213,16 @@ typedef struct bwd_job {
     int r, dw, C;
     int nkb, kbl, nqb, qbl; /* key and query blocks per head, their lengths */
     int g0;                 /* the group's first head */
-    pf_fmap *fm;            /* (heads) */
-    pf_kernel_ws *kw;       /* (heads) */
-    int *hst;               /* (heads): the head's status */
-    int *dead;              /* (heads): 1 once a failure leaves the head without gradients */
-    int *kst, *qst;         /* (heads, nkb), (heads, nqb): unit statuses */
+    int nsb, sbl;           /* causal: scan blocks per head, their length */
+    causal_store cs;        /* causal with nsb > 1: the rows of the head being processed */
+    float *ls, *rs;   /* (nsb, dv+1, r): local, then starting prefix and ending suffix states */
+    double *lm;       /* (nsb): references of ls */
+    int *cst;         /* (nsb): statuses of the scan units */
+    pf_fmap *fm;      /* (heads) */
+    pf_kernel_ws *kw; /* (heads) */
+    int *hst;         /* (heads): the head's status */
+    int *dead;        /* (heads): 1 once a failure leaves the head without gradients */
+    int *kst, *qst;   /* (heads, nkb), (heads, nqb): unit statuses */
     /* the group's storage, per head of the group: */
     float *kf;    /* (Lk, r): K~ */
     double *kc;   /* (Lk): key log factors */
@@ -359,46 +374,80 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
 
 /* ---- causal ------------------------------------------------------------------------------- */
 
-static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *ws, int C) {
-    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, L = hd->Lq;
-    const int NB = pf_favor_block(1, C);
-    /* the states are kept transposed, (dv+1, r): then every product with them is one that
-     * OpenBLAS runs fast for a few rows (dN~ S^T with S as (r, dv+1) packs S for each chunk
-     * and runs at a third of the speed) */
-    float *ST = ws->state, *RT = ws->dstate, *O = ws->o;
-    memset(ST, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+/* Pass 1 over rows [r0, r1) (r0 a multiple of the feature block): Q~ and the valid K~ into cs;
+ * if LT is not NULL, the rows' local state LT (dv+1, r) = sum_j [v_j|1] e^(c_j - *Ml) k~_j^T,
+ * *Ml = max_j c_j (-inf: no valid key). */
+static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const causal_store *cs,
+                                 bwd_ws *ws, int C, int r0, int r1, float *LT, double *Ml) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, NB = pf_favor_block(1, C);
     double M = -INFINITY;
-    pf_status st = PF_OK;
-
-    /* forward scan: features (kept), P, out, dN~ (kept), dQ~ and dQ; A' and B kept per chunk */
-    for (int b0 = 0; b0 < L; b0 += NB) {
-        const int nb = L - b0 < NB ? L - b0 : NB;
+    for (int b0 = r0; b0 < r1; b0 += NB) {
+        const int nb = r1 - b0 < NB ? r1 - b0 : NB;
         int nkb = hd->klen - b0;
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
-        const float *Qx = hd->Q + (size_t)b0 * (size_t)d;
-        float *Qb = ws->qst + (size_t)b0 * (size_t)r;
         if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv) ||
             pf_nonfinite_f32(hd->G + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv) ||
             (hd->out &&
              pf_nonfinite_f32(hd->out + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv)))
             return PF_ENONFINITE;
-        pf_status s1 = pf_fmap_rows(fm, Qb, r, ws->cq, ws->qamax + b0, Qx, nb);
+        pf_status s1 = pf_fmap_rows(fm, cs->qst + (size_t)b0 * (size_t)r, r, ws->cq, cs->qamax + b0,
+                                    hd->Q + (size_t)b0 * (size_t)d, nb);
         if (s1 == PF_OK && nkb > 0)
-            s1 = pf_fmap_rows(fm, ws->kst + (size_t)b0 * (size_t)r, r, ws->kc + b0, ws->kamax + b0,
+            s1 = pf_fmap_rows(fm, cs->kst + (size_t)b0 * (size_t)r, r, cs->kc + b0, cs->kamax + b0,
                               hd->K + (size_t)b0 * (size_t)d, nkb);
         if (s1 != PF_OK) return s1;
+        if (LT && nkb > 0) {
+            const double *c = cs->kc + b0;
+            double cb = -INFINITY;
+            for (int j = 0; j < nkb; j++) cb = c[j] > cb ? c[j] : cb;
+            float beta = 1.0f;
+            if (cb > M) {
+                beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
+                M = cb;
+            }
+            pf_favor_weighted_values(ws->vaug, dv1, hd->V + (size_t)b0 * (size_t)dv, dv, c, NULL, M,
+                                     nkb);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nkb, 1.0f, ws->vaug, dv1,
+                        cs->kst + (size_t)b0 * (size_t)r, r, beta, LT, r);
+        }
+    }
+    if (Ml) *Ml = M;
+    return PF_OK;
+}
+
+/* Pass 2 over rows [r0, r1): the forward scan from the state ST0 (dv+1, r) referenced to M0
+ * (-inf: empty), with cs holding the rows' features: dN~, A', B and P kept in cs, dQ of the
+ * rows written; if RTl is not NULL, the rows' local suffix sum
+ * RTl (dv+1, r) = sum_i e^(M0 - P_i) dN~_i q~_i^T. */
+static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const causal_store *cs,
+                                bwd_ws *ws, int C, int r0, int r1, const float *ST0, double M0,
+                                float *RTl) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
+    const int NB = pf_favor_block(1, C);
+    /* the states are kept transposed, (dv+1, r): then every product with them is one that
+     * OpenBLAS runs fast for a few rows (dN~ S^T with S as (r, dv+1) packs S for each chunk
+     * and runs at a third of the speed) */
+    float *ST = ws->state, *O = ws->o;
+    double M = M0;
+    if (M0 > -INFINITY) memcpy(ST, ST0, sizeof(float) * (size_t)r * (size_t)dv1);
+    pf_status st = PF_OK;
+    /* P, out (or D), dN~ (kept), dQ~ and dQ; A' and B kept per chunk */
+    for (int b0 = r0; b0 < r1; b0 += NB) {
+        const int nb = r1 - b0 < NB ? r1 - b0 : NB;
+        const float *Qx = hd->Q + (size_t)b0 * (size_t)d;
+        const float *Qb = cs->qst + (size_t)b0 * (size_t)r;
 
         for (int t0 = b0; t0 < b0 + nb; t0 += C) {
             const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
             int nk = hd->klen - t0;
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
-            const float *Qc = ws->qst + (size_t)t0 * (size_t)r;
-            const float *Kc = ws->kst + (size_t)t0 * (size_t)r;
+            const float *Qc = cs->qst + (size_t)t0 * (size_t)r;
+            const float *Kc = cs->kst + (size_t)t0 * (size_t)r;
             const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
-            const double *ck = ws->kc + t0;
-            double *P = ws->p + t0;
-            float *A = ws->ast + (size_t)t0 * (size_t)C, *Bm = ws->bst + (size_t)t0 * (size_t)C;
-            float *dN = ws->dnst + (size_t)t0 * (size_t)dv1;
+            const double *ck = cs->kc + t0;
+            double *P = cs->p + t0;
+            float *A = cs->ast + (size_t)t0 * (size_t)C, *Bm = cs->bst + (size_t)t0 * (size_t)C;
+            float *dN = cs->dnst + (size_t)t0 * (size_t)dv1;
             float *dQc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
             const int have_state = M > -INFINITY;
             double run = M;
@@ -459,18 +508,41 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 M = Mn;
             }
         }
-        if (pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r, Qb, r,
-                                  ws->qamax + b0, Qx, nb, ws->bsc))
+        if (RTl) {
+            /* RTl += (e^(M0 - P_i) dN~_i)^T Q~, the block's rows at once */
+            float *dnw = ws->vaug;
+            for (int i = 0; i < nb; i++) {
+                const float f = (float)exp(M0 - cs->p[b0 + i]);
+                const float *src = cs->dnst + (size_t)(b0 + i) * (size_t)dv1;
+                float *dst = dnw + (size_t)i * (size_t)dv1;
+                for (int k = 0; k < dv1; k++) dst[k] = f * src[k];
+            }
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nb, 1.0f, dnw, dv1, Qb, r,
+                        b0 > r0 ? 1.0f : 0.0f, RTl, r);
+        }
+        if (pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r,
+                                  cs->qst + (size_t)b0 * (size_t)r, r, cs->qamax + b0, Qx, nb,
+                                  ws->bsc))
             return PF_ENONFINITE;
     }
+    return st;
+}
+
+/* Pass 3 over rows [r0, r1): the reverse scan from the suffix state RT0 (dv+1, r) of the rows
+ * after r1, referenced to P[r1 - 1] (NULL: no rows after): dK and dV of the rows. */
+static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const causal_store *cs,
+                                bwd_ws *ws, int C, int r0, int r1, const float *RT0) {
+    const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
+    const int NB = pf_favor_block(1, C);
+    float *RT = ws->dstate;
 
     /* reverse scan: R = sum_{i after chunk c} e^(M_c - P_i) q~_i dN~_i^T, M_c = P at the end of
      * chunk c; dK~_c = [V|1]_(M_c) R^T + B^T Q~_c, dV_c = e^(c - M_c) K~_c R_v + A'^T dN_c */
-    memset(RT, 0, sizeof(float) * (size_t)r * (size_t)dv1);
-    int have_r = 0;
-    const int nblocks = (L + NB - 1) / NB;
+    int have_r = RT0 != NULL;
+    if (RT0) memcpy(RT, RT0, sizeof(float) * (size_t)r * (size_t)dv1);
+    const int nblocks = (r1 - r0 + NB - 1) / NB;
     for (int bi = nblocks - 1; bi >= 0; bi--) {
-        const int b0 = bi * NB, nb = L - b0 < NB ? L - b0 : NB;
+        const int b0 = r0 + bi * NB, nb = r1 - b0 < NB ? r1 - b0 : NB;
         int nkb = hd->klen - b0;
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
         const int nchunks = (nb + C - 1) / C;
@@ -478,13 +550,13 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
             const int t0 = b0 + ci * C, n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
             int nk = hd->klen - t0;
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
-            const float *Qc = ws->qst + (size_t)t0 * (size_t)r;
-            const float *Kc = ws->kst + (size_t)t0 * (size_t)r;
+            const float *Qc = cs->qst + (size_t)t0 * (size_t)r;
+            const float *Kc = cs->kst + (size_t)t0 * (size_t)r;
             const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
-            const double *ck = ws->kc + t0, *P = ws->p + t0;
-            const float *A = ws->ast + (size_t)t0 * (size_t)C;
-            const float *Bm = ws->bst + (size_t)t0 * (size_t)C;
-            const float *dN = ws->dnst + (size_t)t0 * (size_t)dv1;
+            const double *ck = cs->kc + t0, *P = cs->p + t0;
+            const float *A = cs->ast + (size_t)t0 * (size_t)C;
+            const float *Bm = cs->bst + (size_t)t0 * (size_t)C;
+            const float *dN = cs->dnst + (size_t)t0 * (size_t)dv1;
             const double Mc = P[n - 1];
             if (nk > 0) {
                 float *dKc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
@@ -505,9 +577,10 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, dv, n, 1.0f, A, C, dN, dv1,
                             have_r ? 1.0f : 0.0f, dVc, dv);
             }
-            if (t0 > 0) {
-                /* R := e^(M_{c-1} - M_c) R + Q~_c^T (e^(M_{c-1} - P_i) dN~_i) */
-                const double Mp = ws->p[t0 - 1];
+            if (t0 > r0) {
+                /* R := e^(M_{c-1} - M_c) R + Q~_c^T (e^(M_{c-1} - P_i) dN~_i) (not needed
+                 * before the rows' first chunk: the rows before get their R otherwise) */
+                const double Mp = cs->p[t0 - 1];
                 for (int i = 0; i < n; i++) {
                     const float f = (float)exp(Mp - P[i]);
                     const float *src = dN + (size_t)i * (size_t)dv1;
@@ -522,12 +595,12 @@ static pf_status bwd_causal_head(const pf_fmap *fm, const bwd_head *hd, bwd_ws *
         }
         if (nkb > 0 &&
             (pf_fmap_rows_backward(fm, hd->dK + (size_t)b0 * (size_t)d, ws->dblk, r,
-                                   ws->kst + (size_t)b0 * (size_t)r, r, ws->kamax + b0,
+                                   cs->kst + (size_t)b0 * (size_t)r, r, cs->kamax + b0,
                                    hd->K + (size_t)b0 * (size_t)d, nkb, ws->bsc) ||
              pf_nonfinite_f32(hd->dV + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv)))
             return PF_ENONFINITE;
     }
-    return st;
+    return PF_OK;
 }
 
 /* ---- the driver --------------------------------------------------------------------------- */
@@ -552,8 +625,7 @@ static pf_status bwd_head_setup(bwd_job *j, int bh) {
                          klen);
 }
 
-/* The causal unit: one whole head. */
-static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
+static bwd_head head_of(const bwd_job *j, int bh) {
     const pf_shape *s = j->s;
     bwd_head hd = {
         .Q = j->Q + hoff(bh, s->Lq, s->d),
@@ -569,7 +641,7 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
         .klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk),
         .dv = s->dv,
     };
-    return bwd_causal_head(&j->fm[bh], &hd, ws, j->C);
+    return hd;
 }
 
 static int fatal(int st) {
@@ -581,6 +653,77 @@ static int fatal(int st) {
 static void merge(bwd_job *j, int bh, int u) {
     if (u > j->hst[bh]) j->hst[bh] = u;
     if (fatal(u)) j->dead[bh] = 1;
+}
+
+/* Causal with nsb > 1, head bh, inside the parallel region: each pass over the scan blocks is a
+ * set of units; between passes, in order, the prefix of the blocks' forward states and the
+ * suffix of their backward states. */
+static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
+    const bwd_head hd = head_of(j, bh);
+    const pf_fmap *fm = &j->fm[bh];
+    const int nsb = j->nsb, L = j->s->Lq, r = j->r, dv1 = j->s->dv + 1;
+    const size_t n = (size_t)dv1 * (size_t)r;
+#pragma omp for schedule(dynamic, 1)
+    for (int u = 0; u < nsb; u++) {
+        const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
+        const int last = u == nsb - 1;
+        j->cst[u] = (int)causal_features(fm, &hd, &j->cs, ws, j->C, r0, r1,
+                                         last ? NULL : j->ls + (size_t)(u + 1) * n,
+                                         last ? NULL : &j->lm[u + 1]);
+    }
+#pragma omp single
+    {
+        for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
+        /* slot u: the state before block u, start(u) = start(u - 1) + local(u - 1) */
+        j->lm[0] = -INFINITY;
+        for (int u = 1; u < nsb; u++)
+            pf_favor_combine(j->ls + (size_t)u * n, &j->lm[u], j->ls + (size_t)(u - 1) * n,
+                             j->lm[u - 1], n);
+    }
+    if (j->dead[bh]) return;
+#pragma omp for schedule(dynamic, 1)
+    for (int u = 0; u < nsb; u++) {
+        const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
+        j->cst[u] = (int)causal_forward(fm, &hd, &j->cs, ws, j->C, r0, r1, j->ls + (size_t)u * n,
+                                        j->lm[u], u > 0 ? j->rs + (size_t)u * n : NULL);
+    }
+#pragma omp single
+    {
+        for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
+        /* slot u (u >= 1): block u's local suffix sum, referenced to Ms(u) = P at the end of
+         * block u - 1; becomes the suffix of blocks u.. (what block u - 1 starts from):
+         * end(u) = local(u) + e^(Ms(u) - Ms(u + 1)) end(u + 1) */
+        for (int u = nsb - 2; u >= 1; u--) {
+            const double Mu = j->cs.p[u * j->sbl - 1], Mn = j->cs.p[(u + 1) * j->sbl - 1];
+            const float f = (float)exp(Mu - Mn);
+            float *R = j->rs + (size_t)u * n;
+            const float *Rn = j->rs + (size_t)(u + 1) * n;
+            for (size_t i = 0; i < n; i++) R[i] += f * Rn[i];
+        }
+    }
+    if (j->dead[bh]) return;
+#pragma omp for schedule(dynamic, 1)
+    for (int u = 0; u < nsb; u++) {
+        const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
+        j->cst[u] = (int)causal_reverse(fm, &hd, &j->cs, ws, j->C, r0, r1,
+                                        u < nsb - 1 ? j->rs + (size_t)(u + 1) * n : NULL);
+    }
+#pragma omp single
+    for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
+}
+
+/* The causal unit when a head is one unit: the three passes over all its rows, kept in the
+ * thread's scratch. */
+static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
+    const bwd_head hd = head_of(j, bh);
+    const pf_fmap *fm = &j->fm[bh];
+    const causal_store cs = {ws->qst,   ws->kst,   ws->dnst, ws->ast, ws->bst,
+                             ws->qamax, ws->kamax, ws->kc,   ws->p};
+    const int L = j->s->Lq;
+    pf_status st = causal_features(fm, &hd, &cs, ws, j->C, 0, L, NULL, NULL);
+    if (st == PF_OK) st = causal_forward(fm, &hd, &cs, ws, j->C, 0, L, NULL, -INFINITY, NULL);
+    if (!fatal(st)) st = worse(st, causal_reverse(fm, &hd, &cs, ws, j->C, 0, L, NULL));
+    return st;
 }
 
 pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
@@ -628,7 +771,34 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     j.part = pf_alloc(GG * (size_t)j.nkb * nkv, sizeof(float));
     j.pmax = pf_alloc(GG * (size_t)j.nkb, sizeof(double));
     j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
+    /* causal: scan blocks as the forward's; with several, one head's rows kept at a time */
+    j.nsb = causal ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
+    float *cmem = NULL;
+    double *cmemd = NULL;
+    if (j.nsb > 1) {
+        const size_t L = (size_t)s.Lq, R = (size_t)j.r, dv1 = (size_t)s.dv + 1, CC = (size_t)j.C;
+        const size_t nst = (size_t)j.nsb * dv1 * R;
+        cmem = pf_alloc(2 * L * R + L * dv1 + 2 * L * CC + 2 * L + 2 * nst, sizeof(float));
+        cmemd = pf_alloc(2 * L + (size_t)j.nsb, sizeof(double));
+        j.cst = calloc((size_t)j.nsb, sizeof(int));
+        if (cmem && cmemd) {
+            float *f = cmem;
+            j.cs.qst = f, f += L * R;
+            j.cs.kst = f, f += L * R;
+            j.cs.dnst = f, f += L * dv1;
+            j.cs.ast = f, f += L * CC;
+            j.cs.bst = f, f += L * CC;
+            j.cs.qamax = f, f += L;
+            j.cs.kamax = f, f += L;
+            j.ls = f, f += nst;
+            j.rs = f;
+            j.cs.kc = cmemd;
+            j.cs.p = cmemd + L;
+            j.lm = cmemd + 2 * L;
+        }
+    }
     int worst = PF_OK;
+    if (j.nsb > 1 && (!cmem || !cmemd || !j.cst)) worst = PF_ENOMEM;
     if (!j.fm || !j.kw || !j.hst || !j.dead || !j.kst || !j.qst ||
         (!causal && (!j.kf || !j.kc || !j.kamax || !j.part || !j.pmax || !j.dpart)))
         worst = PF_ENOMEM;
@@ -659,10 +829,15 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
                     j.hst[bh] = (int)bwd_head_setup(&j, bh);
                     j.dead[bh] = j.hst[bh] != PF_OK;
                 }
-                if (causal) {
+                if (causal && j.nsb == 1) {
 #pragma omp for schedule(dynamic, 1)
                     for (int bh = g0; bh < g1; bh++)
                         if (!j.dead[bh]) merge(&j, bh, (int)bwd_causal_unit(&j, &ws, bh));
+                    continue;
+                }
+                if (causal) {
+                    for (int bh = g0; bh < g1; bh++)
+                        if (!j.dead[bh]) bwd_causal_split(&j, &ws, bh);
                     continue;
                 }
 #pragma omp for schedule(dynamic, 1)
@@ -740,6 +915,9 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     pf_free(j.part);
     pf_free(j.pmax);
     pf_free(j.dpart);
+    pf_free(cmem);
+    pf_free(cmemd);
+    free(j.cst);
     return (pf_status)worst;
 }
 

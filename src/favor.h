@@ -190,6 +190,10 @@ PF_INTERNAL int pf_favor_split(int L, int heads, int unit, int target, int *len)
  * bits. */
 PF_INTERNAL int pf_favor_bidir_blocks(int L, int heads, int *len);
 
+/* The causal scan blocks of a head of L rows with chunk C (several only when heads is small;
+ * whole feature blocks, so chunks stay aligned to position 0); forward and backward alike. */
+PF_INTERNAL int pf_favor_scan_blocks(int L, int heads, int C, int *len);
+
 /* The local sum of n valid keys K (n,d), V (n,dv): KVb (r, dw) = sum_j k~_j e^(c_j - Mb)
  * [v_j | 1], *Mb = max_j c_j, features in blocks of FAVOR_BLOCK rows (ws as for bidirectional).
  * If kst is not NULL the features K~ are kept there (n, r), with kc (n) their log factors and
