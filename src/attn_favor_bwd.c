@@ -76,17 +76,31 @@ static size_t lines(size_t n, size_t size) {
     return (n * size + 63) / 64 * 64;
 }
 
-/* C = 0 for bidirectional (then L, Lk are not needed). Returns 0, or -1 when out of memory. */
+/* C = 0 for bidirectional; L, Lk = 0 when no head's rows are kept here. Returns 0, or -1 when out
+ * of memory. */
 static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv) {
     const size_t R = (size_t)r, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
     const size_t dw = (size_t)pf_favor_dw(dv);
     const size_t LL = C ? (size_t)L : 0, LK = C ? (size_t)Lk : 0;
-    const size_t sz[19] = {
-        lines(LK * R, 4),   lines(LL * R, 4),  lines(LL * dv1, 4),    lines(LL * CC, 4),
-        lines(LL * CC, 4),  lines(LK, 4),      lines(C ? LL : NB, 4), lines(NB * R, 4),
-        lines(NB * R, 4),   lines(NB * dw, 4), lines(NB * dw, 4),     lines(CC * dv1, 4),
-        lines(CC * dv1, 4), lines(R * dv1, 4), lines(R * dv1, 4),     lines(LK, 8),
-        lines(LL, 8),       lines(NB, 8),      lines(NB, 8)};
+    const size_t sz[19] = {lines(LK * R, 4),
+                           lines(LL * R, 4),
+                           lines(LL * dv1, 4),
+                           lines(LL * CC, 4),
+                           lines(LL * CC, 4),
+                           lines(LK, 4),
+                           lines(LL > NB ? LL : NB, 4),
+                           lines(NB * R, 4),
+                           lines(NB * R, 4),
+                           lines(NB * dw, 4),
+                           lines(NB * dw, 4),
+                           lines(CC * dv1, 4),
+                           lines(CC * dv1, 4),
+                           lines(R * dv1, 4),
+                           lines(R * dv1, 4),
+                           lines(LK, 8),
+                           lines(LL, 8),
+                           lines(NB, 8),
+                           lines(NB, 8)};
     memset(ws, 0, sizeof *ws);
     size_t total = 0;
     for (int i = 0; i < 19; i++) {
@@ -812,8 +826,10 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
             bwd_ws ws;
             pf_favor_ws fws;
             memset(&fws, 0, sizeof fws);
-            int ok = bwd_ws_alloc(&ws, s.Lq, s.Lk, causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C,
-                                  j.r, s.dv) == 0;
+            /* (the rows of a whole head only when a head is one unit) */
+            const int keep = causal && j.nsb == 1;
+            int ok = bwd_ws_alloc(&ws, keep ? s.Lq : 0, keep ? s.Lk : 0,
+                                  causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C, j.r, s.dv) == 0;
             if (!causal && pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0) ok = 0;
             if (!ok) {
 #pragma omp atomic write
