@@ -87,14 +87,15 @@ test: setup
 	echo "all: $$(($$1 + $$3)) passed, $$(($$2 + $$4)) failed"; \
 	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ]
 
+TEST_LABEL ?= release
 test-fast: all $(TESTS)
-	@sh tests/run.sh $(BUILD) "release"
+	@sh tests/run.sh $(BUILD) "$(TEST_LABEL)"
 
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	  -fno-omit-frame-pointer" EXTRA_LDLIBS="-fsanitize=address,undefined" \
-	  PF_SANITIZE=1 test-fast
+	  TEST_LABEL=asan test-fast
 
 demo: setup all
 	$(TOOL) demo
