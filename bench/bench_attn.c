@@ -97,6 +97,7 @@ typedef struct {
     method meth;
     int causal;
     pass pass;
+    int threads; /* 0: all */
 } bench_case;
 
 typedef struct {
@@ -107,6 +108,7 @@ static pf_status run_once(const bench_case *c, buffers *b) {
     pf_shape shape = {c->B, c->H, c->L, c->L, c->d, c->d};
     pf_attn_opts opts = pf_attn_opts_default();
     opts.causal = c->causal;
+    opts.threads = c->threads;
     pf_status st;
     if (c->meth == EXACT) {
         st = pf_attn_exact(b->out, b->lse, b->Q, b->K, b->V, &shape, &opts);
@@ -240,7 +242,7 @@ int main(int argc, char **argv) {
             max_exact_bwd = 4096;
         } else if (strcmp(argv[i], "--peak") == 0 && i + 4 < argc) {
             bench_case c = {1, 8, atoi(argv[i + 1]), 64, 256, (method)atoi(argv[i + 2]),
-                            atoi(argv[i + 3]), (pass)atoi(argv[i + 4])};
+                            atoi(argv[i + 3]), (pass)atoi(argv[i + 4]), 0};
             return peak_child(&c);
         } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
             csv_path = argv[++i];
@@ -281,13 +283,13 @@ int main(int argc, char **argv) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
         /* Baselines: processes holding the tensors of a forward, and of a forward+backward. */
-        bench_case idle_f = {B, H, L, d, m, FAVOR, 0, IDLE_FWD}, idle_b = idle_f;
+        bench_case idle_f = {B, H, L, d, m, FAVOR, 0, IDLE_FWD, 0}, idle_b = idle_f;
         idle_b.pass = IDLE_FWD_BWD;
         double base_fwd = peak_mib(&idle_f), base_b = peak_mib(&idle_b);
         for (int meth = EXACT; meth <= FAVOR; meth++) {
             if (meth == EXACT && L > max_exact) continue;
             for (int causal = 0; causal <= 1; causal++) {
-                bench_case c = {B, H, L, d, m, (method)meth, causal, FWD};
+                bench_case c = {B, H, L, d, m, (method)meth, causal, FWD, 0};
                 double budget = quick ? 3.0 : 10.0;
                 double sec = time_case(&c, reps, budget);
                 double mem_f = peak_mib(&c) - base_fwd;
@@ -315,9 +317,20 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (threads > 1) {
+        /* One head alone must still use every core (work is split over row blocks). */
+        printf("\nOne head (B = H = 1, L = 65536), %d threads against 1:\n", threads);
+        for (int causal = 0; causal <= 1; causal++) {
+            bench_case one = {1, 1, 65536, d, m, FAVOR, causal, FWD, 1}, all = one;
+            all.threads = threads;
+            double t1 = time_case(&one, reps, 5.0), tn = time_case(&all, reps, 5.0);
+            printf("  FAVOR+ %-13s forward: %.2f ms on 1 thread, %.2f ms on %d: %.2fx\n",
+                   causal ? "causal" : "bidirectional", t1 * 1e3, tn * 1e3, threads, t1 / tn);
+        }
+    }
     printf("\nPeak resident memory of one causal FAVOR+ forward+backward, whole process:\n");
     for (int i = 0; i < nmem; i++) {
-        bench_case c = {B, H, mem_lengths[i], d, m, FAVOR, 1, FWD_BWD}, idle = c;
+        bench_case c = {B, H, mem_lengths[i], d, m, FAVOR, 1, FWD_BWD, 0}, idle = c;
         idle.pass = IDLE_FWD_BWD;
         double tensors = 8.0 * B * H * mem_lengths[i] * d * sizeof(float) / (1 << 20);
         double peak = peak_mib(&c), base = peak_mib(&idle);

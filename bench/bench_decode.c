@@ -48,13 +48,16 @@ static void fill(float *x, size_t n, uint64_t seed, float sigma) {
 
 int main(int argc, char **argv) {
     int tokens = 256, quick = 0;
+    const char *csv_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
+            csv_path = argv[++i];
         } else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
             tokens = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: bench_decode [--quick] [--tokens N]\n");
+            fprintf(stderr, "usage: bench_decode [--quick] [--tokens N] [--csv FILE]\n");
             return 2;
         }
     }
@@ -82,6 +85,12 @@ int main(int argc, char **argv) {
     printf("performer %s, %d threads; streaming causal FAVOR+ decode, H=%d d=%d m=%d, positive\n",
            pf_version(), threads, H, d, m);
     printf("%8s %14s %10s\n", "context", "us per token", "vs 1024");
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv_path && !csv) {
+        fprintf(stderr, "bench_decode: cannot write %s\n", csv_path);
+        return 1;
+    }
+    if (csv) fprintf(csv, "context,seconds_per_token,ratio_to_first\n");
     double base = 0;
     for (int c = 0; c < nctx; c++) {
         pf_favor_state *st = NULL;
@@ -117,7 +126,9 @@ int main(int argc, char **argv) {
         if (c == 0) base = med;
         printf("%8d %14.2f %9.2fx\n", contexts[c], med * 1e6, med / base);
         fflush(stdout);
+        if (csv) fprintf(csv, "%d,%.6g,%.4g\n", contexts[c], med, med / base);
     }
+    if (csv) fclose(csv);
     free(W);
     free(q);
     free(k);
