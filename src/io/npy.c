@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "io/io.h"
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
@@ -37,20 +38,6 @@
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
-/* Writes "path: <message>" to errmsg (if any) and returns st. */
-static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *path, const char *fmt,
-                      ...) {
-    if (errmsg && errlen > 0) {
-        int n = snprintf(errmsg, errlen, "%s: ", path ? path : "(null)");
-        if (n >= 0 && (size_t)n < errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(errmsg + n, errlen - (size_t)n, fmt, ap);
-            va_end(ap);
-        }
-    }
-    return st;
-}
 
 /* ---- arrays ----------------------------------------------------------------------------- */
 
@@ -339,14 +326,14 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
                                size_t errlen) {
     unsigned char pre[NPY_PREFIX_V2];
     size_t got = fread(pre, 1, NPY_PREFIX_V1, f);
-    if (ferror(f)) return fail(PF_EIO, errmsg, errlen, path, "read failed: %s", strerror(errno));
+    if (ferror(f)) return pf_io_fail(PF_EIO, errmsg, errlen, path, "read failed: %s", strerror(errno));
     if (got < NPY_MAGIC_LEN || memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0)
-        return fail(PF_EFORMAT, errmsg, errlen, path,
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                     "not a .npy file (the magic string \\x93NUMPY is missing)");
-    if (got < NPY_PREFIX_V1) return fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
+    if (got < NPY_PREFIX_V1) return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
     int major = pre[6], minor = pre[7];
     if (major < 1 || major > 3 || minor != 0)
-        return fail(PF_EFORMAT, errmsg, errlen, path,
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                     ".npy format version %d.%d is not supported (1.0, 2.0, 3.0 are)", major, minor);
     uint32_t hlen;
     long data_off;
@@ -355,20 +342,20 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
         data_off = NPY_PREFIX_V1 + (long)hlen;
     } else {
         if (fread(pre + NPY_PREFIX_V1, 1, 2, f) != 2)
-            return fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
+            return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
         hlen = le_u32(pre + 8);
         if (hlen > NPY_MAX_HEADER)
-            return fail(PF_EFORMAT, errmsg, errlen, path,
+            return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                         "header length %lu is implausibly large (limit %u bytes)",
                         (unsigned long)hlen, NPY_MAX_HEADER);
         data_off = NPY_PREFIX_V2 + (long)hlen;
     }
 
     char *text = malloc(hlen ? hlen : 1);
-    if (!text) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory reading the header");
+    if (!text) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory reading the header");
     if (fread(text, 1, hlen, f) != hlen) {
         free(text);
-        return fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "truncated header");
     }
     parser p = {.s = text, .end = text + hlen, .err = {0}};
     pf_dtype dtype = PF_F32;
@@ -376,12 +363,12 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
     int ndim = 0;
     int ok = parse_header(&p, &dtype, shape, &ndim);
     free(text);
-    if (!ok) return fail(PF_EFORMAT, errmsg, errlen, path, "%s", p.err);
+    if (!ok) return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "%s", p.err);
 
     size_t esize = dtype_size(dtype);
     int64_t count = shape_count(shape, ndim, esize);
     if (count < 0)
-        return fail(PF_EFORMAT, errmsg, errlen, path,
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                     "shape is too large (the element count overflows)");
     size_t bytes = (size_t)count * esize;
 
@@ -391,29 +378,29 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
     if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
         uint64_t have = st.st_size > data_off ? (uint64_t)(st.st_size - data_off) : 0;
         if (have < bytes)
-            return fail(PF_EFORMAT, errmsg, errlen, path,
+            return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                         "truncated data: the shape needs %zu bytes, the file has %llu", bytes,
                         (unsigned long long)have);
         if (have > bytes)
-            return fail(PF_EFORMAT, errmsg, errlen, path,
+            return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                         "%llu bytes of unexpected data after the array (the header says %zu)",
                         (unsigned long long)(have - bytes), bytes);
     }
 
     void *data = pf_alloc(bytes ? bytes : 1, 1);
-    if (!data) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", bytes);
+    if (!data) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", bytes);
     got = fread(data, 1, bytes, f);
     if (got != bytes) {
         int eio = ferror(f);
         int e = errno;
         pf_free(data);
-        if (eio) return fail(PF_EIO, errmsg, errlen, path, "read failed: %s", strerror(e));
-        return fail(PF_EFORMAT, errmsg, errlen, path,
+        if (eio) return pf_io_fail(PF_EIO, errmsg, errlen, path, "read failed: %s", strerror(e));
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                     "truncated data: the shape needs %zu bytes, the file has %zu", bytes, got);
     }
     if (fgetc(f) != EOF) { /* only reached for non-regular files (pipes) */
         pf_free(data);
-        return fail(PF_EFORMAT, errmsg, errlen, path, "unexpected data after the array");
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "unexpected data after the array");
     }
     if (!host_is_little_endian()) swap_bytes(data, (size_t)count, esize);
 
@@ -428,9 +415,9 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
 pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
     if (a) array_clear(a);
-    if (!path || !a) return fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!path || !a) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
+    if (!f) return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
     pf_status st = npy_read_file(f, path, a, errmsg, errlen);
     fclose(f);
     return st;
@@ -462,25 +449,11 @@ static size_t make_header(char *buf, size_t cap, const pf_array *a) {
     return hlen;
 }
 
-/* Writes all n bytes, retrying on EINTR and short writes; 0 on success, else errno. */
-static int write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return errno ? errno : EIO;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 /* The data in little-endian order: as is on a little-endian host, else swapped in pieces. */
 static int write_data(int fd, const pf_array *a, size_t count) {
     size_t esize = dtype_size(a->dtype);
-    if (host_is_little_endian()) return write_all(fd, a->data, count * esize);
+    if (host_is_little_endian()) return pf_io_write_all(fd, a->data, count * esize);
     unsigned char buf[1 << 16];
     const unsigned char *src = a->data;
     size_t per = sizeof(buf) / esize;
@@ -488,55 +461,29 @@ static int write_data(int fd, const pf_array *a, size_t count) {
         size_t k = count - i < per ? count - i : per;
         memcpy(buf, src + i * esize, k * esize);
         swap_bytes(buf, k, esize);
-        int e = write_all(fd, buf, k * esize);
+        int e = pf_io_write_all(fd, buf, k * esize);
         if (e) return e;
     }
     return 0;
 }
 
-/* Creates "<path>.tmp.XXXXXX" exclusively, like mkstemp(3) but with mode 0666 so the final
- * file gets the caller's umask like any other new file (mkstemp's 0600 would survive the
- * rename). Returns the fd, or -1 with errno set; tmp receives the name. */
-static int create_temp(const char *path, char *tmp, size_t cap) {
-    static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 16 ^
-                 (uint64_t)(uintptr_t)tmp;
-    x |= 1; /* xorshift's one fixed point is 0 */
-    for (int attempt = 0; attempt < 100; attempt++) {
-        char suffix[7];
-        for (int i = 0; i < 6; i++) {
-            x ^= x << 13; /* xorshift64: only needs to make collisions unlikely */
-            x ^= x >> 7;
-            x ^= x << 17;
-            suffix[i] = chars[x % (sizeof(chars) - 1)];
-        }
-        suffix[6] = '\0';
-        snprintf(tmp, cap, "%s.tmp.%s", path, suffix);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd >= 0 || errno != EEXIST) return fd;
-    }
-    errno = EEXIST;
-    return -1;
-}
 
 pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
-    if (!path || !a || !path[0]) return fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!path || !a || !path[0]) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
     if (a->ndim < 0 || a->ndim > PF_NPY_MAX_DIMS)
-        return fail(PF_EINVAL, errmsg, errlen, path, "cannot write an array of %d dimensions",
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "cannot write an array of %d dimensions",
                     a->ndim);
     size_t esize = dtype_size(a->dtype);
-    if (!esize) return fail(PF_EINVAL, errmsg, errlen, path, "unknown dtype %d", (int)a->dtype);
+    if (!esize) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "unknown dtype %d", (int)a->dtype);
     int64_t count = shape_count(a->shape, a->ndim, esize);
     if (count < 0)
-        return fail(PF_EINVAL, errmsg, errlen, path, "invalid shape (negative or too large)");
-    if (count > 0 && !a->data) return fail(PF_EINVAL, errmsg, errlen, path, "array has no data");
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "invalid shape (negative or too large)");
+    if (count > 0 && !a->data) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "array has no data");
 
     char header[1024];
     size_t hlen = make_header(header, sizeof(header), a);
-    if (!hlen) return fail(PF_EINVAL, errmsg, errlen, path, "header does not fit");
+    if (!hlen) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "header does not fit");
     unsigned char pre[NPY_PREFIX_V1] = {0x93,
                                         'N',
                                         'U',
@@ -550,16 +497,16 @@ pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg, size_t
 
     size_t cap = strlen(path) + 16;
     char *tmp = malloc(cap);
-    if (!tmp) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
-    int fd = create_temp(path, tmp, cap);
+    if (!tmp) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    int fd = pf_io_create_temp(path, tmp, cap);
     if (fd < 0) {
         int e = errno;
-        pf_status st = fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
+        pf_status st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
         free(tmp);
         return st;
     }
-    int e = write_all(fd, pre, sizeof(pre));
-    if (!e) e = write_all(fd, header, hlen);
+    int e = pf_io_write_all(fd, pre, sizeof(pre));
+    if (!e) e = pf_io_write_all(fd, header, hlen);
     if (!e) e = write_data(fd, a, (size_t)count);
     /* fsync before rename: otherwise a crash soon after can leave an empty file at path on
      * file systems that delay allocation. */
@@ -569,7 +516,7 @@ pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg, size_t
     if (e) {
         unlink(tmp);
         free(tmp);
-        return fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
     }
     free(tmp);
     return PF_OK;

@@ -20,28 +20,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io/io.h"
 #include "io/safetensors.h"
 
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
 #define ST_MAX_DEPTH 4
 
-/* Writes "path: <message>" to errmsg (if any) and returns st. */
-static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *path, const char *fmt,
-                      ...) __attribute__((format(printf, 5, 6)));
 
-static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *path, const char *fmt,
-                      ...) {
-    if (errmsg && errlen > 0) {
-        int n = snprintf(errmsg, errlen, "%s: ", path ? path : "(null)");
-        if (n >= 0 && (size_t)n < errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(errmsg + n, errlen - (size_t)n, fmt, ap);
-            va_end(ap);
-        }
-    }
-    return st;
-}
 
 static int little_endian(void) {
     const uint16_t one = 1;
@@ -373,37 +358,37 @@ static int cmp_begin(const void *a, const void *b) {
 
 pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
-    if (!f) return fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!f) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
     memset(f, 0, sizeof(*f));
-    if (!path) return fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
-    if (!little_endian()) return fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
+    if (!path) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
 
     FILE *fp = fopen(path, "rb");
-    if (!fp) return fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
+    if (!fp) return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
     struct stat sb;
     if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
         fclose(fp);
-        return fail(PF_EIO, errmsg, errlen, path, "not a regular file");
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "not a regular file");
     }
     size_t size = (size_t)sb.st_size;
     unsigned char *buf = malloc(size ? size : 1);
     if (!buf) {
         fclose(fp);
-        return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", size);
+        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", size);
     }
     size_t got = fread(buf, 1, size, fp);
     int rerr = ferror(fp);
     fclose(fp);
     if (rerr || got != size) {
         free(buf);
-        return fail(PF_EIO, errmsg, errlen, path, "read error");
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error");
     }
     f->buf = buf;
     f->size = size;
 
     if (size < 8) {
         pf_st_free(f);
-        return fail(PF_EFORMAT, errmsg, errlen, path,
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                     "not a safetensors file: %zu bytes, shorter than the 8-byte header length",
                     size);
     }
@@ -411,7 +396,7 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
     if (hlen > ST_MAX_HEADER || hlen > size - 8 || hlen < 2) {
         pf_st_free(f);
-        return fail(PF_EFORMAT, errmsg, errlen, path,
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
                     "not a safetensors file or truncated: header length %llu, file %zu bytes",
                     (unsigned long long)hlen, size);
     }
@@ -511,7 +496,7 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
     free(range);
     if (!ok) {
         pf_st_free(f);
-        return fail(PF_EFORMAT, errmsg, errlen, path, "%s", j.why[0] ? j.why : "bad header");
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "%s", j.why[0] ? j.why : "bad header");
     }
     return PF_OK;
 }
@@ -575,77 +560,39 @@ static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
-static int write_all(int fd, const void *p, size_t n) {
-    const unsigned char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
-/* Creates "<path>.tmp.XXXXXX" exclusively with mode 0666 (the umask applies, as for any new
- * file; mkstemp's 0600 would survive the rename). Returns the fd or -1 with errno. */
-static int create_temp(const char *path, char *tmp, size_t cap) {
-    static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 16 ^
-                 (uint64_t)(uintptr_t)tmp;
-    x |= 1;
-    for (int attempt = 0; attempt < 100; attempt++) {
-        char suffix[7];
-        for (int i = 0; i < 6; i++) {
-            x ^= x << 13; /* xorshift64: only makes collisions unlikely */
-            x ^= x >> 7;
-            x ^= x << 17;
-            suffix[i] = chars[x % (sizeof(chars) - 1)];
-        }
-        suffix[6] = '\0';
-        snprintf(tmp, cap, "%s.tmp.%s", path, suffix);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd >= 0 || errno != EEXIST) return fd;
-    }
-    errno = EEXIST;
-    return -1;
-}
 
 pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char *const *meta,
                       char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
     if (!path || !path[0] || (n > 0 && !t) || n < 0)
-        return fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
-    if (!little_endian()) return fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
     size_t *counts = malloc(sizeof(size_t) * (size_t)(n > 0 ? n : 1));
-    if (!counts) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    if (!counts) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
     for (int i = 0; i < n; i++) {
         if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0 ||
             t[i].ndim < 0 || t[i].ndim > PF_ST_MAX_DIMS) {
             free(counts);
-            return fail(PF_EINVAL, errmsg, errlen, path, "tensor %d: bad name or rank", i);
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor %d: bad name or rank", i);
         }
         size_t c = 1;
         for (int d = 0; d < t[i].ndim; d++) {
             if (t[i].shape[d] < 0 ||
                 (t[i].shape[d] > 0 && c > ((size_t)1 << 60) / (size_t)t[i].shape[d])) {
                 free(counts);
-                return fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s': bad shape", t[i].name);
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s': bad shape", t[i].name);
             }
             c *= (size_t)t[i].shape[d];
         }
         if (c > 0 && !t[i].data) {
             free(counts);
-            return fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' has no data", t[i].name);
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' has no data", t[i].name);
         }
         for (int k = 0; k < i; k++) {
             if (strcmp(t[k].name, t[i].name) == 0) {
                 free(counts);
-                return fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' twice", t[i].name);
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' twice", t[i].name);
             }
         }
         counts[i] = c;
@@ -662,7 +609,7 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
             if (!meta[i + 1]) {
                 free(counts);
                 free(b.s);
-                return fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
                             meta[i]);
             }
             if (i) sb_put(&b, ",", 1);
@@ -692,7 +639,7 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
     if (b.oom) {
         free(counts);
         free(b.s);
-        return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
@@ -702,19 +649,19 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
     if (!tmp) {
         free(counts);
         free(b.s);
-        return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
     }
-    int fd = create_temp(path, tmp, cap);
+    int fd = pf_io_create_temp(path, tmp, cap);
     if (fd < 0) {
         int e = errno;
         free(counts);
         free(b.s);
         free(tmp);
-        return fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
     }
-    int e = write_all(fd, len8, 8);
-    if (!e) e = write_all(fd, b.s, b.n);
-    for (int i = 0; i < n && !e; i++) e = write_all(fd, t[i].data, counts[i] * 4);
+    int e = pf_io_write_all(fd, len8, 8);
+    if (!e) e = pf_io_write_all(fd, b.s, b.n);
+    for (int i = 0; i < n && !e; i++) e = pf_io_write_all(fd, t[i].data, counts[i] * 4);
     /* fsync before rename, or a crash soon after could leave an empty file at path */
     if (!e && fsync(fd) != 0 && errno != EINVAL && errno != EROFS) e = errno;
     if (close(fd) != 0 && !e) e = errno;
@@ -724,7 +671,7 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
     if (e) {
         unlink(tmp);
         free(tmp);
-        return fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
     }
     free(tmp);
     return PF_OK;

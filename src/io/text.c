@@ -8,42 +8,28 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include "io/io.h"
 #include "model/data.h"
 
-static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *name, const char *fmt,
-                      ...) __attribute__((format(printf, 5, 6)));
 
-static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *name, const char *fmt,
-                      ...) {
-    if (errmsg && errlen > 0) {
-        int n = snprintf(errmsg, errlen, "%s: ", name ? name : "(input)");
-        if (n >= 0 && (size_t)n < errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(errmsg + n, errlen - (size_t)n, fmt, ap);
-            va_end(ap);
-        }
-    }
-    return st;
-}
 
 pf_status pf_file_read(const char *path, uint8_t **data, size_t *n, char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
-    if (!path || !data || !n) return fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!path || !data || !n) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
     *data = NULL;
     *n = 0;
     struct stat sb;
-    if (stat(path, &sb) != 0) return fail(PF_EIO, errmsg, errlen, path, "%s", strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return fail(PF_EIO, errmsg, errlen, path, "is a folder");
+    if (stat(path, &sb) != 0) return pf_io_fail(PF_EIO, errmsg, errlen, path, "%s", strerror(errno));
+    if (S_ISDIR(sb.st_mode)) return pf_io_fail(PF_EIO, errmsg, errlen, path, "is a folder");
     gzFile gz = gzopen(path, "rb");
-    if (!gz) return fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
+    if (!gz) return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
     size_t cap = 1 << 20, len = 0;
     uint8_t *buf = malloc(cap);
     pf_status st = buf ? PF_OK : PF_ENOMEM;
     while (st == PF_OK) {
         if (cap - len < (1u << 20)) {
             if (cap > ((size_t)1 << 40)) {
-                st = fail(PF_EFORMAT, errmsg, errlen, path, "larger than 1 TiB");
+                st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "larger than 1 TiB");
                 break;
             }
             uint8_t *nb = realloc(buf, cap * 2);
@@ -58,7 +44,7 @@ pf_status pf_file_read(const char *path, uint8_t **data, size_t *n, char *errmsg
         if (got < 0) {
             int zerr;
             const char *why = gzerror(gz, &zerr);
-            st = fail(zerr == Z_ERRNO ? PF_EIO : PF_EFORMAT, errmsg, errlen, path,
+            st = pf_io_fail(zerr == Z_ERRNO ? PF_EIO : PF_EFORMAT, errmsg, errlen, path,
                       "damaged gzip data: %s", zerr == Z_ERRNO ? strerror(errno) : why);
             break;
         }
@@ -70,10 +56,10 @@ pf_status pf_file_read(const char *path, uint8_t **data, size_t *n, char *errmsg
         int zerr;
         const char *why = gzerror(gz, &zerr);
         if (zerr != Z_OK && zerr != Z_STREAM_END)
-            st = fail(PF_EFORMAT, errmsg, errlen, path, "damaged gzip data: %s", why);
+            st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "damaged gzip data: %s", why);
     }
     gzclose(gz);
-    if (st == PF_ENOMEM) fail(st, errmsg, errlen, path, "out of memory");
+    if (st == PF_ENOMEM) pf_io_fail(st, errmsg, errlen, path, "out of memory");
     if (st != PF_OK) {
         free(buf);
         return st;
@@ -120,11 +106,11 @@ static int is_residue(uint8_t c) {
 pf_status pf_docs_fasta(pf_docs *d, const uint8_t *text, size_t n, const char *name, char *errmsg,
                         size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
-    if (!d || (!text && n)) return fail(PF_EINVAL, errmsg, errlen, name, "NULL argument");
+    if (!d || (!text && n)) return pf_io_fail(PF_EINVAL, errmsg, errlen, name, "NULL argument");
     memset(d, 0, sizeof(*d));
     /* the output is never longer than the input plus one '\n' per record */
     d->bytes = malloc(n + 1);
-    if (!d->bytes) return fail(PF_ENOMEM, errmsg, errlen, name, "out of memory");
+    if (!d->bytes) return pf_io_fail(PF_ENOMEM, errmsg, errlen, name, "out of memory");
     size_t cap = 0, out = 0, doc0 = 0, line = 0;
     int in_record = 0;
     pf_status st = PF_OK;
@@ -143,13 +129,13 @@ pf_status pf_docs_fasta(pf_docs *d, const uint8_t *text, size_t n, const char *n
             doc0 = out;
         } else if (le > i) {
             if (!in_record) {
-                st = fail(PF_EFORMAT, errmsg, errlen, name,
+                st = pf_io_fail(PF_EFORMAT, errmsg, errlen, name,
                           "line %zu: sequence data before the first '>' header (not FASTA?)", line);
                 break;
             }
             for (size_t k = i; k < le; k++) {
                 if (!is_residue(text[k])) {
-                    st = fail(PF_EFORMAT, errmsg, errlen, name,
+                    st = pf_io_fail(PF_EFORMAT, errmsg, errlen, name,
                               "line %zu, column %zu: byte 0x%02x is not a sequence letter", line,
                               k - i + 1, text[k]);
                     break;
@@ -164,9 +150,9 @@ pf_status pf_docs_fasta(pf_docs *d, const uint8_t *text, size_t n, const char *n
         if (!add_doc(d, &cap, doc0, out - doc0)) st = PF_ENOMEM;
     }
     if (st == PF_OK && d->count == 0)
-        st = fail(PF_EFORMAT, errmsg, errlen, name, "%s",
+        st = pf_io_fail(PF_EFORMAT, errmsg, errlen, name, "%s",
                   n ? "no sequences (FASTA records)" : "empty file");
-    if (st == PF_ENOMEM) fail(st, errmsg, errlen, name, "out of memory");
+    if (st == PF_ENOMEM) pf_io_fail(st, errmsg, errlen, name, "out of memory");
     if (st != PF_OK) {
         pf_docs_free(d);
         return st;
@@ -179,17 +165,17 @@ pf_status pf_docs_text(pf_docs *d, const uint8_t *text, size_t n, size_t min_doc
                        char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
     if (!d || (!text && n) || min_doc < 1)
-        return fail(PF_EINVAL, errmsg, errlen, name, "bad argument");
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, name, "bad argument");
     memset(d, 0, sizeof(*d));
     const uint8_t *nul = n ? memchr(text, 0, n) : NULL;
     if (nul)
-        return fail(PF_EFORMAT, errmsg, errlen, name,
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, name,
                     "a NUL byte at offset %zu: a binary file, not text", (size_t)(nul - text));
     size_t k = 0;
     while (k < n && is_space(text[k])) k++;
-    if (k == n) return fail(PF_EFORMAT, errmsg, errlen, name, "empty (no text)");
+    if (k == n) return pf_io_fail(PF_EFORMAT, errmsg, errlen, name, "empty (no text)");
     d->bytes = malloc(n + 1);
-    if (!d->bytes) return fail(PF_ENOMEM, errmsg, errlen, name, "out of memory");
+    if (!d->bytes) return pf_io_fail(PF_ENOMEM, errmsg, errlen, name, "out of memory");
     memcpy(d->bytes, text, n);
     d->n = n;
     if (text[n - 1] != '\n') d->bytes[d->n++] = '\n';
@@ -198,7 +184,7 @@ pf_status pf_docs_text(pf_docs *d, const uint8_t *text, size_t n, size_t min_doc
         if (d->bytes[i] == '\n' && (i + 1 - s >= min_doc || i + 1 == d->n)) {
             if (!add_doc(d, &cap, s, i + 1 - s)) {
                 pf_docs_free(d);
-                return fail(PF_ENOMEM, errmsg, errlen, name, "out of memory");
+                return pf_io_fail(PF_ENOMEM, errmsg, errlen, name, "out of memory");
             }
             s = i + 1;
         }
