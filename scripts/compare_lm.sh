@@ -17,8 +17,13 @@
 # eight minutes per run on a 2-core machine:
 #   BUILD (build), DATA (proteins), OUT, LAYERS (4), DMODEL (128), HEADS (4), CONTEXT (1024),
 #   BATCH (4), STEPS (1000), LR (2e-3), WARMUP (100), FEATURES (128), REDRAW (100),
-#   EVAL_EVERY (100), EVAL_BATCHES (16), THREADS (2), RUNS ("exact favor relu favorpp")
+#   EVAL_EVERY (100), EVAL_BATCHES (16), THREADS (2), RUNS ("exact favor relu favorpp"),
+#   SPEED_STEPS (24), SPEED_ROUNDS (3): the speed column comes from short runs of every model
+#   taken in turn, round after round (a long run's speed on a shared machine mostly measures
+#   the other processes); the first 4 steps of each are left out as warm-up.
 set -e
+SPEED_STEPS=${SPEED_STEPS:-24}
+SPEED_ROUNDS=${SPEED_ROUNDS:-3}
 BUILD=${BUILD:-build}
 P=$BUILD/performer
 DATA=${DATA:-proteins}
@@ -50,9 +55,8 @@ mkdir -p "$OUT" "$FIG"
 common="--data $DATA --layers $LAYERS --d-model $DMODEL --heads $HEADS --context $CONTEXT
         --batch $BATCH --steps $STEPS --lr $LR --warmup $WARMUP --eval-every $EVAL_EVERY
         --eval-batches $EVAL_BATCHES --seed 1 --positions learned --no-plot"
-plots=""
-for run in $RUNS; do
-    case $run in
+args_of() {
+    case $1 in
     exact) args="--attention exact"; label="exact softmax" ;;
     favor) args="--attention favor --kernel positive --features $FEATURES --redraw $REDRAW"
            label="FAVOR+ positive (m=$FEATURES)" ;;
@@ -60,8 +64,12 @@ for run in $RUNS; do
           label="FAVOR+ ReLU (m=$FEATURES)" ;;
     favorpp) args="--attention favor++ --features $FEATURES --redraw $REDRAW"
              label="FAVOR++ (m=$FEATURES)" ;;
-    *) echo "compare_lm.sh: unknown run '$run'" >&2; exit 2 ;;
+    *) echo "compare_lm.sh: unknown run '$1'" >&2; exit 2 ;;
     esac
+}
+plots=""
+for run in $RUNS; do
+    args_of "$run"
     dir=$OUT/$run
     if [ -f "$dir/checkpoint.safetensors" ]; then
         if [ "$(tail -1 "$dir/log.csv" | cut -d, -f1)" != "$STEPS" ]; then
@@ -76,6 +84,22 @@ for run in $RUNS; do
         $P train --out "$dir" $common $args --threads "$THREADS"
     fi
     plots="$plots|$label=$dir/log.csv"
+done
+
+# speed: short runs, every model in turn, SPEED_ROUNDS times; per-step tokens/s after warm-up
+speed="$OUT/speed.txt"
+: >"$speed"
+for round in $(seq 1 "$SPEED_ROUNDS"); do
+    for run in $RUNS; do
+        args_of "$run"
+        d="$OUT/speed-$run"
+        rm -rf "$d"
+        # shellcheck disable=SC2086
+        $P train --out "$d" $common $args --threads "$THREADS" --steps "$SPEED_STEPS" \
+            --eval-every "$SPEED_STEPS" --eval-batches 1 >/dev/null 2>&1
+        awk -F, -v r="$run" 'NR > 1 && $1 > 4 && $3 != "" {print r, $5}' "$d/log.csv" >>"$speed"
+        rm -rf "$d"
+    done
 done
 
 # A reference: the loss of a model without context, the byte frequencies of the training split
@@ -131,10 +155,15 @@ IFS='|'
 unset IFS
 
 /usr/bin/python3 - "$FIG/lm_compare$suffix.md" "$BATCH" "$CONTEXT" "$title" "${plots#|}" \
-    "$unigram" <<'EOF'
+    "$unigram" "$speed" "$RUNS" <<'EOF'
 import csv, math, sys
 out, B, T, title, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 unigram = float(sys.argv[6])
+speeds = {}
+for line in open(sys.argv[7]):
+    name, v = line.split()
+    speeds.setdefault(name, []).append(float(v))
+names = sys.argv[8].split()
 rows = []
 for item in runs.split("|"):
     label, path = item.rsplit("=", 1)
@@ -150,23 +179,25 @@ for item in runs.split("|"):
     tps = steps * B * T / elapsed if elapsed > 0 else float("nan")
     per_step.sort()
     median = per_step[len(per_step) // 2] if per_step else float("nan")
+    sp = sorted(speeds.get(names[len(rows)], [float("nan")]))
     rows.append((label, float(last_val["val_loss"]), float(last_val["val_ppl"]),
-                 float(last_val["val_acc"]), median, tps, elapsed))
+                 float(last_val["val_acc"]), sp[len(sp) // 2], len(sp), tps, elapsed))
 base = rows[0][1]
 lines = [f"{title}\n",
          "| attention | val loss (nats/byte) | vs first | perplexity | next-byte accuracy | "
-         "tokens/s (median step) | tokens/s (whole run) | training time |",
+         "training tokens/s | (the long run's) | its training time |",
          "|---|---|---|---|---|---|---|---|"]
-for label, loss, ppl, acc, med, tps, el in rows:
-    lines.append(f"| {label} | {loss:.4f} | {100 * (loss / base - 1):+.1f}% | {ppl:.3f} | "
+for label, loss, ppl, acc, med, nsp, tps, el in rows:
+    lines.append(f"| {label} | {loss:.4f} | {100 * (loss / base - 1):+.2f}% | {ppl:.3f} | "
                  f"{acc:.4f} | {med:.0f} | {tps:.0f} | {el / 60:.1f} min |")
 lines.append("")
 lines.append(f"Without context (the training split's byte frequencies scored on the "
              f"validation split): {unigram:.4f} nats/byte.")
 lines.append("")
-lines.append("tokens/s: training steps only (evaluation excluded). The median over steps is the "
-             "better speed estimate on a shared machine; the whole-run figure includes time "
-             "lost to other processes.")
+nsp = rows[0][5]
+lines.append(f"Training tokens/s: the median of {nsp} steps from short runs of the models taken in "
+             f"turn (warm-up steps left out), threads as in the runs; the long run's own figure "
+             f"and time include whatever else the machine was doing then. Evaluation excluded.")
 text = "\n".join(lines) + "\n"
 open(out, "w").write(text)
 print(text)

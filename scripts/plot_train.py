@@ -84,11 +84,16 @@ def compare(png, title, runs, baseline=None):
         ax2.plot(d["val_step"][keep], d["val_acc"][keep], "o-", ms=2.5, color=f"C{i}",
                  label=label)
     if baseline is not None:
-        ax1.axhline(baseline[0], color="0.4", ls="--", lw=1, label=baseline[1])
+        lo, hi = ax1.get_ylim()
+        if lo <= baseline[0] <= hi + 0.5 * (hi - lo):
+            ax1.axhline(baseline[0], color="0.4", ls="--", lw=1, label=baseline[1])
+        else:  # far off the curves: say it rather than squash them
+            ax1.plot([], [], color="0.4", ls="--", lw=1,
+                     label=f"{baseline[1]}: {baseline[0]:.3f}, off the scale")
     ax1.set_xlabel("step")
     ax1.set_ylabel("validation cross-entropy (nats per byte)")
     ax1.grid(alpha=0.3)
-    ax1.legend()
+    ax1.legend(loc="upper right")
     ax2.set_xlabel("step")
     ax2.set_ylabel("validation next-byte accuracy")
     ax2.grid(alpha=0.3)
