@@ -29,19 +29,20 @@
 #define EVAL_STREAM (UINT64_C(1) << 63)
 
 const char cmd_train_synopsis[] =
-    "performer train --out DIR [--data proteins|bible|FILE] [--attention exact|favor|favor++]\n"
-    "     [--kernel K] [--features M] [--redraw N] [--positions learned|rotary] [--layers L]\n"
-    "     [--d-model C] [--heads H] [--context T] [--steps S] [--batch B] [--lr LR]\n"
-    "     [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N] [--eval-batches N]\n"
-    "     [--seed S] [--threads N] [--resume] [--stop-after N]\n";
+    "performer train --out DIR [--data proteins|bible|FILE] [--layers L] [--d-model C]\n"
+    "     [--attention exact|favor|favor++] [--kernel K] [--features M] [--redraw N]\n"
+    "     [--positions learned|rotary] [--heads H] [--context T] [--steps S] [--batch B]\n"
+    "     [--lr LR] [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N]\n"
+    "     [--eval-batches N] [--seed S] [--threads N] [--resume] [--stop-after N]\n";
 
 void cmd_train_help(void) {
     printf("usage: %s\n"
            "Trains a decoder-only byte Transformer (pre-norm, GELU MLP, tied embeddings) with\n"
-           "exact softmax or FAVOR+ attention. Writes to DIR: checkpoint.safetensors (weights,\n"
-           "AdamW moments, settings; written atomically), log.csv (one row per step, with\n"
-           "validation loss, perplexity and next-byte accuracy on evaluation steps) and\n"
-           "curves.png (scripts/plot_train.py). A progress line goes to stderr.\n"
+           "exact softmax, FAVOR+ or FAVOR++ attention. Writes to DIR:\n"
+           "checkpoint.safetensors (weights, AdamW moments, settings; written atomically),\n"
+           "log.csv (one row per step, with validation loss, perplexity and next-byte\n"
+           "accuracy on evaluation steps) and curves.png (scripts/plot_train.py). A\n"
+           "progress line goes to stderr.\n"
            "\n"
            "data:                                                                 [default]\n"
            "  --data NAME|FILE    proteins: Debian's mmseqs2-examples DB.fasta.gz (20,000\n"
@@ -55,7 +56,7 @@ void cmd_train_help(void) {
            "  --layers L          Transformer blocks                              [4]\n"
            "  --d-model C         width                                           [128]\n"
            "  --heads H           attention heads (C/H even for rotary)           [4]\n"
-           "  --context T         sequence length of training windows            [256]\n"
+           "  --context T         sequence length of the training windows         [256]\n"
            "  --attention NAME    exact | favor | favor++ (OPRF features, A from a running\n"
            "                      average of training batches, frozen for evaluation) [exact]\n"
            "  --kernel NAME       FAVOR map: positive | hyperbolic | trig | relu  [positive]\n"
