@@ -186,11 +186,14 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
             /* exp(h) [sin u, cos u]/sqrt(m): the whole norm factor goes to c */
             const float inv = (float)(1.0 / sqrt((double)m));
             float *q = p + m;
-            for (int f = 0; f < m; f++) {
-                const float sn = sinf(p[f]), cs = cosf(p[f]);
-                p[f] = sn * inv;
-                q[f] = cs * inv;
-                top = fmaxf(top, fmaxf(fabsf(p[f]), fabsf(q[f])));
+            vk->sincos(p, q, p, (size_t)m); /* sin u in place, cos u after it */
+            /* the features are finite here (the row passed the test above), so a plain max
+             * is fmaxf */
+#pragma omp simd reduction(max : top)
+            for (int f = 0; f < 2 * m; f++) {
+                p[f] *= inv;
+                const float a = fabsf(p[f]);
+                top = a > top ? a : top;
             }
             c[i] = h;
             if (eps > 0) add_const(p, 2 * m, eps * top);

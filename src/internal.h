@@ -31,6 +31,9 @@ typedef struct pf_simd_table {
     /* y = exp(x - c); returns sum of y (in double) */
     double (*exp_sub_sum)(float *y, const float *x, float c, size_t n);
     float (*max)(const float *x, size_t n);                        /* max, -inf for n = 0 */
+    /* s = sin x, c = cos x (float rounding, see simd.h); s or c may be x itself (in place),
+     * but s and c must not overlap each other, nor x partly */
+    void (*sincos)(float *s, float *c, const float *x, size_t n);
 } pf_simd_table;
 
 /* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the

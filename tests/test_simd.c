@@ -3,13 +3,17 @@
  * exp is checked on a dense grid over the whole range where float exp is finite and normal,
  * [-87.3, 88.7], plus the edges: subnormal results, overflow to +inf, underflow to 0, NaN and
  * +/-inf inputs. The bound: max relative error 2^-22 (about 2.4e-7, i.e. 2 ulp) for normal
- * results (measured here: 1 ulp; the Cephes polynomial with a Cody-Waite split). */
+ * results (measured here: 1 ulp; the Cephes polynomial with a Cody-Waite split).
+ *
+ * sincos: see check_sincos (absolute error 2^-23 for |x| <= 1e4, 2 ulp for |x| <= pi/4, libm's
+ * own floats beyond 8192 and for Inf and NaN, every tail length, in place). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "check.h"
 #include "internal.h"
+#include "simd/simd.h"
 
 static void check_table(const pf_simd_table *t) {
     const size_t n = 1u << 20;
@@ -70,6 +74,178 @@ static void check_table(const pf_simd_table *t) {
     free(y);
 }
 
+/* ---- sincos ------------------------------------------------------------------------------ */
+
+/* The spacing of floats at |v| (v a double): 2^(e-24) for |v| in [2^(e-1), 2^e), 2^-149 below
+ * FLT_MIN. */
+static double float_ulp(double v) {
+    v = fabs(v);
+    if (v < FLT_MIN) return ldexp(1.0, -149);
+    int e;
+    frexp(v, &e);
+    return ldexp(1.0, e - 24);
+}
+
+typedef struct {
+    double abs, ulp;    /* max |y - ref| and max |y - ref| / ulp(ref), y in {sin x, cos x} */
+    float abs_x, ulp_x; /* where */
+} sc_worst;
+
+static void sc_measure(sc_worst *w, const float *x, const float *s, const float *c, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const double xd = (double)x[i], ref[2] = {sin(xd), cos(xd)};
+        const float y[2] = {s[i], c[i]};
+        for (int k = 0; k < 2; k++) {
+            const double e = fabs((double)y[k] - ref[k]), u = e / float_ulp(ref[k]);
+            if (!(e <= w->abs)) {
+                w->abs = e;
+                w->abs_x = x[i];
+            }
+            if (!(u <= w->ulp)) {
+                w->ulp = u;
+                w->ulp_x = x[i];
+            }
+        }
+    }
+}
+
+/* sin and cos against libm in double.
+ *
+ * range: |x| <= 1e4 (what the trig map meets, and more: |u| = |w.x'| is rarely above 50): a
+ * uniform grid over [-1e4, 1e4], a finer one over [-2 pi, 2 pi], and the floats nearest
+ * k pi/2 (k <= 6500) with their neighbours, where the reduction cancels most. The bound is
+ * absolute, 2^-23 = 1.2e-7: two float ulps at 1, i.e. the features are float roundings of the
+ * exact values (the reduction rounds twice at 2^-24 relative to |r| <= pi/4, the polynomials
+ * add 1e-8 relative, the result rounds once; the analysis is in src/simd/simd.h).
+ * The AVX2 and AVX-512 paths (FMA: a 3-part split of 24-bit floats) also stay within 2 ulp of
+ * the result itself there; the portable one (no FMA: the Cephes split) is off by up to 1e-11
+ * absolute, which is many ulps of sin x only where x is within 1e-8 of a multiple of pi.
+ * small: |x| <= pi/4 (no reduction: r = x), including [1e-30, 1e-3] where sin x ~ x must be
+ * relatively accurate: the bound is 2 ulp of the result itself.
+ * fallback: |x| > PF_SINCOS_MAX (8192), huge, Inf, NaN: the libm floats themselves. */
+static void check_sincos(const pf_simd_table *t) {
+    const size_t n1 = 1u << 21, n2 = 1u << 20, nk = 6500, n3 = 1u << 16;
+    const size_t nr = n1 + n2 + nk * 2 * 5, ns = 2 * n3 + n2;
+    float *x = xmalloc(nr * sizeof *x), *s = xmalloc(nr * sizeof *s);
+    float *c = xmalloc(nr * sizeof *c);
+    const double pi = 3.14159265358979323846;
+
+    /* range */
+    size_t n = 0;
+    for (size_t i = 0; i < n1; i++) x[n++] = (float)(-1e4 + 2e4 * (double)i / (double)(n1 - 1));
+    for (size_t i = 0; i < n2; i++)
+        x[n++] = (float)(-2 * pi + 4 * pi * (double)i / (double)(n2 - 1));
+    for (size_t k = 1; k <= nk; k++) {
+        for (int sg = -1; sg <= 1; sg += 2) {
+            float v = (float)(sg * (double)k * pi / 2);
+            x[n++] = v;
+            x[n++] = nextafterf(v, INFINITY);
+            x[n++] = nextafterf(nextafterf(v, INFINITY), INFINITY);
+            x[n++] = nextafterf(v, -INFINITY);
+            x[n++] = nextafterf(nextafterf(v, -INFINITY), -INFINITY);
+        }
+    }
+    CHECK(n == nr, "grid size %zu", n);
+    t->sincos(s, c, x, n);
+    sc_worst wr = {0, 0, 0, 0};
+    sc_measure(&wr, x, s, c, n);
+    printf("%s: sincos |x| <= 1e4: max abs error %.3g (%.2f x 2^-24) at x = %.9g; "
+           "max %.3g ulp of the result at x = %.9g\n",
+           t->name, wr.abs, wr.abs / ldexp(1.0, -24), wr.abs_x, wr.ulp, wr.ulp_x);
+    CHECK(wr.abs <= ldexp(1.0, -23), "%s: sincos abs error %.3g at x = %.9g", t->name, wr.abs,
+          wr.abs_x);
+    /* with FMA the reduction is accurate relative to r too (simd.h): 2 ulp of the result */
+    if (strcmp(t->name, "ref") != 0)
+        CHECK(wr.ulp <= 2.0, "%s: sincos error %.3g ulp at x = %.9g", t->name, wr.ulp, wr.ulp_x);
+
+    /* small */
+    n = 0;
+    for (size_t i = 0; i < n3; i++) {
+        const float v = (float)pow(10.0, -30.0 + 27.0 * (double)i / (double)(n3 - 1));
+        x[n++] = v;
+        x[n++] = -v;
+    }
+    for (size_t i = 0; i < n2; i++) x[n++] = (float)(-pi / 4 + pi / 2 * (double)i / (double)n2);
+    CHECK(n == ns, "grid size %zu", n);
+    t->sincos(s, c, x, n);
+    sc_worst ws = {0, 0, 0, 0};
+    sc_measure(&ws, x, s, c, n);
+    printf("%s: sincos |x| <= pi/4: max %.3g ulp of the result at x = %.9g\n", t->name, ws.ulp,
+           ws.ulp_x);
+    CHECK(ws.ulp <= 2.0, "%s: sincos error %.3g ulp at x = %.9g", t->name, ws.ulp, ws.ulp_x);
+
+    /* fallback and special values */
+    const float fx[] = {8192.0f, -8192.0f, 8192.001f,  -8192.001f, 8193.0f,  1e4f,
+                        -1e4f,   1e5f,     -123456.7f, 1e10f,      3e38f,    -FLT_MAX,
+                        FLT_MAX, 0.0f,     -0.0f,      FLT_MIN,    -FLT_MIN, 1e-45f,
+                        -1e-45f, INFINITY, -INFINITY,  NAN};
+    const size_t nf = sizeof fx / sizeof fx[0];
+    float fs[sizeof fx / sizeof fx[0]], fc[sizeof fx / sizeof fx[0]];
+    t->sincos(fs, fc, fx, nf);
+    for (size_t i = 0; i < nf; i++) {
+        if (!(fabsf(fx[i]) > PF_SINCOS_MAX)) continue;
+        if (isnan(sinf(fx[i]))) {
+            CHECK(isnan(fs[i]) && isnan(fc[i]), "%s: sincos(%g) = %g, %g", t->name, fx[i],
+                  fs[i], fc[i]);
+        } else {
+            CHECK(fs[i] == sinf(fx[i]) && fc[i] == cosf(fx[i]),
+                  "%s: sincos(%.9g) = %.9g, %.9g; libm %.9g, %.9g", t->name, fx[i], fs[i], fc[i],
+                  sinf(fx[i]), cosf(fx[i]));
+        }
+    }
+    for (size_t i = 0; i < nf; i++) {
+        if (!isfinite(fx[i])) continue;
+        CHECK_CLOSE(fs[i], sin((double)fx[i]), ldexp(1.0, -23), 0);
+        CHECK_CLOSE(fc[i], cos((double)fx[i]), ldexp(1.0, -23), 0);
+    }
+    CHECK(fs[13] == 0.0f && !signbit(fs[13]) && fc[13] == 1.0f, "%s: sincos(+0) = %g, %g",
+          t->name, fs[13], fc[13]);
+    CHECK(fs[14] == 0.0f && signbit(fs[14]) && fc[14] == 1.0f, "%s: sincos(-0) = %g, %g",
+          t->name, fs[14], fc[14]);
+    CHECK(fs[17] == 1e-45f && fs[18] == -1e-45f, "%s: sin(+-1e-45) = %g, %g", t->name, fs[17],
+          fs[18]);
+    for (size_t i = nf - 3; i < nf; i++)
+        CHECK(isnan(fs[i]) && isnan(fc[i]), "%s: sincos(%g) = %g, %g", t->name, fx[i], fs[i],
+              fc[i]);
+
+    /* Every tail length, with lanes for libm among the others, out of place and in place (s or
+     * c is x): the same bits, and nothing written past n. */
+    for (size_t len = 0; len <= 40; len++) {
+        float xs[48], ss[48], cs[48], b1[48], c1[48], b2[48], s2[48];
+        for (size_t i = 0; i < 48; i++) {
+            xs[i] = i % 7 == 3 ? (float)(1e5 + 977.0 * (double)i) : (float)(0.37 * (double)i - 5);
+            if (i == 12) xs[i] = NAN;
+            ss[i] = cs[i] = c1[i] = s2[i] = 777.0f;
+        }
+        memcpy(b1, xs, sizeof xs);
+        memcpy(b2, xs, sizeof xs);
+        t->sincos(ss, cs, xs, len);
+        t->sincos(b1, c1, b1, len); /* s is x */
+        t->sincos(s2, b2, b2, len); /* c is x */
+        int ok = 1;
+        for (size_t i = 0; i < len; i++) {
+            const double xd = (double)xs[i];
+            if (i == 12) {
+                ok &= isnan(ss[i]) && isnan(cs[i]);
+            } else {
+                ok &= fabs((double)ss[i] - sin(xd)) <= ldexp(1.0, -23);
+                ok &= fabs((double)cs[i] - cos(xd)) <= ldexp(1.0, -23);
+            }
+            ok &= memcmp(&b1[i], &ss[i], sizeof(float)) == 0;
+            ok &= memcmp(&c1[i], &cs[i], sizeof(float)) == 0;
+            ok &= memcmp(&s2[i], &ss[i], sizeof(float)) == 0;
+            ok &= memcmp(&b2[i], &cs[i], sizeof(float)) == 0;
+        }
+        for (size_t i = len; i < 48; i++)
+            ok &= ss[i] == 777.0f && cs[i] == 777.0f && c1[i] == 777.0f && s2[i] == 777.0f &&
+                  memcmp(&b1[i], &xs[i], sizeof(float)) == 0;
+        CHECK(ok, "%s: sincos of %zu values (out of place, in place)", t->name, len);
+    }
+    free(x);
+    free(s);
+    free(c);
+}
+
 int main(void) {
     const char *names[] = {"ref", "avx2", "avx512"};
     int ran = 0;
@@ -81,6 +257,7 @@ int main(void) {
         }
         CHECK(strcmp(t->name, names[i]) == 0, "table name %s", t->name);
         check_table(t);
+        check_sincos(t);
         ran++;
     }
     CHECK(ran >= 1, "no table ran");

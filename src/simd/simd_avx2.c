@@ -87,5 +87,67 @@ static float max_avx2(const float *x, size_t n) {
     return r;
 }
 
-const pf_simd_table pf_simd_avx2 = {"avx2", exp_avx2, exp_sub_sum_avx2, max_avx2};
+/* sin and cos of 8 floats; see simd.h for the method. Returns the lanes (bit k for lane k) with
+ * |x| > PF_SINCOS_MAX, Inf or NaN, whose results are garbage. */
+static inline unsigned sincos8(__m256 x, __m256 *s, __m256 *c) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_andnot_ps(sign, x);
+    __m256 fj = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(PF_2_PI)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fj, _mm256_set1_ps(PF_PIO2_F1), a); /* exact */
+    r = _mm256_fnmadd_ps(fj, _mm256_set1_ps(PF_PIO2_F2), r);
+    r = _mm256_fnmadd_ps(fj, _mm256_set1_ps(PF_PIO2_F3), r);
+    __m256 z = _mm256_mul_ps(r, r);
+    __m256 ps = _mm256_set1_ps(PF_SIN_P0);
+    ps = _mm256_fmadd_ps(ps, z, _mm256_set1_ps(PF_SIN_P1));
+    ps = _mm256_fmadd_ps(ps, z, _mm256_set1_ps(PF_SIN_P2));
+    ps = _mm256_fmadd_ps(ps, _mm256_mul_ps(z, r), r);
+    __m256 pc = _mm256_set1_ps(PF_COS_P0);
+    pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(PF_COS_P1));
+    pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(PF_COS_P2));
+    pc = _mm256_fmadd_ps(pc, _mm256_mul_ps(z, z), _mm256_mul_ps(z, _mm256_set1_ps(-0.5f)));
+    pc = _mm256_add_ps(pc, _mm256_set1_ps(1.0f));
+    /* quadrant j mod 4: odd swaps sin and cos; sin changes sign for bit 1 of j (and with x),
+     * cos for bit 1 of j + 1 */
+    __m256i j = _mm256_cvtps_epi32(fj), one = _mm256_set1_epi32(1);
+    __m256 odd = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(j, one), one));
+    __m256 sv = _mm256_blendv_ps(ps, pc, odd), cv = _mm256_blendv_ps(pc, ps, odd);
+    __m256 ssign = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(j, 30)), sign);
+    __m256 csign = _mm256_and_ps(
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j, one), 30)), sign);
+    *s = _mm256_xor_ps(sv, _mm256_xor_ps(ssign, _mm256_and_ps(x, sign)));
+    *c = _mm256_xor_ps(cv, csign);
+    __m256 bad = _mm256_cmp_ps(a, _mm256_set1_ps(PF_SINCOS_MAX), _CMP_NLE_UQ);
+    return (unsigned)_mm256_movemask_ps(bad);
+}
+
+static void sincos_avx2(float *s, float *c, const float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i), sv, cv;
+        unsigned bad = sincos8(xv, &sv, &cv);
+        _mm256_storeu_ps(s + i, sv);
+        _mm256_storeu_ps(c + i, cv);
+        if (bad) {
+            float tx[8]; /* s or c may have overwritten x */
+            _mm256_storeu_ps(tx, xv);
+            pf_sincos_fixup(s + i, c + i, tx, bad);
+        }
+    }
+    if (i < n) {
+        float tx[8] = {0}, ts[8], tc[8];
+        __m256 sv, cv;
+        for (size_t k = 0; i + k < n; k++) tx[k] = x[i + k];
+        unsigned bad = sincos8(_mm256_loadu_ps(tx), &sv, &cv);
+        _mm256_storeu_ps(ts, sv);
+        _mm256_storeu_ps(tc, cv);
+        pf_sincos_fixup(ts, tc, tx, bad);
+        for (size_t k = 0; i + k < n; k++) {
+            s[i + k] = ts[k];
+            c[i + k] = tc[k];
+        }
+    }
+}
+
+const pf_simd_table pf_simd_avx2 = {"avx2", exp_avx2, exp_sub_sum_avx2, max_avx2, sincos_avx2};
 #endif

@@ -82,5 +82,55 @@ static float max_avx512(const float *x, size_t n) {
     return _mm512_reduce_max_ps(m);
 }
 
-const pf_simd_table pf_simd_avx512 = {"avx512", exp_avx512, exp_sub_sum_avx512, max_avx512};
+/* sin and cos of 16 floats; see simd.h for the method. Returns the lanes with |x| >
+ * PF_SINCOS_MAX, Inf or NaN, whose results are garbage. */
+static inline __mmask16 sincos16(__m512 x, __m512 *s, __m512 *c) {
+    const __m512i sign = _mm512_castps_si512(_mm512_set1_ps(-0.0f));
+    __m512 a = _mm512_abs_ps(x);
+    __m512 fj = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(PF_2_PI)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fj, _mm512_set1_ps(PF_PIO2_F1), a); /* exact */
+    r = _mm512_fnmadd_ps(fj, _mm512_set1_ps(PF_PIO2_F2), r);
+    r = _mm512_fnmadd_ps(fj, _mm512_set1_ps(PF_PIO2_F3), r);
+    __m512 z = _mm512_mul_ps(r, r);
+    __m512 ps = _mm512_set1_ps(PF_SIN_P0);
+    ps = _mm512_fmadd_ps(ps, z, _mm512_set1_ps(PF_SIN_P1));
+    ps = _mm512_fmadd_ps(ps, z, _mm512_set1_ps(PF_SIN_P2));
+    ps = _mm512_fmadd_ps(ps, _mm512_mul_ps(z, r), r);
+    __m512 pc = _mm512_set1_ps(PF_COS_P0);
+    pc = _mm512_fmadd_ps(pc, z, _mm512_set1_ps(PF_COS_P1));
+    pc = _mm512_fmadd_ps(pc, z, _mm512_set1_ps(PF_COS_P2));
+    pc = _mm512_fmadd_ps(pc, _mm512_mul_ps(z, z), _mm512_mul_ps(z, _mm512_set1_ps(-0.5f)));
+    pc = _mm512_add_ps(pc, _mm512_set1_ps(1.0f));
+    /* quadrant j mod 4: odd swaps sin and cos; sin changes sign for bit 1 of j (and with x),
+     * cos for bit 1 of j + 1 */
+    __m512i j = _mm512_cvtps_epi32(fj), one = _mm512_set1_epi32(1);
+    __mmask16 odd = _mm512_test_epi32_mask(j, one);
+    __m512i sv = _mm512_castps_si512(_mm512_mask_blend_ps(odd, ps, pc));
+    __m512i cv = _mm512_castps_si512(_mm512_mask_blend_ps(odd, pc, ps));
+    __m512i ssign = _mm512_xor_si512(_mm512_slli_epi32(j, 30), _mm512_castps_si512(x));
+    __m512i csign = _mm512_slli_epi32(_mm512_add_epi32(j, one), 30);
+    *s = _mm512_castsi512_ps(_mm512_xor_si512(sv, _mm512_and_si512(ssign, sign)));
+    *c = _mm512_castsi512_ps(_mm512_xor_si512(cv, _mm512_and_si512(csign, sign)));
+    return _mm512_cmp_ps_mask(a, _mm512_set1_ps(PF_SINCOS_MAX), _CMP_NLE_UQ);
+}
+
+static void sincos_avx512(float *s, float *c, const float *x, size_t n) {
+    size_t i = 0;
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 xv = _mm512_maskz_loadu_ps(k, x + i), sv, cv;
+        __mmask16 bad = sincos16(xv, &sv, &cv) & k;
+        _mm512_mask_storeu_ps(s + i, k, sv);
+        _mm512_mask_storeu_ps(c + i, k, cv);
+        if (bad) {
+            float tx[16]; /* s or c may have overwritten x */
+            _mm512_storeu_ps(tx, xv);
+            pf_sincos_fixup(s + i, c + i, tx, bad);
+        }
+    }
+}
+
+const pf_simd_table pf_simd_avx512 = {"avx512", exp_avx512, exp_sub_sum_avx512, max_avx512,
+                                      sincos_avx512};
 #endif

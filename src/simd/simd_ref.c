@@ -1,5 +1,7 @@
 /* simd_ref.c: the portable vector kernels: plain C and libm, the reference for the others. */
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 #include "simd/simd.h"
@@ -23,4 +25,62 @@ static float max_ref(const float *x, size_t n) {
     return m;
 }
 
-const pf_simd_table pf_simd_ref = {"ref", exp_ref, exp_sub_sum_ref, max_ref};
+enum { SC_BLOCK = 64 };
+
+/* sin and cos of one block of SC_BLOCK floats, by the method of simd.h without FMA (the Cephes
+ * split of pi/2): a fixed trip count, no branches and no aliasing, so that -O2 vectorises it.
+ * Lanes with |x| > PF_SINCOS_MAX, Inf or NaN get sin 0 and cos 0 instead; returns 1 if any. */
+static int sincos_block(float *restrict s, float *restrict c, const float *restrict x) {
+    int bad = 0;
+    for (int k = 0; k < SC_BLOCK; k++) {
+        const float xk = x[k];
+        uint32_t xb, sb, cb;
+        memcpy(&xb, &xk, sizeof xb);
+        /* a = |x|, or 0 if |x| > PF_SINCOS_MAX, Inf or NaN: as integers, since a float compare
+         * (it may trap on NaN) keeps GCC from vectorising */
+        const int out = (xb & 0x7fffffffu) > PF_SINCOS_MAX_BITS;
+        bad |= out;
+        const uint32_t ab = (xb & 0x7fffffffu) & (0u - (uint32_t)!out);
+        float a;
+        memcpy(&a, &ab, sizeof a);
+        const int32_t j = (int32_t)(a * PF_2_PI + 0.5f); /* a >= 0: the nearest integer */
+        const float fj = (float)j;
+        float r = a - fj * PF_PIO2_C1; /* exact */
+        r = r - fj * PF_PIO2_C2;
+        r = r - fj * PF_PIO2_C3;
+        const float z = r * r;
+        const float ps = r + r * z * ((PF_SIN_P0 * z + PF_SIN_P1) * z + PF_SIN_P2);
+        const float pc = ((PF_COS_P0 * z + PF_COS_P1) * z + PF_COS_P2) * (z * z) - 0.5f * z + 1.0f;
+        /* quadrant j mod 4: odd swaps sin and cos, sin changes sign for j mod 4 in {2, 3} (and
+         * with x), cos for j mod 4 in {1, 2} */
+        const float sv = (j & 1) ? pc : ps, cv = (j & 1) ? ps : pc;
+        memcpy(&sb, &sv, sizeof sb);
+        memcpy(&cb, &cv, sizeof cb);
+        sb ^= (xb & 0x80000000u) ^ (((uint32_t)j << 30) & 0x80000000u);
+        cb ^= ((uint32_t)(j + 1) << 30) & 0x80000000u;
+        memcpy(&s[k], &sb, sizeof sb);
+        memcpy(&c[k], &cb, sizeof cb);
+    }
+    return bad;
+}
+
+static void sincos_ref(float *s, float *c, const float *x, size_t n) {
+    float xb[SC_BLOCK], sb[SC_BLOCK], cb[SC_BLOCK];
+    for (size_t i = 0; i < n; i += SC_BLOCK) {
+        const size_t len = n - i < SC_BLOCK ? n - i : SC_BLOCK;
+        memcpy(xb, x + i, len * sizeof *xb); /* a copy: s or c may be x */
+        memset(xb + len, 0, (SC_BLOCK - len) * sizeof *xb);
+        if (sincos_block(sb, cb, xb)) {
+            for (size_t k = 0; k < len; k++) {
+                if (!(fabsf(xb[k]) <= PF_SINCOS_MAX)) {
+                    sb[k] = sinf(xb[k]);
+                    cb[k] = cosf(xb[k]);
+                }
+            }
+        }
+        memcpy(s + i, sb, len * sizeof *sb);
+        memcpy(c + i, cb, len * sizeof *cb);
+    }
+}
+
+const pf_simd_table pf_simd_ref = {"ref", exp_ref, exp_sub_sum_ref, max_ref, sincos_ref};
