@@ -19,6 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SSE__) || defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "attn_common.h"
 #include "favor.h"
 
@@ -213,6 +217,26 @@ int pf_favor_split(int L, int heads, int unit, int target, int *len) {
     return (L + *len - 1) / *len;
 }
 
+/* n rows of r floats from src (row stride lds) to dst (contiguous), with stores that bypass the
+ * cache where the CPU has them: the features a forward keeps for its backward are written once
+ * and not read again until the backward, so a plain store would first read each line from
+ * memory. dst must be 16-byte aligned with r a multiple of 4 for the streaming path. */
+static void keep_rows(float *dst, const float *src, int lds, int n, int r) {
+#if defined(__SSE__) || defined(__x86_64__)
+    if (((uintptr_t)dst & 15) == 0 && r % 4 == 0) {
+        for (int i = 0; i < n; i++) {
+            const float *a = src + (size_t)i * (size_t)lds;
+            float *b = dst + (size_t)i * (size_t)r;
+            for (int k = 0; k < r; k += 4) _mm_stream_ps(b + k, _mm_loadu_ps(a + k));
+        }
+        _mm_sfence();
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * (size_t)r, src + (size_t)i * (size_t)lds, sizeof(float) * (size_t)r);
+}
+
 pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, double *Mb,
                              const float *K, const float *V, int n, int dv, float *kst, double *kc,
                              float *kamax) {
@@ -223,12 +247,13 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
     for (int j0 = 0; j0 < n; j0 += FAVOR_BLOCK) {
         const int nb = n - j0 < FAVOR_BLOCK ? n - j0 : FAVOR_BLOCK;
         const float *Vb = V + (size_t)j0 * (size_t)dv;
-        float *phi = kst ? kst + (size_t)j0 * (size_t)r : ws->phi;
+        float *phi = ws->phi;
         double *c = kc ? kc + j0 : ws->c;
         /* (K rows are checked by pf_fmap_rows, V rows by pf_favor_weighted_values) */
         pf_status st =
             pf_fmap_rows(fm, phi, r, c, kamax ? kamax + j0 : NULL, K + (size_t)j0 * (size_t)d, nb);
         if (st != PF_OK) return st;
+        if (kst) keep_rows(kst + (size_t)j0 * (size_t)r, phi, r, nb, r);
         double cb = -INFINITY;
         for (int j = 0; j < nb; j++) cb = c[j] > cb ? c[j] : cb;
         float beta = 1.0f;
@@ -265,23 +290,27 @@ void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n)
     *M = Mn;
 }
 
-/* Bidirectional queries [0, n): out = (Q~ KV)[:, :dv] / (Q~ KV)[:, dv], in blocks. */
+/* Bidirectional queries [0, n): out = (Q~ KV)[:, :dv] / (Q~ KV)[:, dv], in blocks; the features
+ * are made in qf (n, r) with their maxima in qamax (n) when qf is not NULL. */
 static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, const float *Q,
-                             const float *KV, int n, int dv) {
+                             const float *KV, int n, int dv, float *qf, float *qamax) {
     const int r = fm->r, d = fm->d, dv1 = pf_favor_dw(dv);
     pf_status st = PF_OK;
     for (int i0 = 0; i0 < n; i0 += FAVOR_BLOCK) {
         const int nb = n - i0 < FAVOR_BLOCK ? n - i0 : FAVOR_BLOCK;
-        pf_status s1 = pf_fmap_rows(fm, ws->phi, r, ws->cq, NULL, Q + (size_t)i0 * (size_t)d, nb);
+        float *phi = ws->phi;
+        pf_status s1 = pf_fmap_rows(fm, phi, r, ws->cq, qf ? qamax + i0 : NULL,
+                                    Q + (size_t)i0 * (size_t)d, nb);
         if (s1 != PF_OK) return s1;
+        if (qf) keep_rows(qf + (size_t)i0 * (size_t)r, phi, r, nb, r);
         /* O = Q~ KV   (nb x dv1) */
         if (split_columns(dv)) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, ws->phi, r, KV,
-                        dv1, 0.0f, ws->o, dv1);
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, ws->phi, r, KV + dv, dv1, 0.0f,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, phi, r, KV, dv1,
+                        0.0f, ws->o, dv1);
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, phi, r, KV + dv, dv1, 0.0f,
                         ws->o + dv, dv1);
         } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, ws->phi, r, KV,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, phi, r, KV,
                         dv1, 0.0f, ws->o, dv1);
         }
         st = worse(st, readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
@@ -302,7 +331,7 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
  * bit of n_i (0 * finite adds +-0). */
 pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV, double *Mp,
                                float *out, const float *Q, const float *K, const float *V, int L,
-                               int klen, int dv) {
+                               int klen, int dv, const pf_favor_keep *keep) {
     /* rows of dv1 = pf_favor_dw(dv) floats; the products with a chunk's few rows run as fast on
      * the dv + 1 columns that matter (padding them to 16 columns costs 20%) */
     const int r = fm->r, d = fm->d, dv1 = pf_favor_dw(dv);
@@ -319,12 +348,21 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             st = PF_ENONFINITE;
             break;
         }
-        pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, NULL, Q + (size_t)b0 * (size_t)d, nb);
+        /* the features copied to keep (Q~ before it is scaled), the log factors made there */
+        float *kphi = ws->kphi;
+        double *kc = keep ? keep->kc + b0 : ws->c;
+        pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, keep ? keep->qamax + b0 : NULL,
+                                    Q + (size_t)b0 * (size_t)d, nb);
         if (s1 == PF_OK && nkb > 0)
-            s1 = pf_fmap_rows(fm, ws->kphi, r, ws->c, NULL, K + (size_t)b0 * (size_t)d, nkb);
+            s1 = pf_fmap_rows(fm, kphi, r, kc, keep ? keep->kamax + b0 : NULL,
+                              K + (size_t)b0 * (size_t)d, nkb);
         if (s1 != PF_OK) {
             st = s1;
             break;
+        }
+        if (keep) {
+            keep_rows(keep->qf + (size_t)b0 * (size_t)r, ws->phi, ldq, nb, r);
+            keep_rows(keep->kf + (size_t)b0 * (size_t)r, kphi, r, nkb, r);
         }
 
         for (int t0 = b0; t0 < b0 + nb; t0 += C) {
@@ -332,9 +370,9 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             int nk = klen - t0; /* valid keys in the chunk */
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
             float *Qc = ws->phi + (size_t)(t0 - b0) * (size_t)ldq, *A = Qc + r;
-            const float *Kc = ws->kphi + (size_t)(t0 - b0) * (size_t)r;
+            const float *Kc = kphi + (size_t)(t0 - b0) * (size_t)r;
             const float *Vc = V + (size_t)t0 * (size_t)dv;
-            const double *ck = ws->c + (t0 - b0);
+            const double *ck = kc + (t0 - b0);
             const int have_state = M > -INFINITY;
             double run = M;
             for (int j = 0; j < n; j++) {
@@ -353,6 +391,10 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
                     }
                     for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
                 }
+                if (keep)
+                    for (int i = 0; i < n; i++)
+                        memcpy(keep->A + (size_t)(t0 + i) * (size_t)C, A + (size_t)i * (size_t)ldq,
+                               sizeof(float) * (size_t)nk);
                 pf_favor_weighted_values(Vw, dv1, Vc, dv, ck, P, 0.0,
                                          nk); /* e^(c_j - P_j) [v_j | 1] */
             }
@@ -412,6 +454,7 @@ typedef struct favor_job {
     int *hst;           /* (heads): status of the head (phase 0) */
     int *kst;           /* (heads, nkb): status of each key unit */
     int *ust;           /* (heads, nqb): status of each query or scan unit */
+    pf_favor_saved *sv; /* what the backward will need, or NULL */
 } favor_job;
 
 static size_t head_off(int bh, int L, int w) {
@@ -451,6 +494,11 @@ static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
     if (n <= 0) return PF_OK; /* padding only */
     const float *Kh = j->K + head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d;
     const float *Vh = j->V + head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv;
+    if (j->sv && !j->opts->causal) {
+        const size_t o = (size_t)bh * (size_t)s->Lk + (size_t)j0;
+        return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
+                                  j->sv->kf + o * (size_t)j->r, j->sv->kc + o, j->sv->kamax + o);
+    }
     return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv, NULL, NULL, NULL);
 }
 
@@ -463,6 +511,10 @@ static void job_combine(favor_job *j, int bh) {
     if (!j->opts->causal) {
         for (int kb = 1; kb < j->nkb; kb++)
             pf_favor_combine(P, &M[0], P + (size_t)kb * n, M[kb], n);
+        if (j->sv) {
+            memcpy(j->sv->kv + (size_t)bh * n, P, sizeof(float) * n);
+            j->sv->kvm[bh] = M[0];
+        }
         return;
     }
     M[0] = -INFINITY;
@@ -478,7 +530,10 @@ static pf_status job_queries(favor_job *j, pf_favor_ws *ws, int bh, int qb) {
     const float *KV = j->part + (size_t)bh * (size_t)j->nkb * nkv;
     const float *Qh = j->Q + head_off(bh, s->Lq, s->d) + (size_t)i0 * (size_t)s->d;
     float *oh = j->out + head_off(bh, s->Lq, s->dv) + (size_t)i0 * (size_t)s->dv;
-    return query_block(&j->fm[bh], ws, oh, Qh, KV, n, s->dv);
+    const size_t o = (size_t)bh * (size_t)s->Lq + (size_t)i0;
+    return query_block(&j->fm[bh], ws, oh, Qh, KV, n, s->dv,
+                       j->sv ? j->sv->qf + o * (size_t)j->r : NULL,
+                       j->sv ? j->sv->qamax + o : NULL);
 }
 
 /* Phase 3, causal: scan block sb from its starting state. */
@@ -490,28 +545,37 @@ static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
     const float *start = j->part + ((size_t)bh * (size_t)j->nkb + (size_t)sb) * nkv;
     double M = j->pmax[(size_t)bh * (size_t)j->nkb + (size_t)sb];
     if (M > -INFINITY) memcpy(ws->state, start, sizeof(float) * nkv);
-    const size_t o = (size_t)t0;
+    const size_t o = (size_t)t0, row = (size_t)bh * (size_t)s->Lq + o; /* (Lq == Lk) */
+    pf_favor_keep keep;
+    if (j->sv)
+        keep = (pf_favor_keep){.qf = j->sv->qf + row * (size_t)j->r,
+                               .qamax = j->sv->qamax + row,
+                               .kf = j->sv->kf + row * (size_t)j->r,
+                               .kamax = j->sv->kamax + row,
+                               .kc = j->sv->kc + row,
+                               .A = j->sv->ka + row * (size_t)j->C};
     return pf_favor_causal_rows(&j->fm[bh], ws, j->C, ws->state, &M,
                                 j->out + head_off(bh, s->Lq, s->dv) + o * (size_t)s->dv,
                                 j->Q + head_off(bh, s->Lq, s->d) + o * (size_t)s->d,
                                 j->K + head_off(bh, s->Lk, s->d) + o * (size_t)s->d,
                                 j->V + head_off(bh, s->Lk, s->dv) + o * (size_t)s->dv, n, klen - t0,
-                                s->dv);
+                                s->dv, j->sv ? &keep : NULL);
 }
 
 static int fatal(int st) {
     return st == PF_ENONFINITE || st == PF_ENOMEM;
 }
 
-pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
-                        const pf_shape *shape, const pf_attn_opts *opts,
-                        const pf_favor_opts *favor) {
-    if (!out || !Q || !K || !V) return PF_EINVAL;
-    pf_status st0 = pf_favor_check(shape, opts, favor);
-    if (st0 != PF_OK) return st0;
+/* The forward, keeping what the backward needs in sv if it is not NULL; *complete is 1 when
+ * every head was computed (none failed outright). Arguments checked. */
+static pf_status favor_run(float *out, const float *Q, const float *K, const float *V,
+                           const pf_shape *shape, const pf_attn_opts *opts,
+                           const pf_favor_opts *favor, pf_favor_saved *sv, int *complete) {
     const pf_shape s = *shape;
     const int heads = s.B * s.H; /* (pf_attn_check: B H L d fits in size_t) */
-    favor_job j = {.s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .out = out};
+    favor_job j = {
+        .s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .out = out, .sv = sv};
+    *complete = 0;
     j.r = pf_kernel_width(favor->kernel, favor->m);
     j.C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
     if (opts->causal)
@@ -585,7 +649,9 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
                 memset(out + head_off(bh, s.Lq, s.dv), 0,
                        sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
             if (hs > worst) worst = hs;
+            *complete += dead;
         }
+        *complete = worst != PF_ENOMEM && *complete == 0;
     }
     if (worst == PF_ENOMEM) memset(out, 0, sizeof(float) * H * (size_t)s.Lq * (size_t)s.dv);
     if (j.kw)
@@ -598,6 +664,120 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     free(j.kst);
     free(j.ust);
     return (pf_status)worst;
+}
+
+pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
+                        const pf_shape *shape, const pf_attn_opts *opts,
+                        const pf_favor_opts *favor) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    int complete;
+    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete);
+}
+
+/* ---- what a forward keeps for its backward ------------------------------------------------ */
+
+static int32_t key_len_of(const pf_attn_opts *opts, int b, int Lk) {
+    return (int32_t)pf_attn_key_len(opts, b, Lk);
+}
+
+pf_status pf_favor_saved_match(const pf_favor_saved *sv, const pf_shape *shape,
+                               const pf_attn_opts *opts, const pf_favor_opts *favor, int filled) {
+    if (!sv || (filled && !sv->filled)) return PF_EINVAL;
+    const pf_shape *a = &sv->shape;
+    const pf_favor_opts *f = &sv->favor;
+    if (a->B != shape->B || a->H != shape->H || a->Lq != shape->Lq || a->Lk != shape->Lk ||
+        a->d != shape->d || a->dv != shape->dv)
+        return PF_EINVAL;
+    if (sv->opts.scale != opts->scale || sv->opts.causal != opts->causal) return PF_EINVAL;
+    for (int b = 0; b < shape->B; b++)
+        if (sv->key_len[b] != key_len_of(opts, b, shape->Lk)) return PF_EINVAL;
+    if (f->kernel != favor->kernel || f->W != favor->W || f->m != favor->m ||
+        f->w_per_head != favor->w_per_head || f->eps != favor->eps || f->chunk != favor->chunk ||
+        f->oprf_a_given != favor->oprf_a_given ||
+        (favor->oprf_a_given && f->oprf_a != favor->oprf_a))
+        return PF_EINVAL;
+    return PF_OK;
+}
+
+pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
+                                const pf_attn_opts *opts, const pf_favor_opts *favor) {
+    if (!saved) return PF_EINVAL;
+    *saved = NULL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    const pf_shape s = *shape;
+    const size_t H = (size_t)s.B * (size_t)s.H, r = (size_t)pf_kernel_width(favor->kernel, favor->m);
+    const size_t dw = (size_t)pf_favor_dw(s.dv), Lq = (size_t)s.Lq, Lk = (size_t)s.Lk;
+    const size_t nkv = opts->causal ? 0 : r * dw;
+    const size_t C = opts->causal ? (size_t)pf_favor_chunk(favor, s.Lq) : 0;
+    /* sizes in floats (doubles count two), each rounded up to a 64-byte line */
+    const size_t rows = Lq > Lk ? Lq : Lk;
+    if (rows > SIZE_MAX / 8 / (r + C) / H) return PF_ENOMEM;
+    size_t sz[8] = {H * Lq * r, H * Lk * r, H * Lq, H * Lk, 2 * H * Lk, H * nkv, 2 * H, H * Lq * C};
+    size_t total = 0;
+    for (int i = 0; i < 8; i++) {
+        sz[i] = (sz[i] + 15) / 16 * 16;
+        if (sz[i] > SIZE_MAX / 4 - total) return PF_ENOMEM;
+        total += sz[i];
+    }
+    pf_favor_saved *sv = calloc(1, sizeof *sv);
+    float *mem = pf_alloc(total, sizeof(float));
+    int32_t *kl = malloc(sizeof(int32_t) * (size_t)s.B);
+    if (!sv || !mem || !kl) {
+        free(sv);
+        pf_free(mem);
+        free(kl);
+        return PF_ENOMEM;
+    }
+    sv->shape = s;
+    sv->opts = *opts;
+    sv->favor = *favor;
+    sv->r = (int)r;
+    sv->dw = (int)dw;
+    sv->key_len = kl;
+    for (int b = 0; b < s.B; b++) kl[b] = key_len_of(opts, b, s.Lk);
+    sv->opts.key_len = kl;
+    float *m = mem;
+    sv->qf = m, m += sz[0];
+    sv->kf = m, m += sz[1];
+    sv->qamax = m, m += sz[2];
+    sv->kamax = m, m += sz[3];
+    sv->kc = (double *)m, m += sz[4];
+    sv->kv = opts->causal ? NULL : m, m += sz[5];
+    sv->kvm = (double *)m, m += sz[6];
+    sv->ka = opts->causal ? m : NULL;
+    sv->C = (int)C;
+    sv->bytes = total * sizeof(float) + sizeof *sv + sizeof(int32_t) * (size_t)s.B;
+    *saved = sv;
+    return PF_OK;
+}
+
+void pf_favor_saved_free(pf_favor_saved *saved) {
+    if (!saved) return;
+    pf_free(saved->qf);
+    free(saved->key_len);
+    free(saved);
+}
+
+size_t pf_favor_saved_bytes(const pf_favor_saved *saved) {
+    return saved ? saved->bytes : 0;
+}
+
+pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const float *V,
+                             const pf_shape *shape, const pf_attn_opts *opts,
+                             const pf_favor_opts *favor, pf_favor_saved *saved) {
+    if (!out || !Q || !K || !V || !saved) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    st = pf_favor_saved_match(saved, shape, opts, favor, 0);
+    if (st != PF_OK) return st;
+    int complete;
+    saved->filled = 0;
+    st = favor_run(out, Q, K, V, shape, opts, favor, saved, &complete);
+    saved->filled = complete;
+    return st;
 }
 
 /* ---- the float64 reference ---------------------------------------------------------------- */

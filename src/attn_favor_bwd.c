@@ -76,10 +76,10 @@ static size_t lines(size_t n, size_t size) {
     return (n * size + 63) / 64 * 64;
 }
 
-/* C = 0 for bidirectional; L, Lk = 0 when no head's rows are kept here. Returns 0, or -1 when out
- * of memory. */
-static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv) {
-    const size_t R = (size_t)r, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
+/* C = 0 for bidirectional; L, Lk = 0 when no head's rows are kept here; feats 0 when the
+ * features come from the forward (no Q~, K~ kept here). Returns 0, or -1 when out of memory. */
+static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv, int feats) {
+    const size_t R = feats ? (size_t)r : 0, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
     const size_t dw = (size_t)pf_favor_dw(dv);
     const size_t LL = C ? (size_t)L : 0, LK = C ? (size_t)Lk : 0;
     const size_t sz[19] = {lines(LK * R, 4),
@@ -89,14 +89,14 @@ static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv)
                            lines(LL * CC, 4),
                            lines(LK, 4),
                            lines(LL > NB ? LL : NB, 4),
-                           lines(NB * R, 4),
-                           lines(NB * R, 4),
+                           lines(NB * (size_t)r, 4),
+                           lines(NB * (size_t)r, 4),
                            lines(NB * dw, 4),
                            lines(NB * dw, 4),
                            lines(CC * dv1, 4),
                            lines(CC * dv1, 4),
-                           lines(R * dv1, 4),
-                           lines(R * dv1, 4),
+                           lines((size_t)r * dv1, 4),
+                           lines((size_t)r * dv1, 4),
                            lines(LK, 8),
                            lines(LL, 8),
                            lines(NB, 8),
@@ -214,6 +214,7 @@ typedef struct causal_store {
     float *ast, *bst;     /* (L, C): per chunk A' and B (see bwd_ws) */
     float *qamax, *kamax; /* (L) */
     double *kc, *p;       /* (L): key log factors, prefix maxima */
+    const float *akept;   /* (L, C): the forward's masked scores A, or NULL (recomputed) */
 } causal_store;
 
 /* ---- bidirectional ------------------------------------------------------------------------ */
@@ -244,6 +245,7 @@ typedef struct bwd_job {
     float *part;  /* (nkb, r, dw): partial KV~; slot 0 the total */
     double *pmax; /* (nkb) */
     float *dpart; /* (nqb, r, dw): partial dKV~; slot 0 the total */
+    const pf_favor_saved *sv; /* the forward's features and KV~, or NULL (recomputed) */
 } bwd_job;
 
 static size_t hoff(int bh, int L, int w) {
@@ -253,6 +255,31 @@ static size_t hoff(int bh, int L, int w) {
 /* The group slot of head bh: index (bh - g0) into the group's storage. */
 static size_t gslot(const bwd_job *j, int bh) {
     return (size_t)(bh - j->g0);
+}
+
+/* Head bh's kept key rows from row 0: K~ (Lk, r), log factors, maxima; its KV~ and reference. */
+static const float *head_kf(const bwd_job *j, int bh) {
+    const size_t Lk = (size_t)j->s->Lk, r = (size_t)j->r;
+    return j->sv ? j->sv->kf + (size_t)bh * Lk * r : j->kf + gslot(j, bh) * Lk * r;
+}
+
+static const double *head_kc(const bwd_job *j, int bh) {
+    const size_t Lk = (size_t)j->s->Lk;
+    return j->sv ? j->sv->kc + (size_t)bh * Lk : j->kc + gslot(j, bh) * Lk;
+}
+
+static const float *head_kamax(const bwd_job *j, int bh) {
+    const size_t Lk = (size_t)j->s->Lk;
+    return j->sv ? j->sv->kamax + (size_t)bh * Lk : j->kamax + gslot(j, bh) * Lk;
+}
+
+static const float *head_kv(const bwd_job *j, int bh) {
+    const size_t nkv = (size_t)j->r * (size_t)j->dw;
+    return j->sv ? j->sv->kv + (size_t)bh * nkv : j->part + gslot(j, bh) * (size_t)j->nkb * nkv;
+}
+
+static double head_kvm(const bwd_job *j, int bh) {
+    return j->sv ? j->sv->kvm[bh] : j->pmax[gslot(j, bh) * (size_t)j->nkb];
 }
 
 /* Phase 1: keys of block kb: K~ kept, partial KV~. */
@@ -289,7 +316,7 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     const pf_fmap *fm = &j->fm[bh];
     const int r = j->r, d = s->d, dv = s->dv, dw = j->dw;
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
-    const float *KV = j->part + g * (size_t)j->nkb * nkv;
+    const float *KV = head_kv(j, bh);
     float *dKV = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
     const int i0 = qb * j->qbl, L = s->Lq - i0 < j->qbl ? s->Lq - i0 : j->qbl;
     pf_status st = PF_OK;
@@ -303,14 +330,22 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
         if (pf_nonfinite_f32(Gb, (size_t)nb * (size_t)dv) ||
             (ob && pf_nonfinite_f32(ob, (size_t)nb * (size_t)dv)))
             return PF_ENONFINITE;
-        pf_status s1 = pf_fmap_rows(fm, ws->blk, r, ws->cq, ws->qamax, Qb, nb);
-        if (s1 != PF_OK) return s1;
+        /* Q~ of the block: the forward's, or made again */
+        const float *Qf = ws->blk, *qamax = ws->qamax;
+        if (j->sv) {
+            const size_t o = (size_t)bh * (size_t)s->Lq + row;
+            Qf = j->sv->qf + o * (size_t)r;
+            qamax = j->sv->qamax + o;
+        } else {
+            pf_status s1 = pf_fmap_rows(fm, ws->blk, r, ws->cq, ws->qamax, Qb, nb);
+            if (s1 != PF_OK) return s1;
+        }
         /* D = Q~ z (and, without the forward's out, the numerators Q~ KV~[:, :dv]) */
         if (!ob)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, ws->blk, r, KV,
-                        dw, 0.0f, ws->o, dw);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, ws->blk, r, KV + dv, dw, 0.0f,
-                    ws->o + dv, dw);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Qf, r, KV, dw,
+                        0.0f, ws->o, dw);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, Qf, r, KV + dv, dw, 0.0f, ws->o + dv,
+                    dw);
         float *dN = ws->vaug;
         st = worse(st, grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv));
         /* dQ~ = dN~ KV~^T (the dv + 1 columns that matter) */
@@ -321,17 +356,17 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
          * column by sgemv (OpenBLAS runs products 65 columns wide at 60% of the speed) */
         const float beta = b0 ? 1.0f : 0.0f;
         if (dv % 16 == 0) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv, nb, 1.0f, ws->blk, r, dN,
-                        dw, beta, dKV, dw);
-            cblas_sgemv(CblasRowMajor, CblasTrans, nb, r, 1.0f, ws->blk, r, dN + dv, dw, beta,
-                        dKV + dv, dw);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv, nb, 1.0f, Qf, r, dN, dw,
+                        beta, dKV, dw);
+            cblas_sgemv(CblasRowMajor, CblasTrans, nb, r, 1.0f, Qf, r, dN + dv, dw, beta, dKV + dv,
+                        dw);
         } else {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dw, nb, 1.0f, ws->blk, r, dN,
-                        dw, beta, dKV, dw);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dw, nb, 1.0f, Qf, r, dN, dw,
+                        beta, dKV, dw);
         }
         /* (gradients are checked block by block, while in cache) */
         if (pf_fmap_rows_backward(fm, j->dQ + hoff(bh, s->Lq, d) + row * (size_t)d, ws->dblk, r,
-                                  ws->blk, r, ws->qamax, Qb, nb, ws->bsc))
+                                  Qf, r, qamax, Qb, nb, ws->bsc))
             return PF_ENONFINITE;
     }
     return st;
@@ -356,14 +391,14 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
     const int j0 = kb * j->kbl;
     int n = klen - j0;
     n = n > j->kbl ? j->kbl : n;
-    const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw, Lk = (size_t)s->Lk;
+    const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
     const float *dKV = j->dpart + g * (size_t)j->nqb * nkv;
-    const double M = j->pmax[g * (size_t)j->nkb];
+    const double M = head_kvm(j, bh);
     for (int b0 = 0; b0 < n; b0 += BWD_BLOCK) {
         const int nb = n - b0 < BWD_BLOCK ? n - b0 : BWD_BLOCK;
         const size_t row = (size_t)(j0 + b0);
-        const float *Kb = j->kf + (g * Lk + row) * (size_t)r;
-        const double *c = j->kc + g * Lk + row;
+        const float *Kb = head_kf(j, bh) + row * (size_t)r;
+        const double *c = head_kc(j, bh) + row;
         float *dVb = j->dV + hoff(bh, s->Lk, dv) + row * (size_t)dv;
         pf_favor_weighted_values(ws->vaug, dw, j->V + hoff(bh, s->Lk, dv) + row * (size_t)dv, dv, c,
                                  NULL, M, nb);
@@ -378,7 +413,7 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
             for (int k = 0; k < dv; k++) dvr[k] *= w;
         }
         if (pf_fmap_rows_backward(fm, j->dK + hoff(bh, s->Lk, d) + row * (size_t)d, ws->dblk, r, Kb,
-                                  r, j->kamax + g * Lk + row,
+                                  r, head_kamax(j, bh) + row,
                                   j->K + hoff(bh, s->Lk, d) + row * (size_t)d, nb, ws->bsc) ||
             pf_nonfinite_f32(dVb, (size_t)nb * (size_t)dv))
             return PF_ENONFINITE;
@@ -388,11 +423,12 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
 
 /* ---- causal ------------------------------------------------------------------------------- */
 
-/* Pass 1 over rows [r0, r1) (r0 a multiple of the feature block): Q~ and the valid K~ into cs;
- * if LT is not NULL, the rows' local state LT (dv+1, r) = sum_j [v_j|1] e^(c_j - *Ml) k~_j^T,
- * *Ml = max_j c_j (-inf: no valid key). */
+/* Pass 1 over rows [r0, r1) (r0 a multiple of the feature block): Q~ and the valid K~ into cs
+ * (unless kept: cs holds the forward's); if LT is not NULL, the rows' local state
+ * LT (dv+1, r) = sum_j [v_j|1] e^(c_j - *Ml) k~_j^T, *Ml = max_j c_j (-inf: no valid key). */
 static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const causal_store *cs,
-                                 bwd_ws *ws, int C, int r0, int r1, float *LT, double *Ml) {
+                                 bwd_ws *ws, int C, int r0, int r1, int kept, float *LT,
+                                 double *Ml) {
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, NB = pf_favor_block(1, C);
     double M = -INFINITY;
     for (int b0 = r0; b0 < r1; b0 += NB) {
@@ -404,9 +440,11 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
             (hd->out &&
              pf_nonfinite_f32(hd->out + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv)))
             return PF_ENONFINITE;
-        pf_status s1 = pf_fmap_rows(fm, cs->qst + (size_t)b0 * (size_t)r, r, ws->cq, cs->qamax + b0,
-                                    hd->Q + (size_t)b0 * (size_t)d, nb);
-        if (s1 == PF_OK && nkb > 0)
+        pf_status s1 = PF_OK;
+        if (!kept)
+            s1 = pf_fmap_rows(fm, cs->qst + (size_t)b0 * (size_t)r, r, ws->cq, cs->qamax + b0,
+                              hd->Q + (size_t)b0 * (size_t)d, nb);
+        if (s1 == PF_OK && nkb > 0 && !kept)
             s1 = pf_fmap_rows(fm, cs->kst + (size_t)b0 * (size_t)r, r, cs->kc + b0, cs->kamax + b0,
                               hd->K + (size_t)b0 * (size_t)d, nkb);
         if (s1 != PF_OK) return s1;
@@ -482,9 +520,15 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                 scale_rows(O + c0, dv1, n, w, NULL, M, P);
             }
             if (nk > 0) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc, r,
-                            0.0f, A, C);
-                mask_chunk(A, C, n, nk, P);
+                if (cs->akept) {
+                    for (int i = 0; i < n; i++)
+                        memcpy(A + (size_t)i * (size_t)C, cs->akept + (size_t)(t0 + i) * (size_t)C,
+                               sizeof(float) * (size_t)nk);
+                } else {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc,
+                                r, 0.0f, A, C);
+                    mask_chunk(A, C, n, nk, P);
+                }
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, P, 0.0, nk);
                 if (hd->out)
                     cblas_sgemv(CblasRowMajor, CblasNoTrans, n, nk, 1.0f, A, C, ws->vs + dv, dv1,
@@ -669,6 +713,17 @@ static void merge(bwd_job *j, int bh, int u) {
     if (fatal(u)) j->dead[bh] = 1;
 }
 
+/* The forward's features of head bh into cs (causal: Lq == Lk). */
+static void kept_features(const bwd_job *j, int bh, causal_store *cs) {
+    const size_t o = (size_t)bh * (size_t)j->s->Lq, r = (size_t)j->r;
+    cs->qst = j->sv->qf + o * r;
+    cs->kst = j->sv->kf + o * r;
+    cs->qamax = j->sv->qamax + o;
+    cs->kamax = j->sv->kamax + o;
+    cs->kc = j->sv->kc + o;
+    cs->akept = j->sv->ka + o * (size_t)j->sv->C;
+}
+
 /* Causal with nsb > 1, head bh, inside the parallel region: each pass over the scan blocks is a
  * set of units; between passes, in order, the prefix of the blocks' forward states and the
  * suffix of their backward states. */
@@ -677,11 +732,13 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
     const pf_fmap *fm = &j->fm[bh];
     const int nsb = j->nsb, L = j->s->Lq, r = j->r, dv1 = j->s->dv + 1;
     const size_t n = (size_t)dv1 * (size_t)r;
+    causal_store cs = j->cs;
+    if (j->sv) kept_features(j, bh, &cs);
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
         const int last = u == nsb - 1;
-        j->cst[u] = (int)causal_features(fm, &hd, &j->cs, ws, j->C, r0, r1,
+        j->cst[u] = (int)causal_features(fm, &hd, &cs, ws, j->C, r0, r1, j->sv != NULL,
                                          last ? NULL : j->ls + (size_t)(u + 1) * n,
                                          last ? NULL : &j->lm[u + 1]);
     }
@@ -698,7 +755,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
-        j->cst[u] = (int)causal_forward(fm, &hd, &j->cs, ws, j->C, r0, r1, j->ls + (size_t)u * n,
+        j->cst[u] = (int)causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, j->ls + (size_t)u * n,
                                         j->lm[u], u > 0 ? j->rs + (size_t)u * n : NULL);
     }
 #pragma omp single
@@ -719,7 +776,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
-        j->cst[u] = (int)causal_reverse(fm, &hd, &j->cs, ws, j->C, r0, r1,
+        j->cst[u] = (int)causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
                                         u < nsb - 1 ? j->rs + (size_t)(u + 1) * n : NULL);
     }
 #pragma omp single
@@ -731,22 +788,22 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     const bwd_head hd = head_of(j, bh);
     const pf_fmap *fm = &j->fm[bh];
-    const causal_store cs = {ws->qst,   ws->kst,   ws->dnst, ws->ast, ws->bst,
-                             ws->qamax, ws->kamax, ws->kc,   ws->p};
+    causal_store cs = {ws->qst,   ws->kst,   ws->dnst, ws->ast, ws->bst,
+                       ws->qamax, ws->kamax, ws->kc,   ws->p,   NULL};
+    if (j->sv) kept_features(j, bh, &cs);
     const int L = j->s->Lq;
-    pf_status st = causal_features(fm, &hd, &cs, ws, j->C, 0, L, NULL, NULL);
+    pf_status st = causal_features(fm, &hd, &cs, ws, j->C, 0, L, j->sv != NULL, NULL, NULL);
     if (st == PF_OK) st = causal_forward(fm, &hd, &cs, ws, j->C, 0, L, NULL, -INFINITY, NULL);
     if (!fatal(st)) st = worse(st, causal_reverse(fm, &hd, &cs, ws, j->C, 0, L, NULL));
     return st;
 }
 
-pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
-                                 const float *K, const float *V, const float *out,
-                                 const pf_shape *shape, const pf_attn_opts *opts,
-                                 const pf_favor_opts *favor) {
-    if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
-    pf_status st0 = pf_favor_check(shape, opts, favor);
-    if (st0 != PF_OK) return st0;
+/* The backward, from the forward's features in sv, or recomputing them (sv NULL); arguments
+ * checked. */
+static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
+                         const float *K, const float *V, const float *out, const pf_shape *shape,
+                         const pf_attn_opts *opts, const pf_favor_opts *favor,
+                         const pf_favor_saved *sv) {
     const pf_shape s = *shape;
     const int heads = s.B * s.H, causal = opts->causal;
     const pf_attn_sizes ns = pf_attn_sizes_of(&s);
@@ -760,7 +817,8 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
                  .out = out,
                  .dQ = dQ,
                  .dK = dK,
-                 .dV = dV};
+                 .dV = dV,
+                 .sv = sv};
     j.r = pf_kernel_width(favor->kernel, favor->m);
     j.dw = pf_favor_dw(s.dv);
     j.C = causal ? pf_favor_chunk(favor, s.Lq) : 0;
@@ -769,9 +827,10 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     j.nqb = pf_favor_bidir_blocks(s.Lq, heads, &j.qbl);
     /* heads per group: their kept K~ within the budget */
     const size_t per = (size_t)s.Lk * (size_t)j.r;
-    int G = causal ? heads : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
+    int G = causal || sv ? heads : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
     G = G > heads ? heads : (G < 1 ? 1 : G);
-    const size_t H = (size_t)heads, GG = causal ? 0 : (size_t)G;
+    /* (GK: heads whose keys are kept here, none when the forward's are given) */
+    const size_t H = (size_t)heads, GG = causal ? 0 : (size_t)G, GK = sv ? 0 : GG;
     const size_t nkv = (size_t)j.r * (size_t)j.dw;
     j.fm = malloc(sizeof(pf_fmap) * H);
     j.kw = calloc(H, sizeof(pf_kernel_ws));
@@ -779,11 +838,11 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     j.dead = calloc(H, sizeof(int));
     j.kst = calloc(H * (size_t)j.nkb, sizeof(int));
     j.qst = calloc(H * (size_t)j.nqb, sizeof(int));
-    j.kf = pf_alloc(GG * per, sizeof(float));
-    j.kc = pf_alloc(GG * (size_t)s.Lk, sizeof(double));
-    j.kamax = pf_alloc(GG * (size_t)s.Lk, sizeof(float));
-    j.part = pf_alloc(GG * (size_t)j.nkb * nkv, sizeof(float));
-    j.pmax = pf_alloc(GG * (size_t)j.nkb, sizeof(double));
+    j.kf = pf_alloc(GK * per, sizeof(float));
+    j.kc = pf_alloc(GK * (size_t)s.Lk, sizeof(double));
+    j.kamax = pf_alloc(GK * (size_t)s.Lk, sizeof(float));
+    j.part = pf_alloc(GK * (size_t)j.nkb * nkv, sizeof(float));
+    j.pmax = pf_alloc(GK * (size_t)j.nkb, sizeof(double));
     j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
     /* causal: scan blocks as the forward's; with several, one head's rows kept at a time */
     j.nsb = causal ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
@@ -791,14 +850,14 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     double *cmemd = NULL;
     if (j.nsb > 1) {
         const size_t L = (size_t)s.Lq, R = (size_t)j.r, dv1 = (size_t)s.dv + 1, CC = (size_t)j.C;
-        const size_t nst = (size_t)j.nsb * dv1 * R;
-        cmem = pf_alloc(2 * L * R + L * dv1 + 2 * L * CC + 2 * L + 2 * nst, sizeof(float));
+        const size_t nst = (size_t)j.nsb * dv1 * R, LR = sv ? 0 : L * R;
+        cmem = pf_alloc(2 * LR + L * dv1 + 2 * L * CC + 2 * L + 2 * nst, sizeof(float));
         cmemd = pf_alloc(2 * L + (size_t)j.nsb, sizeof(double));
         j.cst = calloc((size_t)j.nsb, sizeof(int));
         if (cmem && cmemd) {
             float *f = cmem;
-            j.cs.qst = f, f += L * R;
-            j.cs.kst = f, f += L * R;
+            j.cs.qst = f, f += LR;
+            j.cs.kst = f, f += LR;
             j.cs.dnst = f, f += L * dv1;
             j.cs.ast = f, f += L * CC;
             j.cs.bst = f, f += L * CC;
@@ -813,7 +872,7 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     }
     int worst = PF_OK;
     if (j.nsb > 1 && (!cmem || !cmemd || !j.cst)) worst = PF_ENOMEM;
-    if (!j.fm || !j.kw || !j.hst || !j.dead || !j.kst || !j.qst ||
+    if (!j.fm || !j.kw || !j.hst || !j.dead || !j.kst || !j.qst || (!causal && !j.dpart) ||
         (!causal && (!j.kf || !j.kc || !j.kamax || !j.part || !j.pmax || !j.dpart)))
         worst = PF_ENOMEM;
     for (int bh = 0; bh < heads && worst == PF_OK; bh++)
@@ -829,8 +888,10 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
             /* (the rows of a whole head only when a head is one unit) */
             const int keep = causal && j.nsb == 1;
             int ok = bwd_ws_alloc(&ws, keep ? s.Lq : 0, keep ? s.Lk : 0,
-                                  causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C, j.r, s.dv) == 0;
-            if (!causal && pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0) ok = 0;
+                                  causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C, j.r, s.dv,
+                                  sv == NULL) == 0;
+            if (!causal && !sv && pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0)
+                ok = 0;
             if (!ok) {
 #pragma omp atomic write
                 nomem = 1;
@@ -856,18 +917,20 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
                         if (!j.dead[bh]) bwd_causal_split(&j, &ws, bh);
                     continue;
                 }
+                if (!sv) {
 #pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < ng * j.nkb; u++) {
-                    const int bh = g0 + u / j.nkb, kb = u % j.nkb;
-                    if (!j.dead[bh])
-                        j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
-                            (int)bidir_keys(&j, &fws, bh, kb);
-                }
+                    for (int u = 0; u < ng * j.nkb; u++) {
+                        const int bh = g0 + u / j.nkb, kb = u % j.nkb;
+                        if (!j.dead[bh])
+                            j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
+                                (int)bidir_keys(&j, &fws, bh, kb);
+                    }
 #pragma omp for schedule(dynamic, 1)
-                for (int bh = g0; bh < g1; bh++) {
-                    for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
-                        merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
-                    if (!j.dead[bh]) bidir_combine_kv(&j, bh);
+                    for (int bh = g0; bh < g1; bh++) {
+                        for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
+                            merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
+                        if (!j.dead[bh]) bidir_combine_kv(&j, bh);
+                    }
                 }
 #pragma omp for schedule(dynamic, 1)
                 for (int u = 0; u < ng * j.nqb; u++) {
@@ -935,6 +998,28 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     pf_free(cmemd);
     free(j.cst);
     return (pf_status)worst;
+}
+
+pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
+                                 const float *K, const float *V, const float *out,
+                                 const pf_shape *shape, const pf_attn_opts *opts,
+                                 const pf_favor_opts *favor) {
+    if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL);
+}
+
+pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const float *dout,
+                                       const float *Q, const float *K, const float *V,
+                                       const float *out, const pf_shape *shape,
+                                       const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                       const pf_favor_saved *saved) {
+    if (!dQ || !dK || !dV || !dout || !Q || !K || !V || !saved) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st == PF_OK) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
+    if (st != PF_OK) return st;
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved);
 }
 
 /* ---- the float64 reference ---------------------------------------------------------------- */

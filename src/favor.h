@@ -126,6 +126,13 @@ typedef struct pf_favor_ws {
 PF_INTERNAL int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv);
 PF_INTERNAL void pf_favor_ws_free(pf_favor_ws *ws);
 
+/* Where a causal scan keeps the features of its rows (each from the scan's row 0), or NULL. */
+typedef struct pf_favor_keep {
+    float *qf, *qamax, *kf, *kamax; /* (L, r), (L), (L, r), (L) */
+    double *kc;                     /* (L) */
+    float *A;                       /* (L, C): row i, the masked scores of query i in its chunk */
+} pf_favor_keep;
+
 /* The causal scan over L rows of one head, in chunks of C from row 0 and feature blocks of
  * pf_favor_block(1, C) rows, continuing from a state: SV ((r + C), dw) holds in its first r
  * rows S = sum_{earlier keys j} k~_j e^(c_j - M) [v_j | 1 | 0] (the other C rows are scratch), *M
@@ -133,10 +140,12 @@ PF_INTERNAL void pf_favor_ws_free(pf_favor_ws *ws);
  * padding (klen >= 1 when *M is -inf); writes out (L, dv) and leaves S and *M advanced past the L
  * rows. ws is from pf_favor_ws_alloc(nb >= pf_favor_block(1, C), C, r, dv). Status as readout: a
  * zero or non-finite denominator (that row zeroed, the scan goes on); PF_ENONFINITE for a NaN or
- * Inf in V or Q/K (or an overflowing projection), which stops the scan part way. */
+ * Inf in V or Q/K (or an overflowing projection), which stops the scan part way. keep, if not
+ * NULL, receives the rows' features (K~ only of the klen valid keys). */
 PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV,
                                            double *M, float *out, const float *Q, const float *K,
-                                           const float *V, int L, int klen, int dv);
+                                           const float *V, int L, int klen, int dv,
+                                           const pf_favor_keep *keep);
 
 /* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (favor_opt.c) ----------------------------- */
 
@@ -205,6 +214,32 @@ PF_INTERNAL pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, flo
 /* S (n floats) referenced to *M becomes S + S2 (referenced to M2), referenced to the larger
  * reference: S = e^(M - M') S + e^(M2 - M') S2. A reference of -inf is an empty sum. */
 PF_INTERNAL void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n);
+
+/* ---- what a forward keeps for its backward (pf_favor_saved, attn_favor.c) ------------------ */
+
+struct pf_favor_saved {
+    pf_shape shape;
+    pf_attn_opts opts;   /* as made (key_len: the copy below once filled) */
+    pf_favor_opts favor; /* as made */
+    int r, dw;
+    int filled;        /* 1 after a forward whose every head is complete */
+    int32_t *key_len;  /* (B): the forward's valid key lengths */
+    float *qf, *kf;    /* (B H, Lq, r), (B H, Lk, r): Q~, K~ (rows past a head's keys unset) */
+    float *qamax;      /* (B H, Lq): max|q~| before eps */
+    float *kamax;      /* (B H, Lk) */
+    double *kc;        /* (B H, Lk): key log factors */
+    float *ka;         /* causal: (B H, Lq, C) each chunk's masked scores A (see the forward) */
+    int C;             /* causal: the chunk */
+    float *kv;         /* bidirectional: (B H, r, dw) K~^T [V|1], the forward's bits */
+    double *kvm;       /* bidirectional: (B H) its reference */
+    size_t bytes;
+};
+
+/* PF_OK if saved was made for this shape and these options (and, when filled is 1, is filled
+ * from a forward with these key lengths), else PF_EINVAL. */
+PF_INTERNAL pf_status pf_favor_saved_match(const pf_favor_saved *saved, const pf_shape *shape,
+                                           const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                           int filled);
 
 /* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
 PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);

@@ -173,12 +173,12 @@ pf_status pf_favor_state_step(pf_favor_state *st, float *out, const float *q, co
         pf_status s1 = PF_OK, s2 = PF_OK;
         if (first > 0)
             s1 = pf_favor_causal_rows(&st->fm[h], ws, C, SV, &st->M[h], oh, qh, kh, vh, first,
-                                      first, dv);
+                                      first, dv, NULL);
         if (n > first) {
             const size_t o = (size_t)first;
             s2 = pf_favor_causal_rows(&st->fm[h], ws, C, SV, &st->M[h], oh + o * (size_t)dv,
                                       qh + o * (size_t)d, kh + o * (size_t)d, vh + o * (size_t)dv,
-                                      n - first, n - first, dv);
+                                      n - first, n - first, dv, NULL);
         }
         const int s = s1 > s2 ? (int)s1 : (int)s2;
         if (s > worst) worst = s;

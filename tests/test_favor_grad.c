@@ -396,6 +396,155 @@ static void test_few_heads(void) {
     }
 }
 
+/* 5''. What the forward keeps (pf_favor_saved): the forward's out and the backward's gradients
+ * are bit for bit those of pf_attn_favor and pf_attn_favor_backward, for every map, causal or
+ * not, with padding, many heads and few (key, query and scan blocks), at 1 and 2 threads. */
+static void test_saved(void) {
+    const pf_kernel kernels[6] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_TRIG,
+                                  PF_KERNEL_RELU,     PF_KERNEL_OPRF,       PF_KERNEL_SDERF};
+    const int Bs[2] = {2, 1}, Hs[2] = {3, 1}, Ls[2] = {300, 2100};
+    int cases = 0;
+    for (int c = 0; c < 2; c++) {
+        const int B = Bs[c], H = Hs[c], L = Ls[c], d = 16, dv = 16, m = 32;
+        problem p = problem_make(B, H, L, L, d, dv, m, 660 + c);
+        scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
+        scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+        int32_t klen[2] = {L - 37, L};
+        float *out = xmalloc(sizeof(float) * p.no), *out2 = xmalloc(sizeof(float) * p.no);
+        for (int causal = 0; causal < 2; causal++) {
+            for (int k = 0; k < 6; k++) {
+                if (causal && kernels[k] == PF_KERNEL_SDERF) continue;
+                pf_attn_opts o = pf_attn_opts_default();
+                o.causal = causal;
+                o.key_len = klen;
+                pf_favor_opts f = favor_of(&p, kernels[k], m, k == 3 ? 1e-3f : 0.0f);
+                if (kernels[k] == PF_KERNEL_OPRF && causal) {
+                    f.oprf_a_given = 1;
+                    f.oprf_a = -0.05f;
+                }
+                pf_favor_saved *sv = NULL;
+                CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f), PF_OK);
+                const size_t r = (size_t)(kernels[k] == PF_KERNEL_POSITIVE ||
+                                                  kernels[k] == PF_KERNEL_RELU ||
+                                                  kernels[k] == PF_KERNEL_OPRF ||
+                                                  kernels[k] == PF_KERNEL_SDERF
+                                              ? m
+                                              : 2 * m);
+                CHECK(pf_favor_saved_bytes(sv) >= sizeof(float) * r * (p.nq + p.nk) / d,
+                      "saved holds %zu bytes", pf_favor_saved_bytes(sv));
+                for (int t = 1; t <= 2; t++) {
+                    o.threads = t;
+                    CHECK_STATUS(pf_attn_favor(out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
+                    CHECK_STATUS(pf_attn_favor_save(out2, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_OK);
+                    CHECK(memcmp(out, out2, sizeof(float) * p.no) == 0,
+                          "%s causal=%d B*H=%d: saving forward changed out",
+                          pf_kernel_name(f.kernel), causal, B * H);
+                    for (int given = 0; given < 2; given++) {
+                        const float *fo = given ? out : NULL;
+                        CHECK_STATUS(pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V,
+                                                            fo, &p.s, &o, &f),
+                                     PF_OK);
+                        for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
+                        for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
+                        for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
+                        CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K,
+                                                                  p.V, fo, &p.s, &o, &f, sv),
+                                     PF_OK);
+                        CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
+                                  memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
+                                  memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
+                              "%s causal=%d B*H=%d threads=%d out=%d: saved and recomputed "
+                              "gradients differ",
+                              pf_kernel_name(f.kernel), causal, B * H, t, given);
+                        cases++;
+                    }
+                }
+                pf_favor_saved_free(sv);
+            }
+        }
+        free(out);
+        free(out2);
+        problem_free(&p);
+    }
+    printf("saved features: %d cases bit-identical to the recomputing backward\n", cases);
+
+    /* errors: made for other shapes or options, empty, failed forward */
+    problem p = problem_make(2, 2, 20, 20, 8, 8, 16, 710);
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 16, 0);
+    pf_attn_opts o = pf_attn_opts_default();
+    float *out = xmalloc(sizeof(float) * p.no);
+    pf_favor_saved *sv = (pf_favor_saved *)&p; /* (must be reset to NULL on failure) */
+    CHECK_STATUS(pf_favor_saved_create(NULL, &p.s, &o, &f), PF_EINVAL);
+    pf_shape bad = p.s;
+    bad.d = 0;
+    CHECK_STATUS(pf_favor_saved_create(&sv, &bad, &o, &f), PF_EINVAL);
+    CHECK(sv == NULL, "failed create left a pointer");
+    pf_favor_opts fm0 = f;
+    fm0.m = 0;
+    CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &fm0), PF_EINVAL);
+    pf_favor_saved_free(NULL);
+    CHECK(pf_favor_saved_bytes(NULL) == 0, "bytes of NULL");
+    CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f), PF_OK);
+    /* empty */
+    CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o,
+                                              &f, sv),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, NULL), PF_EINVAL);
+    CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_OK);
+    CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o,
+                                              &f, NULL),
+                 PF_EINVAL);
+    /* another shape, causal flag, W, scale, key lengths, kernel */
+    pf_shape s2 = p.s;
+    s2.Lq = s2.Lk = 10;
+    CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &s2, &o, &f, sv), PF_EINVAL);
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &s2, &o, &f, sv),
+        PF_EINVAL);
+    pf_attn_opts oc = o;
+    oc.causal = 1;
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &oc, &f, sv),
+        PF_EINVAL);
+    oc = o;
+    oc.scale = 0.5f;
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &oc, &f, sv),
+        PF_EINVAL);
+    int32_t kl[2] = {20, 19};
+    oc = o;
+    oc.key_len = kl;
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &oc, &f, sv),
+        PF_EINVAL);
+    kl[1] = 20; /* the same lengths in another array match */
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &oc, &f, sv),
+        PF_OK);
+    pf_favor_opts f2 = f;
+    f2.W = p.W + 16 * 8; /* another W (head 1's) */
+    f2.w_per_head = 0;
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f2, sv),
+        PF_EINVAL);
+    f2 = f;
+    f2.kernel = PF_KERNEL_RELU;
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f2, sv),
+        PF_EINVAL);
+    /* a forward that fails leaves it empty */
+    const float keep = p.K[5];
+    p.K[5] = NAN;
+    CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_ENONFINITE);
+    p.K[5] = keep;
+    CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o,
+                                              &f, sv),
+                 PF_EINVAL);
+    pf_favor_saved_free(sv);
+    free(out);
+    problem_free(&p);
+}
+
 static int has_nan(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (isnan(x[i])) return 1;
@@ -523,6 +672,7 @@ int main(void) {
     test_large_norms();
     test_overwrite_and_threads();
     test_few_heads();
+    test_saved();
     test_errors();
     TEST_MAIN_END();
 }
