@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "favor.h"
 #include "model/model.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -544,7 +545,9 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
                          kind == PF_LM_EXACT ? NULL : W,
                          kind == PF_LM_EXACT ? 0 : m,
                          kern == PF_KERNEL_RELU ? 1e-3f : 0.0f,
-                         kind == PF_LM_FAVORPP ? -0.2f : 0.0f};
+                         kind == PF_LM_FAVORPP ? -0.2f : 0.0f,
+                         NULL,
+                         0};
     float *q = xmalloc(sizeof(float) * n), *k = xmalloc(sizeof(float) * n);
     float *v = xmalloc(sizeof(float) * n), *att = xmalloc(sizeof(float) * n);
     float *lse = xmalloc(sizeof(float) * B * H * T), *out = xmalloc(sizeof(float) * n);
@@ -581,6 +584,28 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     CHECK(e < bf && eg < 10 * bf, "attention %s rotary %d rel err forward %.3g backward %.3g", name,
           rotary, e, eg);
     printf("attention %s%s: forward %.2g, backward %.2g\n", name, rotary ? "+rotary" : "", e, eg);
+    if (kind != PF_LM_EXACT) {
+        /* training keeps the forward's features: the same bits; an evaluation forward after it
+         * empties the slot, and the backward then recomputes (the same bits again) */
+        float *out2 = xmalloc(sizeof(float) * n), *dqkv2 = xmalloc(sizeof(float) * n3);
+        pf_favor_saved *sv = NULL;
+        spec.saved = &sv;
+        for (int keep = 1; keep >= 0; keep--) {
+            spec.keep = keep;
+            CHECK_STATUS(attention_forward(out2, q, k, v, att, lse, qkv, rotary ? cs : NULL, &spec,
+                                           B, T, C, H),
+                         PF_OK);
+            CHECK(sv != NULL && sv->filled == keep, "keep %d: slot %p", keep, (void *)sv);
+            CHECK_STATUS(attention_backward(dqkv2, s4, s4 + n, s4 + 2 * n, s4 + 3 * n, R, q, k, v,
+                                            att, lse, rotary ? cs : NULL, &spec, B, T, C, H),
+                         PF_OK);
+            CHECK(memcmp(out, out2, sizeof(float) * n) == 0 &&
+                      memcmp(dqkv, dqkv2, sizeof(float) * n3) == 0,
+                  "attention %s keep %d: kept features changed the bits", name, keep);
+        }
+        pf_favor_saved_free(sv);
+        free(out2), free(dqkv2);
+    }
     free(qkv), free(R), free(W), free(cs), free(q), free(k), free(v), free(att), free(lse);
     free(out), free(dqkv), free(s4), free(c.qkv), free(c.R), free(c.out), free(g);
 }

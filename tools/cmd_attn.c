@@ -442,6 +442,7 @@ static int run(const attn_cfg *c) {
     attn_inputs in;
     memset(&in, 0, sizeof(in));
     float *out = NULL, *lse = NULL, *W = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    pf_favor_saved *saved = NULL;
     output *outs = calloc(MAX_OUTPUTS, sizeof(output));
     int rc = outs ? 0 : tool_fail(CMD, "out of memory");
     char msg[1024];
@@ -556,9 +557,14 @@ static int run(const attn_cfg *c) {
     const float *Q = in.q.data, *K = in.k.data, *V = in.v.data;
     static const char *const what[4] = {"exact attention", "FAVOR+ attention",
                                         "randomized attention (RA)", "LARA"};
+    /* with gradients, FAVOR+ keeps its features for the backward (or, short of memory for
+     * them, the backward recomputes them: the same bits) */
+    if (c->favor && c->grad_out && pf_favor_saved_create(&saved, sh, &opts, &fav) != PF_OK)
+        saved = NULL;
     switch (c->method) {
     case 1:
-        st = pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
+        st = saved ? pf_attn_favor_save(out, Q, K, V, sh, &opts, &fav, saved)
+                   : pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
         break;
     case 2:
         st = pf_attn_ra(out, Q, K, V, sh, &opts, &samp);
@@ -587,8 +593,12 @@ static int run(const attn_cfg *c) {
             goto done;
         }
         const float *dO = in.dout.data;
-        st = c->favor ? pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav)
-                      : pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
+        if (saved)
+            st = pf_attn_favor_backward_saved(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav, saved);
+        else if (c->favor)
+            st = pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav);
+        else
+            st = pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
         if (st != PF_OK) {
             rc = library_error(c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",
                                st);
@@ -627,6 +637,7 @@ done:
     free(dk);
     free(dv);
     free(outs);
+    pf_favor_saved_free(saved);
     return rc;
 }
 

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "favor.h"
 #include "model/model.h"
 
 /* Rows per sgemm block, and output channels per block of a parameter-gradient reduction.
@@ -417,7 +418,20 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
         break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
-        st = pf_attn_favor(att, q, k, v, &shape, &opts, &fav);
+        if (spec->saved && spec->keep) {
+            /* training: keep the features for the backward (made again when B or T changed) */
+            pf_favor_saved **sv = spec->saved;
+            if (*sv && pf_favor_saved_match(*sv, &shape, &opts, &fav, 0) != PF_OK) {
+                pf_favor_saved_free(*sv);
+                *sv = NULL;
+            }
+            st = *sv ? PF_OK : pf_favor_saved_create(sv, &shape, &opts, &fav);
+            if (st == PF_OK) st = pf_attn_favor_save(att, q, k, v, &shape, &opts, &fav, *sv);
+        } else {
+            /* (a backward after this forward must not see an older forward's features) */
+            if (spec->saved && *spec->saved) (*spec->saved)->filled = 0;
+            st = pf_attn_favor(att, q, k, v, &shape, &opts, &fav);
+        }
         break;
     default:
         st = PF_EINVAL;
@@ -445,7 +459,12 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
         break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
-        st = pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, att, &shape, &opts, &fav);
+        if (spec->saved && *spec->saved &&
+            pf_favor_saved_match(*spec->saved, &shape, &opts, &fav, 1) == PF_OK)
+            st = pf_attn_favor_backward_saved(dq, dk, dv, datt, q, k, v, att, &shape, &opts, &fav,
+                                              *spec->saved);
+        else
+            st = pf_attn_favor_backward(dq, dk, dv, datt, q, k, v, att, &shape, &opts, &fav);
         break;
     default:
         st = PF_EINVAL;

@@ -203,6 +203,10 @@ lm_attn_spec lm_layer_spec(const pf_model *m, int l) {
         s.kernel = PF_KERNEL_OPRF;
         s.A = m->A[l];
     }
+    if (c->attention != PF_LM_EXACT && m->saved) {
+        s.saved = &m->saved[l];
+        s.keep = m->training;
+    }
     return s;
 }
 
@@ -241,10 +245,11 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
         m->W = pf_alloc((size_t)c->layers * c->features * hd, sizeof(float));
         m->rho = pf_alloc((size_t)c->layers, sizeof(float));
         m->A = pf_alloc((size_t)c->layers, sizeof(float));
+        m->saved = calloc((size_t)c->layers, sizeof(pf_favor_saved *));
     }
     if (c->positions == PF_LM_ROTARY) m->rope = pf_alloc((size_t)c->context * hd, sizeof(float));
     if (!m->params_memory || !m->grads_memory || !m->m_memory || !m->v_memory ||
-        (c->attention != PF_LM_EXACT && (!m->W || !m->rho || !m->A)) ||
+        (c->attention != PF_LM_EXACT && (!m->W || !m->rho || !m->A || !m->saved)) ||
         (c->positions == PF_LM_ROTARY && !m->rope)) {
         pf_model_free(m);
         return PF_ENOMEM;
@@ -283,6 +288,9 @@ void pf_model_free(pf_model *m) {
     pf_free(m->rope);
     pf_free(m->acts_memory);
     pf_free(m->gacts_memory);
+    if (m->saved)
+        for (int l = 0; l < m->config.layers; l++) pf_favor_saved_free(m->saved[l]);
+    free(m->saved);
     free(m->tokens);
     free(m->targets);
     if (m->meta) {

@@ -72,6 +72,10 @@ typedef struct lm_attn_spec {
     int m;
     float eps;
     float A;
+    /* FAVOR: the layer's slot for what its forward keeps for the backward (NULL: none); keep 1
+     * when the forward should fill it (training), 0 when it should leave it empty */
+    pf_favor_saved **saved;
+    int keep;
 } lm_attn_spec;
 
 /* Causal multi-head attention on qkv (B,T,3C) (q | k | v, head h at columns h*hd):
@@ -208,6 +212,7 @@ struct pf_model {
     float *rho;
     int64_t rho_count;
     float *A; /* (L) the A of each layer's forwards until the next training step */
+    pf_favor_saved **saved; /* (L) FAVOR: what each layer's training forward keeps */
     int training;
 
     float *rope; /* (context, hd/2, 2) cos, sin; NULL with learned positions */
