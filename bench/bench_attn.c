@@ -12,7 +12,9 @@
  *   exact, causal          2 L (L+1) d        (half the score matrix)
  *   FAVOR+ (either)        4 L m d + 4 L r dv (the Q and K projections; K'^T V and Q'(K'^T V))
  * Causal FAVOR+ is held to the bidirectional model: its extra intra-chunk work counts as cost.
- * Backward passes are reported as time ratios to their forward.
+ * Backward passes are reported as time ratios to their forward: FAVOR+ both recomputing the
+ * features (pf_attn_favor_backward, least memory) and from the features its forward kept
+ * (pf_attn_favor_save + pf_attn_favor_backward_saved, least time).
  *
  * Usage: bench_attn [--quick] [--csv FILE] [--lengths L1,L2,...]
  */
@@ -89,8 +91,9 @@ static double sgemm_gflops(int threads, int reps) {
 /* ---- one timed case ---------------------------------------------------------------------- */
 
 typedef enum { EXACT, FAVOR } method;
-/* IDLE_*: only allocate and touch the tensors of a forward (or forward+backward) run. */
-typedef enum { FWD, FWD_BWD, IDLE_FWD, IDLE_FWD_BWD } pass;
+/* FWD_BWD_SAVED: the backward from the features the forward kept. IDLE_*: only allocate and
+ * touch the tensors of a forward (or forward+backward) run. */
+typedef enum { FWD, FWD_BWD, FWD_BWD_SAVED, IDLE_FWD, IDLE_FWD_BWD } pass;
 
 typedef struct {
     int B, H, L, d, m;
@@ -102,7 +105,12 @@ typedef struct {
 
 typedef struct {
     float *Q, *K, *V, *out, *lse, *dout, *dQ, *dK, *dV, *W;
+    pf_favor_saved *saved; /* FWD_BWD_SAVED: made once, as a training loop would */
 } buffers;
+
+static int has_backward(pass p) {
+    return p == FWD_BWD || p == FWD_BWD_SAVED || p == IDLE_FWD_BWD;
+}
 
 static pf_status run_once(const bench_case *c, buffers *b) {
     pf_shape shape = {c->B, c->H, c->L, c->L, c->d, c->d};
@@ -119,6 +127,15 @@ static pf_status run_once(const bench_case *c, buffers *b) {
         pf_favor_opts fav = pf_favor_opts_default();
         fav.W = b->W;
         fav.m = c->m;
+        if (c->pass == FWD_BWD_SAVED) {
+            st = b->saved ? PF_OK : pf_favor_saved_create(&b->saved, &shape, &opts, &fav);
+            if (st == PF_OK)
+                st = pf_attn_favor_save(b->out, b->Q, b->K, b->V, &shape, &opts, &fav, b->saved);
+            if (st == PF_OK)
+                st = pf_attn_favor_backward_saved(b->dQ, b->dK, b->dV, b->dout, b->Q, b->K, b->V,
+                                                  b->out, &shape, &opts, &fav, b->saved);
+            return st;
+        }
         st = pf_attn_favor(b->out, b->Q, b->K, b->V, &shape, &opts, &fav);
         if (st == PF_OK && c->pass == FWD_BWD)
             st = pf_attn_favor_backward(b->dQ, b->dK, b->dV, b->dout, b->Q, b->K, b->V, b->out,
@@ -140,7 +157,7 @@ static void buffers_make(buffers *b, const bench_case *c) {
     fill(b->Q, n, 1);
     fill(b->K, n, 2);
     fill(b->V, n, 3);
-    if (c->pass == FWD_BWD || c->pass == IDLE_FWD_BWD) {
+    if (has_backward(c->pass)) {
         b->dout = xmalloc(n * sizeof(float));
         b->dQ = xmalloc(n * sizeof(float));
         b->dK = xmalloc(n * sizeof(float));
@@ -159,6 +176,7 @@ static void buffers_make(buffers *b, const bench_case *c) {
 static void buffers_free(buffers *b) {
     free(b->Q), free(b->K), free(b->V), free(b->out), free(b->lse);
     free(b->dout), free(b->dQ), free(b->dK), free(b->dV), free(b->W);
+    pf_favor_saved_free(b->saved);
 }
 
 /* Median seconds of a case: a warm-up, then repeats until `reps` runs or `budget` seconds. */
@@ -274,8 +292,9 @@ int main(int argc, char **argv) {
     printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
            "the peak resident size of a process running one call, less that of one only holding\n"
            "the same tensors (the method's own working memory)\n\n", B, H, d, m);
-    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s\n", "L", "method", "fwd ms", "GFLOP/s",
-           "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB");
+    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s %9s %9s\n", "L", "method", "fwd ms",
+           "GFLOP/s", "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB", "saved/f",
+           "saved MiB");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {
         fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
@@ -283,7 +302,7 @@ int main(int argc, char **argv) {
     }
     if (csv)
         fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction,"
-                     "fwd_mib,fwdbwd_mib\n");
+                     "fwd_mib,fwdbwd_mib,saved_seconds,saved_mib\n");
     for (int li = 0; li < nlen; li++) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
@@ -306,19 +325,27 @@ int main(int argc, char **argv) {
                     mem_b = peak_mib(&c) - base_b;
                     c.pass = FWD;
                 }
+                /* FAVOR+ with the features kept by the forward */
+                double saved = NAN, mem_s = NAN;
+                if (meth == FAVOR) {
+                    c.pass = FWD_BWD_SAVED;
+                    saved = time_case(&c, reps, budget);
+                    mem_s = peak_mib(&c) - base_b;
+                    c.pass = FWD;
+                }
                 double gf = flops(&c) / sec * 1e-9;
                 if (meth == EXACT) exact_t[causal] = sec;
                 char name[32];
                 snprintf(name, sizeof name, "%s %s", meth == EXACT ? "exact" : "FAVOR+",
                          causal ? "causal" : "bidirectional");
-                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f\n", L, name,
-                       sec * 1e3, gf, 100 * gf / sg, exact_t[causal] / sec, both / sec,
-                       mem_f, mem_b);
+                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f %8.2fx %9.1f\n",
+                       L, name, sec * 1e3, gf, 100 * gf / sg, exact_t[causal] / sec, both / sec,
+                       mem_f, mem_b, saved / sec, mem_s);
                 fflush(stdout);
                 if (csv)
-                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g\n", L,
+                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g\n", L,
                             meth == EXACT ? "exact" : "favor", causal, sec, both, gf, gf / sg,
-                            mem_f, mem_b);
+                            mem_f, mem_b, saved, mem_s);
             }
         }
     }
@@ -342,6 +369,10 @@ int main(int argc, char **argv) {
         printf("  L = %6d: %6.0f MiB; the caller's 8 tensors (Q,K,V,out,dout,dQ,dK,dV) are "
                "%.0f MiB; the library's working memory %.0f MiB\n",
                mem_lengths[i], peak, tensors, peak - base);
+        c.pass = FWD_BWD_SAVED;
+        peak = peak_mib(&c);
+        printf("  %10s  %6.0f MiB with the forward's features kept (library: %.0f MiB)\n", "",
+               peak, peak - base);
     }
     if (csv) fclose(csv);
     return 0;
