@@ -12,7 +12,9 @@
  *   exact, causal          2 L (L+1) d        (half the score matrix)
  *   FAVOR+ (either)        4 L m d + 4 L r dv (the Q and K projections; K'^T V and Q'(K'^T V))
  * Causal FAVOR+ is held to the bidirectional model: its extra intra-chunk work counts as cost.
- * Backward passes are reported as time ratios to their forward: FAVOR+ both recomputing the
+ * Backward passes are reported as time ratios to their forward, each the median over repeats of
+ * the ratio within one repeat (forward, forward+backward, ... run in turn): FAVOR+ both
+ * recomputing the
  * features (pf_attn_favor_backward, least memory) and from the features its forward kept
  * (pf_attn_favor_save + pf_attn_favor_backward_saved, least time).
  *
@@ -179,31 +181,52 @@ static void buffers_free(buffers *b) {
     pf_favor_saved_free(b->saved);
 }
 
-/* Median seconds of a case: a warm-up, then repeats until `reps` runs or `budget` seconds. */
-static double time_case(const bench_case *c, int reps, double budget) {
+/* np passes of a case (the last one's tensors serve all) run in turn in each repeat, after a
+ * warm-up, until `reps` repeats or `budget` seconds: med[p] the median seconds of pass p and
+ * ratio[p] the median over repeats of its time over pass 0's in the same repeat (so that the
+ * shared machine's drifts cancel). NAN on failure. */
+static void time_passes(const bench_case *c, const pass *ps, int np, int reps, double budget,
+                        double *med, double *ratio) {
+    enum { MAXR = 64, MAXP = 4 };
+    bench_case cs[MAXP];
     buffers b;
-    buffers_make(&b, c);
-    double t[64];
+    bench_case all = *c;
+    all.pass = ps[np - 1];
+    buffers_make(&b, &all);
+    for (int p = 0; p < np; p++) cs[p] = *c, cs[p].pass = ps[p];
+    double t[MAXP][MAXR], q[MAXP][MAXR];
     int n = 0;
-    /* Warm-up: at least two calls and 0.2 s, so that threads, caches and the CPU's clock have
+    /* Warm-up: at least two rounds and 0.2 s, so that threads, caches and the CPU's clock have
      * settled before the first timed call (one call was not enough for the first case). */
     pf_status st = PF_OK;
     double start = now();
     for (int w = 0; st == PF_OK && (w < 2 || (now() - start < 0.2 && w < 50)); w++)
-        st = run_once(c, &b);
+        for (int p = 0; p < np && st == PF_OK; p++) st = run_once(&cs[p], &b);
     start = now();
-    while (st == PF_OK && n < reps && n < 64) {
-        double t0 = now();
-        st = run_once(c, &b);
-        t[n++] = now() - t0;
-        if (now() - start > budget && n >= 1) break;
+    while (st == PF_OK && n < reps && n < MAXR) {
+        for (int p = 0; p < np && st == PF_OK; p++) {
+            double t0 = now();
+            st = run_once(&cs[p], &b);
+            t[p][n] = now() - t0;
+        }
+        for (int p = 0; p < np; p++) q[p][n] = t[p][n] / t[0][n];
+        n++;
+        if (now() - start > budget) break;
     }
     buffers_free(&b);
-    if (st != PF_OK) {
-        fprintf(stderr, "bench: %s\n", pf_status_str(st));
-        return NAN;
+    for (int p = 0; p < np; p++) {
+        med[p] = st == PF_OK ? median(t[p], n) : NAN;
+        ratio[p] = st == PF_OK ? median(q[p], n) : NAN;
     }
-    return median(t, n);
+    if (st != PF_OK) fprintf(stderr, "bench: %s\n", pf_status_str(st));
+}
+
+/* Median seconds of a case: a warm-up, then repeats until `reps` runs or `budget` seconds. */
+static double time_case(const bench_case *c, int reps, double budget) {
+    double med, ratio;
+    const pass p = c->pass;
+    time_passes(c, &p, 1, reps, budget, &med, &ratio);
+    return med;
 }
 
 /* Peak resident memory (MiB) of one run of a case, measured in a fresh process (this program
@@ -315,37 +338,36 @@ int main(int argc, char **argv) {
             for (int causal = 0; causal <= 1; causal++) {
                 bench_case c = {B, H, L, d, m, (method)meth, causal, FWD, 0};
                 double budget = quick ? 3.0 : 10.0;
-                double sec = time_case(&c, reps, budget);
-                double mem_f = peak_mib(&c) - base_fwd;
-                /* The exact backward is quadratic too: time it while it stays affordable. */
-                double both = NAN, mem_b = NAN;
-                if (meth == FAVOR || L <= max_exact_bwd) {
+                /* forward, forward+backward and (FAVOR+) forward+backward with the features
+                 * kept, in turn; the exact backward is quadratic too: timed while affordable */
+                const pass ps[3] = {FWD, FWD_BWD, FWD_BWD_SAVED};
+                const int np = meth == FAVOR ? 3 : (L <= max_exact_bwd ? 2 : 1);
+                double med[3] = {NAN, NAN, NAN}, ratio[3] = {NAN, NAN, NAN};
+                time_passes(&c, ps, np, reps, budget, med, ratio);
+                const double sec = med[0], both = ratio[1], saved = ratio[2];
+                double mem_f = peak_mib(&c) - base_fwd, mem_b = NAN, mem_s = NAN;
+                if (np > 1) {
                     c.pass = FWD_BWD;
-                    both = time_case(&c, reps, budget);
                     mem_b = peak_mib(&c) - base_b;
-                    c.pass = FWD;
                 }
-                /* FAVOR+ with the features kept by the forward */
-                double saved = NAN, mem_s = NAN;
-                if (meth == FAVOR) {
+                if (np > 2) {
                     c.pass = FWD_BWD_SAVED;
-                    saved = time_case(&c, reps, budget);
                     mem_s = peak_mib(&c) - base_b;
-                    c.pass = FWD;
                 }
+                c.pass = FWD;
                 double gf = flops(&c) / sec * 1e-9;
                 if (meth == EXACT) exact_t[causal] = sec;
                 char name[32];
                 snprintf(name, sizeof name, "%s %s", meth == EXACT ? "exact" : "FAVOR+",
                          causal ? "causal" : "bidirectional");
                 printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f %8.2fx %9.1f\n",
-                       L, name, sec * 1e3, gf, 100 * gf / sg, exact_t[causal] / sec, both / sec,
-                       mem_f, mem_b, saved / sec, mem_s);
+                       L, name, sec * 1e3, gf, 100 * gf / sg, exact_t[causal] / sec, both, mem_f,
+                       mem_b, saved, mem_s);
                 fflush(stdout);
                 if (csv)
                     fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g\n", L,
-                            meth == EXACT ? "exact" : "favor", causal, sec, both, gf, gf / sg,
-                            mem_f, mem_b, saved, mem_s);
+                            meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, gf / sg,
+                            mem_f, mem_b, med[2], mem_s);
             }
         }
     }

@@ -57,6 +57,18 @@ def setup(ax, title, ylabel):
     ax.grid(True, which="both", alpha=0.3)
 
 
+def plot_kept(ax, data, key, scale):
+    """FAVOR+ forward+backward from the features the forward kept (pf_favor_saved): the
+    recomputing curve's colour, hollow markers."""
+    if not data or key not in data[0]:
+        return
+    for k, pts in sorted(series(data, key).items()):
+        label, color, ls = STYLE[k]
+        xs, ys = zip(*sorted(pts))
+        ax.plot(xs, [y * scale for y in ys], ls, color=color, marker="o", ms=4, mfc="none",
+                alpha=0.8, label=label + ", features kept")
+
+
 def plot_time(data, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, title in ((axes[0], "fwd_seconds", "forward"),
@@ -65,6 +77,8 @@ def plot_time(data, path):
             label, color, ls = STYLE[k]
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, [y * 1e3 for y in ys], ls, color=color, marker="o", ms=3, label=label)
+        if key == "fwdbwd_seconds":
+            plot_kept(ax, data, "saved_seconds", 1e3)
         setup(ax, title, "time (ms, median)")
         ax.legend()
     fig.suptitle("attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)")
@@ -81,6 +95,8 @@ def plot_memory(data, path):
             label, color, ls = STYLE[k]
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, ls, color=color, marker="o", ms=3, label=label)
+        if key == "fwdbwd_mib":
+            plot_kept(ax, data, "saved_mib", 1.0)
         Ls = sorted({int(r["L"]) for r in data})
         # What a naive implementation would hold: the L x L score matrix of 8 heads.
         ax.plot(Ls, [8 * L * L * 4 / 2**20 for L in Ls], ":", color="#d62728",
