@@ -95,7 +95,7 @@ static double sgemm_gflops(int threads, int reps) {
 typedef enum { EXACT, FAVOR } method;
 /* FWD_BWD_SAVED: the backward from the features the forward kept. IDLE_*: only allocate and
  * touch the tensors of a forward (or forward+backward) run. */
-typedef enum { FWD, FWD_BWD, FWD_BWD_SAVED, IDLE_FWD, IDLE_FWD_BWD } pass;
+typedef enum { FWD, FWD_BWD, FWD_BWD_SAVED, FWD_SAVE, IDLE_FWD, IDLE_FWD_BWD } pass;
 
 typedef struct {
     int B, H, L, d, m;
@@ -109,6 +109,25 @@ typedef struct {
     float *Q, *K, *V, *out, *lse, *dout, *dQ, *dK, *dV, *W;
     pf_favor_saved *saved; /* FWD_BWD_SAVED: made once, as a training loop would */
 } buffers;
+
+/* What the forward may keep for the backward (pf_favor_saved_create's max_bytes): every head
+ * at the lengths where that is cheap, part of them at the longest. */
+static const size_t KEEP_BUDGET = (size_t)512 << 20;
+
+/* The heads a case keeps within KEEP_BUDGET. */
+static int kept_heads(const bench_case *c, const float *W) {
+    pf_shape shape = {c->B, c->H, c->L, c->L, c->d, c->d};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.causal = c->causal;
+    pf_favor_opts fav = pf_favor_opts_default();
+    fav.W = W;
+    fav.m = c->m;
+    pf_favor_saved *sv = NULL;
+    if (pf_favor_saved_create(&sv, &shape, &opts, &fav, KEEP_BUDGET) != PF_OK) return -1;
+    const int h = pf_favor_saved_heads(sv);
+    pf_favor_saved_free(sv);
+    return h;
+}
 
 static int has_backward(pass p) {
     return p == FWD_BWD || p == FWD_BWD_SAVED || p == IDLE_FWD_BWD;
@@ -129,11 +148,12 @@ static pf_status run_once(const bench_case *c, buffers *b) {
         pf_favor_opts fav = pf_favor_opts_default();
         fav.W = b->W;
         fav.m = c->m;
-        if (c->pass == FWD_BWD_SAVED) {
-            st = b->saved ? PF_OK : pf_favor_saved_create(&b->saved, &shape, &opts, &fav);
+        if (c->pass == FWD_BWD_SAVED || c->pass == FWD_SAVE) {
+            st = b->saved ? PF_OK
+                          : pf_favor_saved_create(&b->saved, &shape, &opts, &fav, KEEP_BUDGET);
             if (st == PF_OK)
                 st = pf_attn_favor_save(b->out, b->Q, b->K, b->V, &shape, &opts, &fav, b->saved);
-            if (st == PF_OK)
+            if (st == PF_OK && c->pass == FWD_BWD_SAVED)
                 st = pf_attn_favor_backward_saved(b->dQ, b->dK, b->dV, b->dout, b->Q, b->K, b->V,
                                                   b->out, &shape, &opts, &fav, b->saved);
             return st;
@@ -181,7 +201,7 @@ static void buffers_free(buffers *b) {
     pf_favor_saved_free(b->saved);
 }
 
-/* np passes of a case (the last one's tensors serve all) run in turn in each repeat, after a
+/* np passes of a case run in turn in each repeat, after a
  * warm-up, until `reps` repeats or `budget` seconds: med[p] the median seconds of pass p and
  * ratio[p] the median over repeats of its time over pass 0's in the same repeat (so that the
  * shared machine's drifts cancel). NAN on failure. */
@@ -190,8 +210,10 @@ static void time_passes(const bench_case *c, const pass *ps, int np, int reps, d
     enum { MAXR = 64, MAXP = 4 };
     bench_case cs[MAXP];
     buffers b;
-    bench_case all = *c;
-    all.pass = ps[np - 1];
+    bench_case all = *c; /* (tensors for every pass) */
+    all.pass = ps[0];
+    for (int p = 0; p < np; p++)
+        if (has_backward(ps[p])) all.pass = FWD_BWD;
     buffers_make(&b, &all);
     for (int p = 0; p < np; p++) cs[p] = *c, cs[p].pass = ps[p];
     double t[MAXP][MAXR], q[MAXP][MAXR];
@@ -308,6 +330,8 @@ int main(int argc, char **argv) {
     threads = omp_get_max_threads();
 #endif
     const int B = 1, H = 8, d = 64, m = 256;
+    float W[256 * 64]; /* (for kept_heads' checks) */
+    pf_projection_draw(W, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
     const int reps = quick ? 3 : 7;
     double sg = sgemm_gflops(threads, reps);
     printf("performer %s, %d threads; machine sgemm: %.1f GFLOP/s (median of %d, %d x 1024^3)\n",
@@ -315,9 +339,13 @@ int main(int argc, char **argv) {
     printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
            "the peak resident size of a process running one call, less that of one only holding\n"
            "the same tensors (the method's own working memory)\n\n", B, H, d, m);
-    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s %9s %9s\n", "L", "method", "fwd ms",
-           "GFLOP/s", "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB", "saved/f",
-           "saved MiB");
+    printf("fwd+bwd/f: the recomputing backward; kept/f and kept MiB: the backward from the\n"
+           "features the forward kept (pf_attn_favor_save) for as many heads as fit in %zu MiB\n"
+           "(kept/f is to the plain forward, kept/kf to the keeping forward)\n\n",
+           KEEP_BUDGET >> 20);
+    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s %6s %8s %8s %9s\n", "L", "method",
+           "fwd ms", "GFLOP/s", "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB",
+           "heads", "kept/f", "kept/kf", "kept MiB");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {
         fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
@@ -325,7 +353,8 @@ int main(int argc, char **argv) {
     }
     if (csv)
         fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction,"
-                     "fwd_mib,fwdbwd_mib,saved_seconds,saved_mib\n");
+                     "fwd_mib,fwdbwd_mib,saved_seconds,saved_mib,saved_heads,"
+                     "save_fwd_seconds\n");
     for (int li = 0; li < nlen; li++) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
@@ -340,11 +369,13 @@ int main(int argc, char **argv) {
                 double budget = quick ? 3.0 : 10.0;
                 /* forward, forward+backward and (FAVOR+) forward+backward with the features
                  * kept, in turn; the exact backward is quadratic too: timed while affordable */
-                const pass ps[3] = {FWD, FWD_BWD, FWD_BWD_SAVED};
-                const int np = meth == FAVOR ? 3 : (L <= max_exact_bwd ? 2 : 1);
-                double med[3] = {NAN, NAN, NAN}, ratio[3] = {NAN, NAN, NAN};
+                const pass ps[4] = {FWD, FWD_BWD, FWD_BWD_SAVED, FWD_SAVE};
+                const int np = meth == FAVOR ? 4 : (L <= max_exact_bwd ? 2 : 1);
+                double med[4] = {NAN, NAN, NAN, NAN}, ratio[4] = {NAN, NAN, NAN, NAN};
                 time_passes(&c, ps, np, reps, budget, med, ratio);
                 const double sec = med[0], both = ratio[1], saved = ratio[2];
+                const double saved_k = ratio[2] / ratio[3];
+                const int heads = meth == FAVOR ? kept_heads(&c, W) : 0;
                 double mem_f = peak_mib(&c) - base_fwd, mem_b = NAN, mem_s = NAN;
                 if (np > 1) {
                     c.pass = FWD_BWD;
@@ -360,14 +391,15 @@ int main(int argc, char **argv) {
                 char name[32];
                 snprintf(name, sizeof name, "%s %s", meth == EXACT ? "exact" : "FAVOR+",
                          causal ? "causal" : "bidirectional");
-                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f %8.2fx %9.1f\n",
+                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f %6d %7.2fx "
+                       "%7.2fx %9.1f\n",
                        L, name, sec * 1e3, gf, 100 * gf / sg, exact_t[causal] / sec, both, mem_f,
-                       mem_b, saved, mem_s);
+                       mem_b, heads, saved, saved_k, mem_s);
                 fflush(stdout);
                 if (csv)
-                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g\n", L,
+                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g\n", L,
                             meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, gf / sg,
-                            mem_f, mem_b, med[2], mem_s);
+                            mem_f, mem_b, med[2], mem_s, heads, med[3]);
             }
         }
     }
@@ -393,8 +425,8 @@ int main(int argc, char **argv) {
                mem_lengths[i], peak, tensors, peak - base);
         c.pass = FWD_BWD_SAVED;
         peak = peak_mib(&c);
-        printf("  %10s  %6.0f MiB with the forward's features kept (library: %.0f MiB)\n", "",
-               peak, peak - base);
+        printf("  %10s  %6.0f MiB with the features of %d heads kept (library: %.0f MiB)\n", "",
+               peak, kept_heads(&c, W), peak - base);
     }
     if (csv) fclose(csv);
     return 0;

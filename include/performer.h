@@ -347,26 +347,34 @@ PF_API pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const f
                                         const pf_attn_opts *opts, const pf_favor_opts *favor);
 
 /* What a FAVOR+ forward keeps for its backward, so that the backward does not recompute it:
- * the stabilised features of the queries and of the keys (B,H,L,r floats each, r the feature
- * width, with their log factors and maxima) and, bidirectional, each head's K~^T [V|1]; causal,
- * each chunk's masked scores (B,H,L,C). The backward then does 6 units of L d r matrix work
- * instead of 9 (bidirectional; causal about 7.5 instead of 9.75), for about 2 B H L r floats of
- * memory (pf_favor_saved_bytes): the speed/memory choice of any autodiff "save for backward"
- * (pf_attn_favor_backward is the low-memory one). Made for one shape and set of options (W,
+ * per head, the stabilised features of the queries and of the keys (L x r floats each, r the
+ * feature width, with their log factors and maxima) and, causal, each chunk's masked scores
+ * (L x C); bidirectional, K~^T [V|1]. A head whose features are kept has a backward of 6 units
+ * of L d r matrix work instead of 9 (bidirectional; causal about 7.7 instead of 9.7), for about
+ * 2 L r floats of memory: the speed/memory choice of any autodiff "save for backward"
+ * (pf_attn_favor_backward is the low-memory end). Made for one shape and set of options (W,
  * scale, kernel, m, eps, chunk, causal, key lengths): pf_attn_favor_save fills it,
  * pf_attn_favor_backward_saved reads it; the gradients are bit for bit those of
  * pf_attn_favor_backward. */
 typedef struct pf_favor_saved pf_favor_saved;
 
-/* Creates storage for the given shape and options (checked as pf_attn_favor checks them). */
+/* Creates storage for the given shape and options (checked as pf_attn_favor checks them),
+ * keeping the features of every head if max_bytes is 0, else of as many heads (the first ones,
+ * in (b, h) order) as fit in max_bytes, the others being recomputed by the backward; a few
+ * bytes per head are held whatever max_bytes says. */
 PF_API pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
-                                       const pf_attn_opts *opts, const pf_favor_opts *favor);
+                                       const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                       size_t max_bytes);
 
 /* Frees it; harmless on NULL. */
 PF_API void pf_favor_saved_free(pf_favor_saved *saved);
 
-/* Bytes it holds (0 for NULL). */
+/* Bytes it holds (0 for NULL): at most max_bytes when that is not 0 and not below the fixed
+ * part. */
 PF_API size_t pf_favor_saved_bytes(const pf_favor_saved *saved);
+
+/* Heads whose features it keeps (0 for NULL). */
+PF_API int pf_favor_saved_heads(const pf_favor_saved *saved);
 
 /* pf_attn_favor (same out, bit for bit) that also fills saved. PF_EINVAL if saved was made for
  * another shape or options. A forward that fails with PF_ENONFINITE or PF_ENOMEM leaves saved

@@ -494,7 +494,7 @@ static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
     if (n <= 0) return PF_OK; /* padding only */
     const float *Kh = j->K + head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d;
     const float *Vh = j->V + head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv;
-    if (j->sv && !j->opts->causal) {
+    if (j->sv && !j->opts->causal && bh < j->sv->nkeep) {
         const size_t o = (size_t)bh * (size_t)s->Lk + (size_t)j0;
         return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
                                   j->sv->kf + o * (size_t)j->r, j->sv->kc + o, j->sv->kamax + o);
@@ -531,9 +531,9 @@ static pf_status job_queries(favor_job *j, pf_favor_ws *ws, int bh, int qb) {
     const float *Qh = j->Q + head_off(bh, s->Lq, s->d) + (size_t)i0 * (size_t)s->d;
     float *oh = j->out + head_off(bh, s->Lq, s->dv) + (size_t)i0 * (size_t)s->dv;
     const size_t o = (size_t)bh * (size_t)s->Lq + (size_t)i0;
+    const int keep = j->sv && bh < j->sv->nkeep;
     return query_block(&j->fm[bh], ws, oh, Qh, KV, n, s->dv,
-                       j->sv ? j->sv->qf + o * (size_t)j->r : NULL,
-                       j->sv ? j->sv->qamax + o : NULL);
+                       keep ? j->sv->qf + o * (size_t)j->r : NULL, keep ? j->sv->qamax + o : NULL);
 }
 
 /* Phase 3, causal: scan block sb from its starting state. */
@@ -547,7 +547,8 @@ static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
     if (M > -INFINITY) memcpy(ws->state, start, sizeof(float) * nkv);
     const size_t o = (size_t)t0, row = (size_t)bh * (size_t)s->Lq + o; /* (Lq == Lk) */
     pf_favor_keep keep;
-    if (j->sv)
+    const int kept = j->sv && bh < j->sv->nkeep;
+    if (kept)
         keep = (pf_favor_keep){.qf = j->sv->qf + row * (size_t)j->r,
                                .qamax = j->sv->qamax + row,
                                .kf = j->sv->kf + row * (size_t)j->r,
@@ -559,7 +560,7 @@ static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
                                 j->Q + head_off(bh, s->Lq, s->d) + o * (size_t)s->d,
                                 j->K + head_off(bh, s->Lk, s->d) + o * (size_t)s->d,
                                 j->V + head_off(bh, s->Lk, s->dv) + o * (size_t)s->dv, n, klen - t0,
-                                s->dv, j->sv ? &keep : NULL);
+                                s->dv, kept ? &keep : NULL);
 }
 
 static int fatal(int st) {
@@ -702,7 +703,8 @@ pf_status pf_favor_saved_match(const pf_favor_saved *sv, const pf_shape *shape,
 }
 
 pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
-                                const pf_attn_opts *opts, const pf_favor_opts *favor) {
+                                const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                size_t max_bytes) {
     if (!saved) return PF_EINVAL;
     *saved = NULL;
     pf_status st = pf_favor_check(shape, opts, favor);
@@ -715,7 +717,15 @@ pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
     /* sizes in floats (doubles count two), each rounded up to a 64-byte line */
     const size_t rows = Lq > Lk ? Lq : Lk;
     if (rows > SIZE_MAX / 8 / (r + C) / H) return PF_ENOMEM;
-    size_t sz[8] = {H * Lq * r, H * Lk * r, H * Lq, H * Lk, 2 * H * Lk, H * nkv, 2 * H, H * Lq * C};
+    /* every head's K~^T [V|1] and reference; then as many heads' features as max_bytes allows
+     * (floats; doubles count two; each array rounded up to a 64-byte line) */
+    const size_t fixed = H * nkv + 2 * H + 8 * 16 + (sizeof(pf_favor_saved) + 4 * H) / 4 + 1;
+    const size_t per = Lq * r + Lk * r + Lq + Lk + 2 * Lk + Lq * C;
+    size_t keep = H;
+    if (max_bytes) keep = max_bytes / 4 <= fixed ? 0 : (max_bytes / 4 - fixed) / per;
+    keep = keep < H ? keep : H;
+    size_t sz[8] = {keep * Lq * r, keep * Lk * r, keep * Lq, keep * Lk, 2 * keep * Lk,
+                    H * nkv,       2 * H,         keep * Lq * C};
     size_t total = 0;
     for (int i = 0; i < 8; i++) {
         sz[i] = (sz[i] + 15) / 16 * 16;
@@ -736,6 +746,7 @@ pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
     sv->favor = *favor;
     sv->r = (int)r;
     sv->dw = (int)dw;
+    sv->nkeep = (int)keep;
     sv->key_len = kl;
     for (int b = 0; b < s.B; b++) kl[b] = key_len_of(opts, b, s.Lk);
     sv->opts.key_len = kl;
@@ -763,6 +774,10 @@ void pf_favor_saved_free(pf_favor_saved *saved) {
 
 size_t pf_favor_saved_bytes(const pf_favor_saved *saved) {
     return saved ? saved->bytes : 0;
+}
+
+int pf_favor_saved_heads(const pf_favor_saved *saved) {
+    return saved ? saved->nkeep : 0;
 }
 
 pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const float *V,

@@ -257,29 +257,36 @@ static size_t gslot(const bwd_job *j, int bh) {
     return (size_t)(bh - j->g0);
 }
 
-/* Head bh's kept key rows from row 0: K~ (Lk, r), log factors, maxima; its KV~ and reference. */
+/* 1 if the forward kept head bh's features. */
+static int kept(const bwd_job *j, int bh) {
+    return j->sv && bh < j->sv->nkeep;
+}
+
+/* Head bh's key rows from row 0 (the forward's, or those made here): K~ (Lk, r), log factors,
+ * maxima; its KV~ and reference. */
 static const float *head_kf(const bwd_job *j, int bh) {
     const size_t Lk = (size_t)j->s->Lk, r = (size_t)j->r;
-    return j->sv ? j->sv->kf + (size_t)bh * Lk * r : j->kf + gslot(j, bh) * Lk * r;
+    return kept(j, bh) ? j->sv->kf + (size_t)bh * Lk * r : j->kf + gslot(j, bh) * Lk * r;
 }
 
 static const double *head_kc(const bwd_job *j, int bh) {
     const size_t Lk = (size_t)j->s->Lk;
-    return j->sv ? j->sv->kc + (size_t)bh * Lk : j->kc + gslot(j, bh) * Lk;
+    return kept(j, bh) ? j->sv->kc + (size_t)bh * Lk : j->kc + gslot(j, bh) * Lk;
 }
 
 static const float *head_kamax(const bwd_job *j, int bh) {
     const size_t Lk = (size_t)j->s->Lk;
-    return j->sv ? j->sv->kamax + (size_t)bh * Lk : j->kamax + gslot(j, bh) * Lk;
+    return kept(j, bh) ? j->sv->kamax + (size_t)bh * Lk : j->kamax + gslot(j, bh) * Lk;
 }
 
 static const float *head_kv(const bwd_job *j, int bh) {
     const size_t nkv = (size_t)j->r * (size_t)j->dw;
-    return j->sv ? j->sv->kv + (size_t)bh * nkv : j->part + gslot(j, bh) * (size_t)j->nkb * nkv;
+    return kept(j, bh) ? j->sv->kv + (size_t)bh * nkv
+                       : j->part + gslot(j, bh) * (size_t)j->nkb * nkv;
 }
 
 static double head_kvm(const bwd_job *j, int bh) {
-    return j->sv ? j->sv->kvm[bh] : j->pmax[gslot(j, bh) * (size_t)j->nkb];
+    return kept(j, bh) ? j->sv->kvm[bh] : j->pmax[gslot(j, bh) * (size_t)j->nkb];
 }
 
 /* Phase 1: keys of block kb: K~ kept, partial KV~. */
@@ -332,7 +339,7 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
             return PF_ENONFINITE;
         /* Q~ of the block: the forward's, or made again */
         const float *Qf = ws->blk, *qamax = ws->qamax;
-        if (j->sv) {
+        if (kept(j, bh)) {
             const size_t o = (size_t)bh * (size_t)s->Lq + row;
             Qf = j->sv->qf + o * (size_t)r;
             qamax = j->sv->qamax + o;
@@ -733,12 +740,12 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
     const int nsb = j->nsb, L = j->s->Lq, r = j->r, dv1 = j->s->dv + 1;
     const size_t n = (size_t)dv1 * (size_t)r;
     causal_store cs = j->cs;
-    if (j->sv) kept_features(j, bh, &cs);
+    if (kept(j, bh)) kept_features(j, bh, &cs);
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
         const int last = u == nsb - 1;
-        j->cst[u] = (int)causal_features(fm, &hd, &cs, ws, j->C, r0, r1, j->sv != NULL,
+        j->cst[u] = (int)causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kept(j, bh),
                                          last ? NULL : j->ls + (size_t)(u + 1) * n,
                                          last ? NULL : &j->lm[u + 1]);
     }
@@ -790,9 +797,9 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     const pf_fmap *fm = &j->fm[bh];
     causal_store cs = {ws->qst,   ws->kst,   ws->dnst, ws->ast, ws->bst,
                        ws->qamax, ws->kamax, ws->kc,   ws->p,   NULL};
-    if (j->sv) kept_features(j, bh, &cs);
+    if (kept(j, bh)) kept_features(j, bh, &cs);
     const int L = j->s->Lq;
-    pf_status st = causal_features(fm, &hd, &cs, ws, j->C, 0, L, j->sv != NULL, NULL, NULL);
+    pf_status st = causal_features(fm, &hd, &cs, ws, j->C, 0, L, kept(j, bh), NULL, NULL);
     if (st == PF_OK) st = causal_forward(fm, &hd, &cs, ws, j->C, 0, L, NULL, -INFINITY, NULL);
     if (!fatal(st)) st = worse(st, causal_reverse(fm, &hd, &cs, ws, j->C, 0, L, NULL));
     return st;
@@ -806,6 +813,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                          const pf_favor_saved *sv) {
     const pf_shape s = *shape;
     const int heads = s.B * s.H, causal = opts->causal;
+    const int all_kept = sv && sv->nkeep == heads; /* (then nothing is recomputed) */
     const pf_attn_sizes ns = pf_attn_sizes_of(&s);
     bwd_job j = {.s = &s,
                  .opts = opts,
@@ -827,10 +835,11 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     j.nqb = pf_favor_bidir_blocks(s.Lq, heads, &j.qbl);
     /* heads per group: their kept K~ within the budget */
     const size_t per = (size_t)s.Lk * (size_t)j.r;
-    int G = causal || sv ? heads : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
+    int G = causal || all_kept ? heads
+                               : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
     G = G > heads ? heads : (G < 1 ? 1 : G);
-    /* (GK: heads whose keys are kept here, none when the forward's are given) */
-    const size_t H = (size_t)heads, GG = causal ? 0 : (size_t)G, GK = sv ? 0 : GG;
+    /* (GK: heads whose keys are kept here, none when the forward's are given for all) */
+    const size_t H = (size_t)heads, GG = causal ? 0 : (size_t)G, GK = all_kept ? 0 : GG;
     const size_t nkv = (size_t)j.r * (size_t)j.dw;
     j.fm = malloc(sizeof(pf_fmap) * H);
     j.kw = calloc(H, sizeof(pf_kernel_ws));
@@ -850,7 +859,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     double *cmemd = NULL;
     if (j.nsb > 1) {
         const size_t L = (size_t)s.Lq, R = (size_t)j.r, dv1 = (size_t)s.dv + 1, CC = (size_t)j.C;
-        const size_t nst = (size_t)j.nsb * dv1 * R, LR = sv ? 0 : L * R;
+        const size_t nst = (size_t)j.nsb * dv1 * R, LR = all_kept ? 0 : L * R;
         cmem = pf_alloc(2 * LR + L * dv1 + 2 * L * CC + 2 * L + 2 * nst, sizeof(float));
         cmemd = pf_alloc(2 * L + (size_t)j.nsb, sizeof(double));
         j.cst = calloc((size_t)j.nsb, sizeof(int));
@@ -889,8 +898,9 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
             const int keep = causal && j.nsb == 1;
             int ok = bwd_ws_alloc(&ws, keep ? s.Lq : 0, keep ? s.Lk : 0,
                                   causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C, j.r, s.dv,
-                                  sv == NULL) == 0;
-            if (!causal && !sv && pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0)
+                                  !all_kept) == 0;
+            if (!causal && !all_kept &&
+                pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0)
                 ok = 0;
             if (!ok) {
 #pragma omp atomic write
@@ -917,16 +927,18 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                         if (!j.dead[bh]) bwd_causal_split(&j, &ws, bh);
                     continue;
                 }
-                if (!sv) {
+                if (!all_kept) {
+                    /* the heads whose features were not kept: K~ and KV~ made here */
 #pragma omp for schedule(dynamic, 1)
                     for (int u = 0; u < ng * j.nkb; u++) {
                         const int bh = g0 + u / j.nkb, kb = u % j.nkb;
-                        if (!j.dead[bh])
+                        if (!j.dead[bh] && !kept(&j, bh))
                             j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
                                 (int)bidir_keys(&j, &fws, bh, kb);
                     }
 #pragma omp for schedule(dynamic, 1)
                     for (int bh = g0; bh < g1; bh++) {
+                        if (kept(&j, bh)) continue;
                         for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
                             merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
                         if (!j.dead[bh]) bidir_combine_kv(&j, bh);

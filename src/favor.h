@@ -222,13 +222,16 @@ struct pf_favor_saved {
     pf_attn_opts opts;   /* as made (key_len: the copy below once filled) */
     pf_favor_opts favor; /* as made */
     int r, dw;
+    int nkeep;         /* heads [0, nkeep) have their features kept (the rest recompute) */
     int filled;        /* 1 after a forward whose every head is complete */
     int32_t *key_len;  /* (B): the forward's valid key lengths */
-    float *qf, *kf;    /* (B H, Lq, r), (B H, Lk, r): Q~, K~ (rows past a head's keys unset) */
-    float *qamax;      /* (B H, Lq): max|q~| before eps */
-    float *kamax;      /* (B H, Lk) */
-    double *kc;        /* (B H, Lk): key log factors */
-    float *ka;         /* causal: (B H, Lq, C) each chunk's masked scores A (see the forward) */
+    /* of the nkeep kept heads: */
+    float *qf, *kf;    /* (nkeep, Lq, r), (nkeep, Lk, r): Q~, K~ (rows past the keys unset) */
+    float *qamax;      /* (nkeep, Lq): max|q~| before eps */
+    float *kamax;      /* (nkeep, Lk) */
+    double *kc;        /* (nkeep, Lk): key log factors */
+    float *ka;         /* causal: (nkeep, Lq, C) each chunk's masked scores A (the forward's) */
+    /* of every head: */
     int C;             /* causal: the chunk */
     float *kv;         /* bidirectional: (B H, r, dw) K~^T [V|1], the forward's bits */
     double *kvm;       /* bidirectional: (B H) its reference */

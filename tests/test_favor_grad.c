@@ -422,41 +422,58 @@ static void test_saved(void) {
                     f.oprf_a_given = 1;
                     f.oprf_a = -0.05f;
                 }
+                const size_t r =
+                    (size_t)(kernels[k] == PF_KERNEL_POSITIVE || kernels[k] == PF_KERNEL_RELU ||
+                                     kernels[k] == PF_KERNEL_OPRF || kernels[k] == PF_KERNEL_SDERF
+                                 ? m
+                                 : 2 * m);
+                /* every head kept (max_bytes 0), about half of them, none */
                 pf_favor_saved *sv = NULL;
-                CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f), PF_OK);
-                const size_t r = (size_t)(kernels[k] == PF_KERNEL_POSITIVE ||
-                                                  kernels[k] == PF_KERNEL_RELU ||
-                                                  kernels[k] == PF_KERNEL_OPRF ||
-                                                  kernels[k] == PF_KERNEL_SDERF
-                                              ? m
-                                              : 2 * m);
-                CHECK(pf_favor_saved_bytes(sv) >= sizeof(float) * r * (p.nq + p.nk) / d,
-                      "saved holds %zu bytes", pf_favor_saved_bytes(sv));
-                for (int t = 1; t <= 2; t++) {
-                    o.threads = t;
-                    CHECK_STATUS(pf_attn_favor(out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
-                    CHECK_STATUS(pf_attn_favor_save(out2, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_OK);
-                    CHECK(memcmp(out, out2, sizeof(float) * p.no) == 0,
-                          "%s causal=%d B*H=%d: saving forward changed out",
-                          pf_kernel_name(f.kernel), causal, B * H);
-                    for (int given = 0; given < 2; given++) {
-                        const float *fo = given ? out : NULL;
-                        CHECK_STATUS(pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V,
-                                                            fo, &p.s, &o, &f),
+                CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f, 0), PF_OK);
+                const size_t all = pf_favor_saved_bytes(sv);
+                CHECK(pf_favor_saved_heads(sv) == B * H &&
+                          all >= sizeof(float) * r * (p.nq + p.nk) / d,
+                      "saved keeps %d heads in %zu bytes", pf_favor_saved_heads(sv), all);
+                for (int budget = 0; budget < 3; budget++) {
+                    if (budget > 0) {
+                        pf_favor_saved_free(sv);
+                        const size_t max = budget == 1 ? all / 2 : 1;
+                        CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f, max), PF_OK);
+                        const int kh = pf_favor_saved_heads(sv);
+                        CHECK(budget == 1 ? (kh == (B * H) / 2 || kh == (B * H - 1) / 2) : kh == 0,
+                              "max_bytes %zu of %zu keeps %d of %d heads", max, all, kh, B * H);
+                        CHECK(budget == 2 || pf_favor_saved_bytes(sv) <= max,
+                              "max_bytes %zu, holds %zu", max, pf_favor_saved_bytes(sv));
+                    }
+                    for (int t = 1; t <= 2; t++) {
+                        o.threads = t;
+                        CHECK_STATUS(pf_attn_favor(out, p.Q, p.K, p.V, &p.s, &o, &f), PF_OK);
+                        CHECK_STATUS(pf_attn_favor_save(out2, p.Q, p.K, p.V, &p.s, &o, &f, sv),
                                      PF_OK);
-                        for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
-                        for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
-                        for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
-                        CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K,
-                                                                  p.V, fo, &p.s, &o, &f, sv),
-                                     PF_OK);
-                        CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
-                                  memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
-                                  memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
-                              "%s causal=%d B*H=%d threads=%d out=%d: saved and recomputed "
-                              "gradients differ",
-                              pf_kernel_name(f.kernel), causal, B * H, t, given);
-                        cases++;
+                        CHECK(memcmp(out, out2, sizeof(float) * p.no) == 0,
+                              "%s causal=%d B*H=%d: saving forward changed out",
+                              pf_kernel_name(f.kernel), causal, B * H);
+                        for (int given = 0; given < 2; given++) {
+                            const float *fo = given ? out : NULL;
+                            CHECK_STATUS(pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K,
+                                                                p.V, fo, &p.s, &o, &f),
+                                         PF_OK);
+                            for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
+                            for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
+                            for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
+                            CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q,
+                                                                      p.K, p.V, fo, &p.s, &o, &f,
+                                                                      sv),
+                                         PF_OK);
+                            CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
+                                      memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
+                                      memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
+                                  "%s causal=%d B*H=%d threads=%d out=%d heads kept %d: saved and "
+                                  "recomputed gradients differ",
+                                  pf_kernel_name(f.kernel), causal, B * H, t, given,
+                                  pf_favor_saved_heads(sv));
+                            cases++;
+                        }
                     }
                 }
                 pf_favor_saved_free(sv);
@@ -474,21 +491,21 @@ static void test_saved(void) {
     pf_attn_opts o = pf_attn_opts_default();
     float *out = xmalloc(sizeof(float) * p.no);
     pf_favor_saved *sv = (pf_favor_saved *)&p; /* (must be reset to NULL on failure) */
-    CHECK_STATUS(pf_favor_saved_create(NULL, &p.s, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_saved_create(NULL, &p.s, &o, &f, 0), PF_EINVAL);
     pf_shape bad = p.s;
     bad.d = 0;
-    CHECK_STATUS(pf_favor_saved_create(&sv, &bad, &o, &f), PF_EINVAL);
+    CHECK_STATUS(pf_favor_saved_create(&sv, &bad, &o, &f, 0), PF_EINVAL);
     CHECK(sv == NULL, "failed create left a pointer");
     pf_favor_opts fm0 = f;
     fm0.m = 0;
-    CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &fm0), PF_EINVAL);
+    CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &fm0, 0), PF_EINVAL);
     pf_favor_saved_free(NULL);
-    CHECK(pf_favor_saved_bytes(NULL) == 0, "bytes of NULL");
-    CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f), PF_OK);
+    CHECK(pf_favor_saved_bytes(NULL) == 0 && pf_favor_saved_heads(NULL) == 0, "of NULL");
+    CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f, 0), PF_OK);
     /* empty */
-    CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o,
-                                              &f, sv),
-                 PF_EINVAL);
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f, sv),
+        PF_EINVAL);
     CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, NULL), PF_EINVAL);
     CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_OK);
     CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o,
@@ -537,9 +554,9 @@ static void test_saved(void) {
     p.K[5] = NAN;
     CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_ENONFINITE);
     p.K[5] = keep;
-    CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o,
-                                              &f, sv),
-                 PF_EINVAL);
+    CHECK_STATUS(
+        pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f, sv),
+        PF_EINVAL);
     pf_favor_saved_free(sv);
     free(out);
     problem_free(&p);

@@ -559,7 +559,7 @@ static int run(const attn_cfg *c) {
                                         "randomized attention (RA)", "LARA"};
     /* with gradients, FAVOR+ keeps its features for the backward (or, short of memory for
      * them, the backward recomputes them: the same bits) */
-    if (c->favor && c->grad_out && pf_favor_saved_create(&saved, sh, &opts, &fav) != PF_OK)
+    if (c->favor && c->grad_out && pf_favor_saved_create(&saved, sh, &opts, &fav, 0) != PF_OK)
         saved = NULL;
     switch (c->method) {
     case 1:

@@ -425,7 +425,7 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
                 pf_favor_saved_free(*sv);
                 *sv = NULL;
             }
-            st = *sv ? PF_OK : pf_favor_saved_create(sv, &shape, &opts, &fav);
+            st = *sv ? PF_OK : pf_favor_saved_create(sv, &shape, &opts, &fav, 0);
             if (st == PF_OK) st = pf_attn_favor_save(att, q, k, v, &shape, &opts, &fav, *sv);
         } else {
             /* (a backward after this forward must not see an older forward's features) */
