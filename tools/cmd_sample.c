@@ -32,7 +32,8 @@ void cmd_sample_help(void) {
            "  --temperature T     softmax temperature, 0 = always the likeliest   [0.8]\n"
            "  --top-k K           draw among the K likeliest bytes, 0 = all       [40]\n"
            "  --seed S            the draws (same seed, same text)                [0]\n"
-           "  --threads N         threads, 0 = OpenMP's default                   [0]\n"
+           "  --threads N         threads, 0 = OpenMP's default; one byte is too   [1]\n"
+           "                      little work to share (threads only wait)\n"
            "\n"
            "Exit status: 0 success, 1 bad checkpoint or failed decoding, 2 bad command line.\n",
            cmd_sample_synopsis);
@@ -40,7 +41,7 @@ void cmd_sample_help(void) {
 
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "";
-    int tokens = 200, top_k = 40, threads = 0;
+    int tokens = 200, top_k = 40, threads = 1;
     double temperature = 0.8;
     uint64_t seed = 0;
     tool_args a;
