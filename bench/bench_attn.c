@@ -254,7 +254,7 @@ static double time_case(const bench_case *c, int reps, double budget) {
 /* Peak resident memory (MiB) of one run of a case, measured in a fresh process (this program
  * re-executed with --peak), so that each figure is that case's own peak; a forked copy of a
  * process that has run OpenMP threads cannot safely start threads of its own. */
-static double peak_mib(const bench_case *c) {
+static double peak_mib_once(const bench_case *c) {
     char args[5][24];
     snprintf(args[0], sizeof args[0], "%d", c->L);
     snprintf(args[1], sizeof args[1], "%d", (int)c->meth);
@@ -273,6 +273,13 @@ static double peak_mib(const bench_case *c) {
     if (wait4(pid, &status, 0, &ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return NAN;
     return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
+}
+
+/* The median of three such figures (a process's peak size varies by a few MiB run to run). */
+static double peak_mib(const bench_case *c) {
+    double t[3];
+    for (int i = 0; i < 3; i++) t[i] = peak_mib_once(c);
+    return median(t, 3);
 }
 
 /* The child of peak_mib: one run (or, for IDLE, only the buffers), exit status 0 on success. */
@@ -425,8 +432,9 @@ int main(int argc, char **argv) {
                mem_lengths[i], peak, tensors, peak - base);
         c.pass = FWD_BWD_SAVED;
         peak = peak_mib(&c);
-        printf("  %10s  %6.0f MiB with the features of %d heads kept (library: %.0f MiB)\n", "",
-               peak, kept_heads(&c, W), peak - base);
+        const int kh = kept_heads(&c, W);
+        printf("  %10s  %6.0f MiB with the features of %d head%s kept (library: %.0f MiB)\n", "",
+               peak, kh, kh == 1 ? "" : "s", peak - base);
     }
     if (csv) fclose(csv);
     return 0;
