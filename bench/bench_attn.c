@@ -20,12 +20,11 @@
  *
  * Usage: bench_attn [--quick] [--csv FILE] [--lengths L1,L2,...]
  */
-#define _DEFAULT_SOURCE /* wait4 */
+#define _DEFAULT_SOURCE
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -253,7 +252,9 @@ static double time_case(const bench_case *c, int reps, double budget) {
 
 /* Peak resident memory (MiB) of one run of a case, measured in a fresh process (this program
  * re-executed with --peak), so that each figure is that case's own peak; a forked copy of a
- * process that has run OpenMP threads cannot safely start threads of its own. */
+ * process that has run OpenMP threads cannot safely start threads of its own. The child reports
+ * its own high-water mark (VmHWM) through a pipe: the rusage of a child counts the size of the
+ * parent it was forked from, which is not this case's. */
 static double peak_mib_once(const bench_case *c) {
     char args[5][24];
     snprintf(args[0], sizeof args[0], "%d", c->L);
@@ -261,18 +262,43 @@ static double peak_mib_once(const bench_case *c) {
     snprintf(args[2], sizeof args[2], "%d", c->causal);
     snprintf(args[3], sizeof args[3], "%d", (int)c->pass);
     fflush(stdout);
+    int fd[2];
+    if (pipe(fd) != 0) return NAN;
     pid_t pid = fork();
-    if (pid < 0) return NAN;
+    if (pid < 0) {
+        close(fd[0]), close(fd[1]);
+        return NAN;
+    }
     if (pid == 0) {
+        close(fd[0]);
+        if (dup2(fd[1], STDOUT_FILENO) < 0) _exit(127);
         execl("/proc/self/exe", "bench_attn", "--peak", args[0], args[1], args[2], args[3],
               (char *)NULL);
         _exit(127);
     }
+    close(fd[1]);
+    char buf[64] = {0};
+    size_t got = 0;
+    for (ssize_t k; got < sizeof buf - 1 && (k = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0;)
+        got += (size_t)k;
+    close(fd[0]);
     int status = 0;
-    struct rusage ru;
-    if (wait4(pid, &status, 0, &ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return NAN;
-    return (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
+    long kib = strtol(buf, NULL, 10);
+    return kib > 0 ? (double)kib / 1024.0 : NAN;
+}
+
+/* This process's peak resident size in KiB (VmHWM), or -1. */
+static long vm_hwm_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kib = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return kib;
 }
 
 /* The median of three such figures (a process's peak size varies by a few MiB run to run). */
@@ -282,12 +308,14 @@ static double peak_mib(const bench_case *c) {
     return median(t, 3);
 }
 
-/* The child of peak_mib: one run (or, for IDLE, only the buffers), exit status 0 on success. */
+/* The child of peak_mib: one run (or, for IDLE, only the buffers); prints its peak resident
+ * size in KiB; exit status 0 on success. */
 static int peak_child(const bench_case *c) {
     buffers b;
     buffers_make(&b, c);
     pf_status st = c->pass >= IDLE_FWD ? PF_OK : run_once(c, &b);
     buffers_free(&b);
+    printf("%ld\n", vm_hwm_kib());
     return st == PF_OK ? 0 : 1;
 }
 
