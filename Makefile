@@ -70,7 +70,7 @@ $(TOOL): $(TOOL_OBJ) $(STATIC)
 	$(CC) -o $@ $(TOOL_OBJ) $(STATIC) $(LDLIBS)
 
 # Tests link the static library, so they can reach the internal references in src/*.h.
-$(BUILD)/tests/%: tests/%.c tests/check.h $(STATIC)
+$(BUILD)/tests/%: tests/%.c tests/check.h tests/ref.h $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests -o $@ $< $(STATIC) $(LDLIBS)
 

@@ -13,43 +13,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref.h"
 
 /* ---- this file's float64 code ------------------------------------------------------------- */
-
-/* phi (r) of one row, unstabilised, SPEC §2 table; eps relative (softmax maps) or absolute. */
-static void phi_f64(double *phi, const float *x, int d, const float *W, int m, pf_kernel kernel,
-                    double scale, double eps) {
-    double h = 0;
-    for (int k = 0; k < d; k++) h += (double)x[k] * x[k] * scale / 2;
-    for (int f = 0; f < m; f++) {
-        double u = 0;
-        for (int k = 0; k < d; k++) u += (double)W[f * d + k] * x[k] * sqrt(scale);
-        switch (kernel) {
-        case PF_KERNEL_POSITIVE:
-            phi[f] = exp(u - h) / sqrt(m);
-            break;
-        case PF_KERNEL_HYPERBOLIC:
-            phi[f] = exp(u - h) / sqrt(2.0 * m);
-            phi[m + f] = exp(-u - h) / sqrt(2.0 * m);
-            break;
-        case PF_KERNEL_TRIG:
-            phi[f] = exp(h) * sin(u) / sqrt(m);
-            phi[m + f] = exp(h) * cos(u) / sqrt(m);
-            break;
-        case PF_KERNEL_RELU:
-            phi[f] = (u > 0 ? u : 0) / sqrt(m);
-            break;
-        case PF_KERNEL_OPRF: /* (test_favor_opt.c) */
-        case PF_KERNEL_SDERF:
-            phi[f] = NAN;
-            break;
-        }
-    }
-    int r = pf_kernel_width(kernel, m);
-    double amax = 0;
-    for (int f = 0; f < r; f++) amax = fmax(amax, fabs(phi[f]));
-    for (int f = 0; f < r; f++) phi[f] += kernel == PF_KERNEL_RELU ? eps : eps * amax;
-}
 
 /* The explicit formula in float64 for every (b, h), pairwise. */
 static void favor_f64(double *out, const float *Q, const float *K, const float *V,
@@ -65,10 +31,11 @@ static void favor_f64(double *out, const float *Q, const float *K, const float *
             const float *W = f->W + (f->w_per_head ? (size_t)h * f->m * s->d : 0);
             const float *Kh = K + bh * s->Lk * s->d, *Vh = V + bh * s->Lk * s->dv;
             for (int j = 0; j < klen; j++)
-                phi_f64(pk + (size_t)j * r, Kh + (size_t)j * s->d, s->d, W, f->m, f->kernel, scale,
-                        f->eps);
+                ref_phi_f32(pk + (size_t)j * r, Kh + (size_t)j * s->d, s->d, W, f->m, f->kernel,
+                            scale, f->eps);
             for (int i = 0; i < s->Lq; i++) {
-                phi_f64(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale, f->eps);
+                ref_phi_f32(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale,
+                            f->eps);
                 int jend = o->causal ? (i + 1 < klen ? i + 1 : klen) : klen;
                 double den = 0;
                 for (int k = 0; k < s->dv; k++) num[k] = 0;

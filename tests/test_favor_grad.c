@@ -16,42 +16,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref.h"
 
 /* ---- this file's float64 forward ---------------------------------------------------------- */
-
-static void phi_f64(double *phi, const double *x, int d, const float *W, int m, pf_kernel kernel,
-                    double scale, double eps) {
-    double h = 0;
-    for (int k = 0; k < d; k++) h += x[k] * x[k] * scale / 2;
-    for (int f = 0; f < m; f++) {
-        double u = 0;
-        for (int k = 0; k < d; k++) u += (double)W[f * d + k] * x[k] * sqrt(scale);
-        switch (kernel) {
-        case PF_KERNEL_POSITIVE:
-            phi[f] = exp(u - h) / sqrt(m);
-            break;
-        case PF_KERNEL_HYPERBOLIC:
-            phi[f] = exp(u - h) / sqrt(2.0 * m);
-            phi[m + f] = exp(-u - h) / sqrt(2.0 * m);
-            break;
-        case PF_KERNEL_TRIG:
-            phi[f] = exp(h) * sin(u) / sqrt(m);
-            phi[m + f] = exp(h) * cos(u) / sqrt(m);
-            break;
-        case PF_KERNEL_RELU:
-            phi[f] = (u > 0 ? u : 0) / sqrt(m);
-            break;
-        case PF_KERNEL_OPRF: /* (test_favor_opt.c) */
-        case PF_KERNEL_SDERF:
-            phi[f] = NAN;
-            break;
-        }
-    }
-    int r = pf_kernel_width(kernel, m);
-    double amax = 0;
-    for (int f = 0; f < r; f++) amax = fmax(amax, fabs(phi[f]));
-    for (int f = 0; f < r; f++) phi[f] += kernel == PF_KERNEL_RELU ? eps : eps * amax;
-}
 
 /* sum(out * G) for the explicit formula, inputs in double. */
 static double loss_f64(const double *Q, const double *K, const double *V, const float *G,
@@ -65,12 +32,13 @@ static double loss_f64(const double *Q, const double *K, const double *V, const 
             size_t bh = (size_t)b * s->H + h;
             const float *W = f->W + (f->w_per_head ? (size_t)h * f->m * s->d : 0);
             for (int i = 0; i < s->Lq; i++) {
-                phi_f64(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale, f->eps);
+                ref_phi_f64(pq, Q + (bh * s->Lq + i) * s->d, s->d, W, f->m, f->kernel, scale,
+                            f->eps);
                 int jend = o->causal ? (i + 1 < klen ? i + 1 : klen) : klen;
                 double den = 0, num[16] = {0};
                 for (int j = 0; j < jend; j++) {
-                    phi_f64(pk, K + (bh * s->Lk + j) * s->d, s->d, W, f->m, f->kernel, scale,
-                            f->eps);
+                    ref_phi_f64(pk, K + (bh * s->Lk + j) * s->d, s->d, W, f->m, f->kernel, scale,
+                                f->eps);
                     double a = 0;
                     for (int t = 0; t < r; t++) a += pq[t] * pk[t];
                     den += a;

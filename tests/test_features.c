@@ -1,6 +1,6 @@
 /* test_features.c: the random feature maps (SPEC §2): unbiasedness of phi(x).phi(y) for
- * exp(x.y), the variance gain of orthogonal projections, every map against this file's own
- * float64 formula, stabilisation (phi~ exp(logscale) = phi), eps, argument checks.
+ * exp(x.y), the variance gain of orthogonal projections, every map against the shared
+ * float64 formula (ref.h), stabilisation (phi~ exp(logscale) = phi), eps, argument checks.
  *
  * Statistical checks (Monte Carlo over independent W) allow 4 standard errors: with N >= 2000
  * independent draws the mean is normal to a good approximation (CLT; the estimates have finite
@@ -10,45 +10,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref.h"
 
-/* ---- this file's float64 feature maps (SPEC §2 table), independent of the library ------- */
-
-static void features_f64(double *phi, const float *x, int d, const float *W, int m,
-                         pf_kernel kernel, double scale, double eps) {
-    double xp[64], h = 0;
-    for (int k = 0; k < d; k++) {
-        xp[k] = x[k] * sqrt(scale);
-        h += xp[k] * xp[k] / 2;
-    }
-    double amax = 0;
-    for (int f = 0; f < m; f++) {
-        double u = 0;
-        for (int k = 0; k < d; k++) u += (double)W[f * d + k] * xp[k];
-        switch (kernel) {
-        case PF_KERNEL_POSITIVE:
-            phi[f] = exp(u - h) / sqrt(m);
-            break;
-        case PF_KERNEL_HYPERBOLIC:
-            phi[f] = exp(-h) * exp(u) / sqrt(2.0 * m);
-            phi[m + f] = exp(-h) * exp(-u) / sqrt(2.0 * m);
-            break;
-        case PF_KERNEL_TRIG:
-            phi[f] = exp(h) * sin(u) / sqrt(m);
-            phi[m + f] = exp(h) * cos(u) / sqrt(m);
-            break;
-        case PF_KERNEL_RELU:
-            phi[f] = (u > 0 ? u : 0) / sqrt(m);
-            break;
-        case PF_KERNEL_OPRF: /* (test_favor_opt.c) */
-        case PF_KERNEL_SDERF:
-            phi[f] = NAN;
-            break;
-        }
-    }
-    int r = pf_kernel_width(kernel, m);
-    for (int f = 0; f < r; f++) amax = fmax(amax, fabs(phi[f]));
-    for (int f = 0; f < r; f++) phi[f] += kernel == PF_KERNEL_RELU ? eps : eps * amax;
-}
+/* ---- helpers (the float64 feature maps are ref.h's) ---------------------------------------- */
 
 static void set_norm(float *x, int d, double norm) {
     double s = 0;
@@ -176,7 +140,7 @@ static void test_maps(void) {
                 CHECK_STATUS(pf_features(stab, ls, X, n, d, W, m, kernel, sc, eps), PF_OK);
                 double worst = 0, worst_stab = 0;
                 for (int i = 0; i < n; i++) {
-                    features_f64(ref, X + i * d, d, W, m, kernel, s_eff, eps);
+                    ref_phi_f32(ref, X + i * d, d, W, m, kernel, s_eff, eps);
                     double rmax = 0;
                     for (int f = 0; f < r; f++) rmax = fmax(rmax, fabs(ref[f]));
                     for (int f = 0; f < r; f++) {
@@ -253,7 +217,7 @@ static void test_large_norms(void) {
                 CHECK(amax <= 1.0 / sqrt((double)m) && amax > 0.5 / sqrt((double)m),
                       "trig max|phi~| %g", amax);
             }
-            features_f64(ref, X + i * d, d, W, m, kernel, 0.25, 0.0);
+            ref_phi_f32(ref, X + i * d, d, W, m, kernel, 0.25, 0.0);
             for (int f = 0; f < r; f++) rmax = fmax(rmax, fabs(ref[f]));
             for (int f = 0; f < r; f++) {
                 double g = phi[i * r + f] * exp((double)ls[i]);
