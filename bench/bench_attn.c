@@ -70,23 +70,35 @@ static void fill(float *x, size_t n, uint64_t seed) {
 
 /* ---- the machine's sgemm speed --------------------------------------------------------- */
 
-static double sgemm_gflops(int threads, int reps) {
-    const int n = 1024;
-    double t[16];
-    float *a = xmalloc(sizeof(float) * (size_t)threads * n * n * 3);
-    fill(a, (size_t)threads * n * n * 3, 7);
-    for (int r = 0; r < reps + 1; r++) {
-        double t0 = now();
+enum { SG_N = 1024 };
+
+/* Scratch for the probe: three SG_N^2 matrices per thread. */
+static float *sgemm_buffer(int threads) {
+    float *a = xmalloc(sizeof(float) * (size_t)threads * SG_N * SG_N * 3);
+    fill(a, (size_t)threads * SG_N * SG_N * 3, 7);
+    return a;
+}
+
+/* One round of the probe: every thread multiplies its own SG_N^3 at once; GFLOP/s. */
+static double sgemm_once(float *a, int threads) {
+    const int n = SG_N;
+    double t0 = now();
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
-        for (int i = 0; i < threads; i++) {
-            float *A = a + (size_t)i * n * n * 3, *B = A + (size_t)n * n, *C = B + (size_t)n * n;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, A, n, B, n, 0.0f,
-                        C, n);
-        }
-        if (r > 0) t[r - 1] = now() - t0; /* the first run is a warm-up */
+    for (int i = 0; i < threads; i++) {
+        float *A = a + (size_t)i * n * n * 3, *B = A + (size_t)n * n, *C = B + (size_t)n * n;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C,
+                    n);
     }
+    return 2.0 * n * n * n * threads / (now() - t0) * 1e-9;
+}
+
+static double sgemm_gflops(int threads, int reps) {
+    double g[16];
+    float *a = sgemm_buffer(threads);
+    for (int r = 0; r < 3; r++) sgemm_once(a, threads); /* warm-up: the speed climbs at first */
+    for (int r = 0; r < reps; r++) g[r] = sgemm_once(a, threads);
     free(a);
-    return 2.0 * n * n * n * threads / median(t, reps) * 1e-9;
+    return median(g, reps);
 }
 
 /* ---- one timed case ---------------------------------------------------------------------- */
@@ -200,12 +212,16 @@ static void buffers_free(buffers *b) {
     pf_favor_saved_free(b->saved);
 }
 
+static double flops(const bench_case *c);
+
 /* np passes of a case run in turn in each repeat, after a
  * warm-up, until `reps` repeats or `budget` seconds: med[p] the median seconds of pass p and
  * ratio[p] the median over repeats of its time over pass 0's in the same repeat (so that the
- * shared machine's drifts cancel). NAN on failure. */
+ * shared machine's drifts cancel). NAN on failure. With sg (sgemm_buffer) each repeat also runs
+ * the sgemm probe, and *sg_frac is the median over repeats of pass 0's GFLOP/s (flops model)
+ * over the probe's in that repeat. */
 static void time_passes(const bench_case *c, const pass *ps, int np, int reps, double budget,
-                        double *med, double *ratio) {
+                        double *med, double *ratio, float *sg, int threads, double *sg_frac) {
     enum { MAXR = 64, MAXP = 4 };
     bench_case cs[MAXP];
     buffers b;
@@ -215,7 +231,7 @@ static void time_passes(const bench_case *c, const pass *ps, int np, int reps, d
         if (has_backward(ps[p])) all.pass = FWD_BWD;
     buffers_make(&b, &all);
     for (int p = 0; p < np; p++) cs[p] = *c, cs[p].pass = ps[p];
-    double t[MAXP][MAXR], q[MAXP][MAXR];
+    double t[MAXP][MAXR], q[MAXP][MAXR], fr[MAXR];
     int n = 0;
     /* Warm-up: at least two rounds and 0.2 s, so that threads, caches and the CPU's clock have
      * settled before the first timed call (one call was not enough for the first case). */
@@ -231,6 +247,7 @@ static void time_passes(const bench_case *c, const pass *ps, int np, int reps, d
             t[p][n] = now() - t0;
         }
         for (int p = 0; p < np; p++) q[p][n] = t[p][n] / t[0][n];
+        if (sg) fr[n] = flops(c) / t[0][n] * 1e-9 / sgemm_once(sg, threads);
         n++;
         if (now() - start > budget) break;
     }
@@ -239,6 +256,7 @@ static void time_passes(const bench_case *c, const pass *ps, int np, int reps, d
         med[p] = st == PF_OK ? median(t[p], n) : NAN;
         ratio[p] = st == PF_OK ? median(q[p], n) : NAN;
     }
+    if (sg) *sg_frac = st == PF_OK ? median(fr, n) : NAN;
     if (st != PF_OK) fprintf(stderr, "bench: %s\n", pf_status_str(st));
 }
 
@@ -246,7 +264,7 @@ static void time_passes(const bench_case *c, const pass *ps, int np, int reps, d
 static double time_case(const bench_case *c, int reps, double budget) {
     double med, ratio;
     const pass p = c->pass;
-    time_passes(c, &p, 1, reps, budget, &med, &ratio);
+    time_passes(c, &p, 1, reps, budget, &med, &ratio, NULL, 0, NULL);
     return med;
 }
 
@@ -369,9 +387,10 @@ int main(int argc, char **argv) {
     pf_projection_draw(W, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
     const int reps = quick ? 3 : 7;
     double sg = sgemm_gflops(threads, reps);
+    float *sgbuf = sgemm_buffer(threads);
     printf("performer %s, %d threads; machine sgemm: %.1f GFLOP/s (median of %d, %d x 1024^3;\n"
-           "measured again before each length, and each length's \"of sgemm\" is to the larger\n"
-           "of the two, as this shared machine's speed drifts)\n",
+           "\"of sgemm\" is the median over repeats of the forward's GFLOP/s over that of the\n"
+           "same probe run right after it, as this shared machine's speed drifts)\n",
            pf_version(), threads, sg, reps, threads);
     printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
            "the peak resident size of a process running one call, less that of one only holding\n"
@@ -395,7 +414,7 @@ int main(int argc, char **argv) {
     for (int li = 0; li < nlen; li++) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
-        const double sg_now = sgemm_gflops(threads, reps), sg_l = sg_now > sg ? sg_now : sg;
+
         /* Baselines: processes holding the tensors of a forward, and of a forward+backward. */
         bench_case idle_f = {B, H, L, d, m, FAVOR, 0, IDLE_FWD, 0}, idle_b = idle_f;
         idle_b.pass = IDLE_FWD_BWD;
@@ -409,8 +428,8 @@ int main(int argc, char **argv) {
                  * kept, in turn; the exact backward is quadratic too: timed while affordable */
                 const pass ps[4] = {FWD, FWD_BWD, FWD_BWD_SAVED, FWD_SAVE};
                 const int np = meth == FAVOR ? 4 : (L <= max_exact_bwd ? 2 : 1);
-                double med[4] = {NAN, NAN, NAN, NAN}, ratio[4] = {NAN, NAN, NAN, NAN};
-                time_passes(&c, ps, np, reps, budget, med, ratio);
+                double med[4] = {NAN, NAN, NAN, NAN}, ratio[4] = {NAN, NAN, NAN, NAN}, frac;
+                time_passes(&c, ps, np, reps, budget, med, ratio, sgbuf, threads, &frac);
                 const double sec = med[0], both = ratio[1], saved = ratio[2];
                 const double saved_k = ratio[2] / ratio[3];
                 const int heads = meth == FAVOR ? kept_heads(&c, W) : 0;
@@ -431,12 +450,12 @@ int main(int argc, char **argv) {
                          causal ? "causal" : "bidirectional");
                 printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f %6d %7.2fx "
                        "%7.2fx %9.1f\n",
-                       L, name, sec * 1e3, gf, 100 * gf / sg_l, exact_t[causal] / sec, both, mem_f,
+                       L, name, sec * 1e3, gf, 100 * frac, exact_t[causal] / sec, both, mem_f,
                        mem_b, heads, saved, saved_k, mem_s);
                 fflush(stdout);
                 if (csv)
                     fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g\n", L,
-                            meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, gf / sg_l,
+                            meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, frac,
                             mem_f, mem_b, med[2], mem_s, heads, med[3]);
             }
         }
@@ -468,5 +487,6 @@ int main(int argc, char **argv) {
                peak, kh, kh == 1 ? "" : "s", peak - base);
     }
     if (csv) fclose(csv);
+    free(sgbuf);
     return 0;
 }
