@@ -16,6 +16,7 @@
 #include "check.h"
 #include "favor.h"
 #include "model/model.h"
+#include "ref.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -89,44 +90,27 @@ static void rope_ref(double *x, int ld, int off, int B, int T, int H, int hd) {
     }
 }
 
-/* Feature map phi (r) of a row x (hd), already scaled, for W (m,hd). */
+/* Feature map phi (r) of a row x (hd), already scaled, for W (m,hd): ref.h's map, or FAVOR++'s
+ * with the model's A. */
 static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd, pf_kernel kern,
                     double eps, double A) {
+    if (kern != PF_KERNEL_OPRF) {
+        ref_phi_f64(phi, x, hd, W, m, kern, 1.0, eps);
+        return pf_kernel_width(kern, m);
+    }
     double h = 0;
     for (int j = 0; j < hd; j++) h += x[j] * x[j];
     h /= 2;
     for (int f = 0; f < m; f++) {
-        double u = 0;
-        for (int j = 0; j < hd; j++) u += W[(size_t)f * hd + j] * x[j];
-        switch (kern) {
-        case PF_KERNEL_POSITIVE:
-            phi[f] = exp(u - h) / sqrt(m);
-            break;
-        case PF_KERNEL_HYPERBOLIC:
-            phi[f] = exp(u - h) / sqrt(2.0 * m);
-            phi[m + f] = exp(-u - h) / sqrt(2.0 * m);
-            break;
-        case PF_KERNEL_TRIG:
-            phi[f] = exp(h) * sin(u) / sqrt(m);
-            phi[m + f] = exp(h) * cos(u) / sqrt(m);
-            break;
-        case PF_KERNEL_RELU:
-            phi[f] = (u > 0 ? u : 0) / sqrt(m) + eps;
-            break;
-        case PF_KERNEL_OPRF: {
-            /* FAVOR++: D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), B = sqrt(1-4A),
-             * D = (1-4A)^(d/4) */
-            double w2 = 0;
-            for (int j = 0; j < hd; j++)
-                w2 += (double)W[(size_t)f * hd + j] * W[(size_t)f * hd + j];
-            phi[f] = pow(1 - 4 * A, hd / 4.0) / sqrt(m) * exp(A * w2 + sqrt(1 - 4 * A) * u - h);
-            break;
+        double u = 0, w2 = 0;
+        for (int j = 0; j < hd; j++) {
+            u += W[(size_t)f * hd + j] * x[j];
+            w2 += (double)W[(size_t)f * hd + j] * W[(size_t)f * hd + j];
         }
-        default: /* not a FAVOR+ map */
-            phi[f] = NAN;
-        }
+        /* FAVOR++: D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), B = sqrt(1-4A), D = (1-4A)^(d/4) */
+        phi[f] = pow(1 - 4 * A, hd / 4.0) / sqrt(m) * exp(A * w2 + sqrt(1 - 4 * A) * u - h);
     }
-    return pf_kernel_width(kern, m);
+    return m;
 }
 
 /* Causal attention of qkv (B,T,3C) into out (B,T,C): exact softmax when W is NULL, else FAVOR
