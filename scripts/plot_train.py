@@ -71,7 +71,7 @@ def one(log_path, png, title):
     ax2.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, format="png")
 
 
 def compare(png, title, runs, baseline=None):
@@ -99,7 +99,7 @@ def compare(png, title, runs, baseline=None):
     ax2.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, format="png")
 
 
 def main(argv):

@@ -24,7 +24,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tool.h"
@@ -944,84 +943,39 @@ static void print_table(const lab *lb, double secs) {
     fflush(stdout);
 }
 
-/* scripts/plot_approx.py: $PERFORMER_SCRIPTS, the executable's ../scripts or ../../scripts,
- * or ./scripts. */
-static int find_script(char *path, size_t cap) {
-    const char *name = "plot_approx.py";
-    const char *env = getenv("PERFORMER_SCRIPTS");
-    if (env && *env) {
-        snprintf(path, cap, "%s/%s", env, name);
-        if (access(path, R_OK) == 0) return 1;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(path, cap, "%s/../scripts/%s", exe, name);
-            if (access(path, R_OK) == 0) return 1;
-            snprintf(path, cap, "%s/../../scripts/%s", exe, name);
-            if (access(path, R_OK) == 0) return 1;
-        }
-    }
-    snprintf(path, cap, "scripts/%s", name);
-    return access(path, R_OK) == 0;
-}
 
 enum { PLOT_OK = 0, PLOT_MISSING = 1, PLOT_FAILED = 2 };
 
-/* Draws DIR/NAME.png from the CSV (temporary name, then renamed). */
+/* Draws DIR/NAME.png from the CSV (temporary name, then renamed); says once why plots are
+ * missing. */
 static int plot(const lab *lb, const char *dir, const char *csv) {
     static int warned;
-    char script[4200], png[4200], tmp[4200];
-    const char *py = "/usr/bin/python3";
-    if (access(py, X_OK) != 0) {
+    char script[4200], png[4200];
+    snprintf(png, sizeof(png), "%s/%s.png", dir, lb->name);
+    switch (tool_plot("plot_approx.py", csv, png, lb->title, lb->metric, script, sizeof(script))) {
+    case TOOL_PLOT_OK:
+        return PLOT_OK;
+    case TOOL_PLOT_NO_PYTHON:
         if (!warned++)
-            fprintf(stderr,
-                    "performer approx: %s not found: no plots (the CSV files are "
-                    "written)\n",
-                    py);
+            fprintf(stderr, "performer approx: /usr/bin/python3 not found: no plots (the CSV "
+                            "files are written)\n");
         return PLOT_MISSING;
-    }
-    if (!find_script(script, sizeof(script))) {
+    case TOOL_PLOT_NO_SCRIPT:
         if (!warned++)
             fprintf(stderr, "performer approx: scripts/plot_approx.py not found (set "
                             "PERFORMER_SCRIPTS): no plots (the CSV files are written)\n");
         return PLOT_MISSING;
-    }
-    snprintf(png, sizeof(png), "%s/%s.png", dir, lb->name);
-    snprintf(tmp, sizeof(tmp), "%s/.%s.png.tmp.%ld", dir, lb->name, (long)getpid());
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(py, "python3", script, csv, tmp, lb->title, lb->metric, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status)) {
-        unlink(tmp);
-        tool_fail(CMD, "drawing %s failed", png);
-        return PLOT_FAILED;
-    }
-    if (WEXITSTATUS(status) == 3) { /* the script's code for "no matplotlib / numpy" */
-        unlink(tmp);
+    case TOOL_PLOT_NO_MATPLOTLIB:
         if (!warned++)
-            fprintf(stderr,
-                    "performer approx: %s has no matplotlib: no plots (the CSV files "
-                    "are written; apt install python3-matplotlib)\n",
-                    py);
+            fprintf(stderr, "performer approx: /usr/bin/python3 has no matplotlib: no plots (the "
+                            "CSV files are written; apt install python3-matplotlib)\n");
         return PLOT_MISSING;
-    }
-    if (WEXITSTATUS(status) != 0 || rename(tmp, png) != 0) {
-        unlink(tmp);
-        tool_fail(CMD, "drawing %s failed (%s exited with %d)", png, script, WEXITSTATUS(status));
+    default:
+        tool_fail(CMD, "drawing %s failed (%s)", png, script);
         return PLOT_FAILED;
     }
-    return PLOT_OK;
 }
+
 
 /* ---- command line -------------------------------------------------------------------------- */
 

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -443,27 +442,6 @@ static void fmt_time(char *buf, size_t cap, double s) {
 
 /* ---- plotting ---------------------------------------------------------------------------- */
 
-/* scripts/plot_train.py: $PERFORMER_SCRIPTS, next to the executable's ../scripts, or ./scripts */
-static int find_script(char *path, size_t cap, const char *name) {
-    const char *env = getenv("PERFORMER_SCRIPTS");
-    if (env) {
-        snprintf(path, cap, "%s/%s", env, name);
-        if (access(path, R_OK) == 0) return 1;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(path, cap, "%s/../scripts/%s", exe, name);
-            if (access(path, R_OK) == 0) return 1;
-        }
-    }
-    snprintf(path, cap, "scripts/%s", name);
-    return access(path, R_OK) == 0;
-}
 
 /* "exact", "FAVOR+ positive", "FAVOR++": the attention in words. */
 static const char *attention_desc(const pf_model_config *m, char *buf, size_t cap) {
@@ -478,30 +456,22 @@ static const char *attention_desc(const pf_model_config *m, char *buf, size_t ca
 
 static void plot(const train_cfg *c, const char *log_path) {
     char script[4200], png[4200], title[256], att[64];
-    if (!find_script(script, sizeof(script), "plot_train.py")) {
-        fprintf(stderr, "performer train: scripts/plot_train.py not found: no plot\n");
-        return;
-    }
     snprintf(png, sizeof(png), "%s/curves.png", c->out);
     snprintf(title, sizeof(title), "%s, %s%s, %d layers, d_model %d, context %d", c->data,
              attention_desc(&c->model, att, sizeof(att)),
              c->model.positions == PF_LM_ROTARY ? ", rotary" : "", c->model.layers,
              c->model.d_model, c->model.context);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/usr/bin/python3", "python3", script, log_path, png, title, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const tool_plot_status st =
+        tool_plot("plot_train.py", log_path, png, title, NULL, script, sizeof(script));
+    if (st == TOOL_PLOT_NO_SCRIPT)
+        fprintf(stderr, "performer train: scripts/plot_train.py not found: no plot\n");
+    else if (st != TOOL_PLOT_OK)
         fprintf(stderr,
                 "performer train: drawing %s failed (needs /usr/bin/python3 with "
                 "matplotlib)\n",
                 png);
-        return;
-    }
-    printf("curves: %s\n", png);
+    else
+        printf("curves: %s\n", png);
 }
 
 /* Removes temporary checkpoint files a killed run may have left ("checkpoint.safetensors.tmp.*",

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -210,6 +211,55 @@ int tool_check_writable(const char *path, char *msg, size_t cap) {
         return -1;
     }
     return 0;
+}
+
+int tool_find_script(char *path, size_t cap, const char *name) {
+    const char *env = getenv("PERFORMER_SCRIPTS");
+    if (env && *env) {
+        snprintf(path, cap, "%s/%s", env, name);
+        if (access(path, R_OK) == 0) return 1;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(path, cap, "%s/../scripts/%s", exe, name);
+            if (access(path, R_OK) == 0) return 1;
+            snprintf(path, cap, "%s/../../scripts/%s", exe, name);
+            if (access(path, R_OK) == 0) return 1;
+        }
+    }
+    snprintf(path, cap, "scripts/%s", name);
+    return access(path, R_OK) == 0;
+}
+
+tool_plot_status tool_plot(const char *name, const char *in, const char *png, const char *arg1,
+                           const char *arg2, char *script, size_t cap) {
+    const char *py = "/usr/bin/python3";
+    if (access(py, X_OK) != 0) return TOOL_PLOT_NO_PYTHON;
+    if (!tool_find_script(script, cap, name)) return TOOL_PLOT_NO_SCRIPT;
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", png, (long)getpid());
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(py, "python3", script, in, tmp, arg1, arg2, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    tool_plot_status st = TOOL_PLOT_OK;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
+        st = TOOL_PLOT_FAILED;
+    else if (WEXITSTATUS(status) == 3) /* the scripts' code for "no matplotlib / numpy" */
+        st = TOOL_PLOT_NO_MATPLOTLIB;
+    else if (WEXITSTATUS(status) != 0 || rename(tmp, png) != 0)
+        st = TOOL_PLOT_FAILED;
+    if (st != TOOL_PLOT_OK) unlink(tmp);
+    return st;
 }
 
 const char *tool_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {

@@ -94,6 +94,26 @@ int tool_parse_choice(tool_args *a, const char *flag, const char *s, const char 
  * final write can still fail; this only catches the common mistakes early. */
 int tool_check_writable(const char *path, char *msg, size_t cap);
 
+/* Finds the plotting script `name` (readable) into path: in $PERFORMER_SCRIPTS, then the
+ * executable's ../scripts or ../../scripts (build/ or build/tools/ of a checkout), then ./scripts.
+ * 1 if found, else 0. */
+int tool_find_script(char *path, size_t cap, const char *name);
+
+/* What tool_plot did. */
+typedef enum {
+    TOOL_PLOT_OK,
+    TOOL_PLOT_NO_PYTHON,     /* no /usr/bin/python3 */
+    TOOL_PLOT_NO_SCRIPT,     /* tool_find_script found nothing */
+    TOOL_PLOT_NO_MATPLOTLIB, /* the script's exit status 3 */
+    TOOL_PLOT_FAILED         /* it could not be run, or failed */
+} tool_plot_status;
+
+/* Draws png with /usr/bin/python3 SCRIPT IN TMP [ARG1 [ARG2]], SCRIPT the plotting script
+ * `name` (tool_find_script, its path left in script), TMP a temporary name beside png that is
+ * renamed to png on success and removed otherwise. */
+tool_plot_status tool_plot(const char *name, const char *in, const char *png, const char *arg1,
+                           const char *arg2, char *script, size_t cap);
+
 /* Formats a shape as "(2, 3, 4)" (or "()") into buf. */
 const char *tool_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 
