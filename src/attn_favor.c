@@ -254,13 +254,7 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
             pf_fmap_rows(fm, phi, r, c, kamax ? kamax + j0 : NULL, K + (size_t)j0 * (size_t)d, nb);
         if (st != PF_OK) return st;
         if (kst) keep_rows(kst + (size_t)j0 * (size_t)r, phi, r, nb, r);
-        double cb = -INFINITY;
-        for (int j = 0; j < nb; j++) cb = c[j] > cb ? c[j] : cb;
-        float beta = 1.0f;
-        if (cb > M) {
-            beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
-            M = cb;
-        }
+        const float beta = pf_favor_rebase(&M, c, nb);
         if (pf_favor_weighted_values(ws->vaug, dv1, Vb, dv, c, NULL, M, nb)) return PF_ENONFINITE;
         /* KV = beta KV + K~^T [V | 1]_w   (r x dv1) */
         if (split_columns(dv)) {
@@ -275,6 +269,15 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
     }
     *Mb = M;
     return PF_OK;
+}
+
+float pf_favor_rebase(double *M, const double *c, int n) {
+    double cb = -INFINITY;
+    for (int j = 0; j < n; j++) cb = c[j] > cb ? c[j] : cb;
+    if (!(cb > *M)) return 1.0f;
+    const float beta = *M == -INFINITY ? 0.0f : (float)exp(*M - cb);
+    *M = cb;
+    return beta;
 }
 
 void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n) {

@@ -457,13 +457,7 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
         if (s1 != PF_OK) return s1;
         if (LT && nkb > 0) {
             const double *c = cs->kc + b0;
-            double cb = -INFINITY;
-            for (int j = 0; j < nkb; j++) cb = c[j] > cb ? c[j] : cb;
-            float beta = 1.0f;
-            if (cb > M) {
-                beta = M == -INFINITY ? 0.0f : (float)exp(M - cb);
-                M = cb;
-            }
+            const float beta = pf_favor_rebase(&M, c, nkb);
             pf_favor_weighted_values(ws->vaug, dv1, hd->V + (size_t)b0 * (size_t)dv, dv, c, NULL, M,
                                      nkb);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nkb, 1.0f, ws->vaug, dv1,

@@ -211,6 +211,11 @@ PF_INTERNAL pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, flo
                                          const float *K, const float *V, int n, int dv, float *kst,
                                          double *kc, float *kamax);
 
+/* A running key sum referenced to *M takes keys with log factors c (n): *M becomes
+ * max(*M, c[0..n)), and the sum must first be multiplied by the returned factor, e^(old - new)
+ * (0 when *M was -inf: nothing to keep; 1 when *M does not move). */
+PF_INTERNAL float pf_favor_rebase(double *M, const double *c, int n);
+
 /* S (n floats) referenced to *M becomes S + S2 (referenced to M2), referenced to the larger
  * reference: S = e^(M - M') S + e^(M2 - M') S2. A reference of -inf is an empty sum. */
 PF_INTERNAL void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n);
