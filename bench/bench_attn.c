@@ -35,38 +35,8 @@
 #include <omp.h>
 #endif
 
+#include "bench.h"
 #include "performer.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
-
-static void fill(float *x, size_t n, uint64_t seed) {
-    pf_rng rng;
-    pf_rng_init(&rng, seed, 0);
-    pf_rng_fill_normal(&rng, x, n);
-}
 
 /* ---- the machine's sgemm speed --------------------------------------------------------- */
 
@@ -75,7 +45,7 @@ enum { SG_N = 1024 };
 /* Scratch for the probe: three SG_N^2 matrices per thread. */
 static float *sgemm_buffer(int threads) {
     float *a = xmalloc(sizeof(float) * (size_t)threads * SG_N * SG_N * 3);
-    fill(a, (size_t)threads * SG_N * SG_N * 3, 7);
+    fill(a, (size_t)threads * SG_N * SG_N * 3, 7, 1.0f);
     return a;
 }
 
@@ -86,8 +56,7 @@ static double sgemm_once(float *a, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
     for (int i = 0; i < threads; i++) {
         float *A = a + (size_t)i * n * n * 3, *B = A + (size_t)n * n, *C = B + (size_t)n * n;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C,
-                    n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
     }
     return 2.0 * n * n * n * threads / (now() - t0) * 1e-9;
 }
@@ -185,22 +154,22 @@ static void buffers_make(buffers *b, const bench_case *c) {
     b->V = xmalloc(n * sizeof(float));
     b->out = xmalloc(n * sizeof(float));
     b->lse = xmalloc((size_t)c->B * c->H * c->L * sizeof(float));
-    fill(b->out, n, 8);
-    fill(b->lse, (size_t)c->B * c->H * c->L, 9);
-    fill(b->Q, n, 1);
-    fill(b->K, n, 2);
-    fill(b->V, n, 3);
+    fill(b->out, n, 8, 1.0f);
+    fill(b->lse, (size_t)c->B * c->H * c->L, 9, 1.0f);
+    fill(b->Q, n, 1, 1.0f);
+    fill(b->K, n, 2, 1.0f);
+    fill(b->V, n, 3, 1.0f);
     if (has_backward(c->pass)) {
         b->dout = xmalloc(n * sizeof(float));
         b->dQ = xmalloc(n * sizeof(float));
         b->dK = xmalloc(n * sizeof(float));
         b->dV = xmalloc(n * sizeof(float));
-        fill(b->dout, n, 4);
+        fill(b->dout, n, 4, 1.0f);
         /* Touch the outputs, as a run would, so that they count in every resident figure
          * (with values: malloc + memset(0) may become calloc, which touches nothing). */
-        fill(b->dQ, n, 5);
-        fill(b->dK, n, 6);
-        fill(b->dV, n, 7);
+        fill(b->dQ, n, 5, 1.0f);
+        fill(b->dK, n, 6, 1.0f);
+        fill(b->dV, n, 7, 1.0f);
     }
     b->W = xmalloc((size_t)c->m * c->d * sizeof(float));
     pf_projection_draw(b->W, c->m, c->d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
@@ -301,8 +270,7 @@ static double peak_mib_once(const bench_case *c) {
         got += (size_t)k;
     close(fd[0]);
     int status = 0;
-    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        return NAN;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return NAN;
     long kib = strtol(buf, NULL, 10);
     return kib > 0 ? (double)kib / 1024.0 : NAN;
 }
@@ -353,8 +321,8 @@ int main(int argc, char **argv) {
     const char *csv_path = NULL;
     int lengths[16] = {512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}, nlen = 8;
     int mem_lengths[2] = {65536, 131072}, nmem = 2;
-    int max_exact = 16384;      /* exact attention is timed up to this length */
-    int max_exact_bwd = 8192;   /* and its backward up to this one */
+    int max_exact = 16384;    /* exact attention is timed up to this length */
+    int max_exact_bwd = 8192; /* and its backward up to this one */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
@@ -362,8 +330,15 @@ int main(int argc, char **argv) {
             lengths[0] = 1024, lengths[1] = 4096, nlen = 2;
             max_exact_bwd = 4096;
         } else if (strcmp(argv[i], "--peak") == 0 && i + 4 < argc) {
-            bench_case c = {1, 8, atoi(argv[i + 1]), 64, 256, (method)atoi(argv[i + 2]),
-                            atoi(argv[i + 3]), (pass)atoi(argv[i + 4]), 0};
+            bench_case c = {1,
+                            8,
+                            atoi(argv[i + 1]),
+                            64,
+                            256,
+                            (method)atoi(argv[i + 2]),
+                            atoi(argv[i + 3]),
+                            (pass)atoi(argv[i + 4]),
+                            0};
             return peak_child(&c);
         } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
             csv_path = argv[++i];
@@ -394,14 +369,15 @@ int main(int argc, char **argv) {
            pf_version(), threads, sg, reps, threads);
     printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
            "the peak resident size of a process running one call, less that of one only holding\n"
-           "the same tensors (the method's own working memory)\n\n", B, H, d, m);
+           "the same tensors (the method's own working memory)\n\n",
+           B, H, d, m);
     printf("fwd+bwd/f: the recomputing backward; kept/f and kept MiB: the backward from the\n"
            "features the forward kept (pf_attn_favor_save) for as many heads as fit in %zu MiB\n"
            "(kept/f is to the plain forward, kept/kf to the keeping forward)\n\n",
            KEEP_BUDGET >> 20);
-    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s %6s %8s %8s %9s\n", "L", "method",
-           "fwd ms", "GFLOP/s", "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB",
-           "heads", "kept/f", "kept/kf", "kept MiB");
+    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s %6s %8s %8s %9s\n", "L", "method", "fwd ms",
+           "GFLOP/s", "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB", "heads", "kept/f",
+           "kept/kf", "kept MiB");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {
         fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
@@ -455,8 +431,8 @@ int main(int argc, char **argv) {
                 fflush(stdout);
                 if (csv)
                     fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g\n", L,
-                            meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, frac,
-                            mem_f, mem_b, med[2], mem_s, heads, med[3]);
+                            meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, frac, mem_f,
+                            mem_b, med[2], mem_s, heads, med[3]);
             }
         }
     }

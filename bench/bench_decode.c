@@ -17,34 +17,8 @@
 #include <omp.h>
 #endif
 
+#include "bench.h"
 #include "performer.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
-
-static void fill(float *x, size_t n, uint64_t seed, float sigma) {
-    pf_rng rng;
-    pf_rng_init(&rng, seed, 0);
-    pf_rng_fill_normal(&rng, x, n);
-    for (size_t i = 0; i < n; i++) x[i] *= sigma;
-}
 
 int main(int argc, char **argv) {
     int tokens = 256, quick = 0;
@@ -121,8 +95,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_decode: %s\n", pf_status_str(s));
             return 1;
         }
-        qsort(t, (size_t)tokens, sizeof *t, cmp_double);
-        const double med = tokens % 2 ? t[tokens / 2] : 0.5 * (t[tokens / 2 - 1] + t[tokens / 2]);
+        const double med = median(t, tokens);
         if (c == 0) base = med;
         printf("%8d %14.2f %9.2fx\n", contexts[c], med * 1e6, med / base);
         fflush(stdout);
