@@ -57,56 +57,54 @@ def setup(ax, title, ylabel):
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_kept(ax, data, key, scale):
-    """FAVOR+ forward+backward from the features the forward kept (pf_favor_saved): the
-    recomputing curve's colour, hollow markers."""
+def plot_curves(ax, data, key, scale, kept=False):
+    """One curve per (method, causal) of column `key` times `scale`. kept: the FAVOR+ rows of
+    the features-kept backward (pf_favor_saved), the recomputing curve's colour with hollow
+    markers."""
     if not data or key not in data[0]:
         return
     for k, pts in sorted(series(data, key).items()):
         label, color, ls = STYLE[k]
         xs, ys = zip(*sorted(pts))
-        ax.plot(xs, [y * scale for y in ys], ls, color=color, marker="o", ms=4, mfc="none",
-                alpha=0.8, label=label + ", features kept")
+        style = dict(ms=4, mfc="none", alpha=0.8) if kept else dict(ms=3)
+        ax.plot(xs, [y * scale for y in ys], ls, color=color, marker="o",
+                label=label + (", features kept" if kept else ""), **style)
+
+
+def plot_pair(data, path, cols, scale, ylabel, suptitle, extra=None, legend_size=None):
+    """Forward and forward+backward side by side; cols = (forward, forward+backward, kept)
+    column names; extra(ax, data) adds to each panel."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, title in ((axes[0], cols[0], "forward"),
+                           (axes[1], cols[1], "forward + backward")):
+        plot_curves(ax, data, key, scale)
+        if key == cols[1]:
+            plot_curves(ax, data, cols[2], scale, kept=True)
+        if extra:
+            extra(ax, data)
+        setup(ax, title, ylabel)
+        ax.legend(fontsize=legend_size)
+    fig.suptitle(suptitle)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def score_matrix(ax, data):
+    """What a naive implementation would hold: the L x L score matrix of 8 heads."""
+    Ls = sorted({int(r["L"]) for r in data})
+    ax.plot(Ls, [8 * L * L * 4 / 2**20 for L in Ls], ":", color="#d62728",
+            label="an L×L score matrix (naive exact)")
 
 
 def plot_time(data, path):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, title in ((axes[0], "fwd_seconds", "forward"),
-                           (axes[1], "fwdbwd_seconds", "forward + backward")):
-        for k, pts in sorted(series(data, key).items()):
-            label, color, ls = STYLE[k]
-            xs, ys = zip(*sorted(pts))
-            ax.plot(xs, [y * 1e3 for y in ys], ls, color=color, marker="o", ms=3, label=label)
-        if key == "fwdbwd_seconds":
-            plot_kept(ax, data, "saved_seconds", 1e3)
-        setup(ax, title, "time (ms, median)")
-        ax.legend()
-    fig.suptitle("attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_pair(data, path, ("fwd_seconds", "fwdbwd_seconds", "saved_seconds"), 1e3,
+              "time (ms, median)", "attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)")
 
 
 def plot_memory(data, path):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, title in ((axes[0], "fwd_mib", "forward"),
-                           (axes[1], "fwdbwd_mib", "forward + backward")):
-        for k, pts in sorted(series(data, key).items()):
-            label, color, ls = STYLE[k]
-            xs, ys = zip(*sorted(pts))
-            ax.plot(xs, ys, ls, color=color, marker="o", ms=3, label=label)
-        if key == "fwdbwd_mib":
-            plot_kept(ax, data, "saved_mib", 1.0)
-        Ls = sorted({int(r["L"]) for r in data})
-        # What a naive implementation would hold: the L x L score matrix of 8 heads.
-        ax.plot(Ls, [8 * L * L * 4 / 2**20 for L in Ls], ":", color="#d62728",
-                label="an L×L score matrix (naive exact)")
-        setup(ax, title, "working memory (MiB)")
-        ax.legend(fontsize=8)
-    fig.suptitle("peak memory beyond the caller's tensors, B=1 H=8 d=64 m=256")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_pair(data, path, ("fwd_mib", "fwdbwd_mib", "saved_mib"), 1.0, "working memory (MiB)",
+              "peak memory beyond the caller's tensors, B=1 H=8 d=64 m=256", score_matrix, 8)
 
 
 def plot_decode(data, path):
