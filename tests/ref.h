@@ -1,5 +1,5 @@
-/* ref.h: float64 references that several tests share, written from SPEC §2 and independent of
- * the library's code. */
+/* ref.h: what several tests share: float64 references written from SPEC §2, independent of the
+ * library's code, and fixtures. */
 #ifndef PF_TEST_REF_H
 #define PF_TEST_REF_H
 
@@ -61,6 +61,16 @@ static inline void ref_phi_f32(double *phi, const float *x, int d, const float *
     }
     for (int k = 0; k < d; k++) xd[k] = x[k];
     ref_phi_f64(phi, xd, d, W, m, kernel, scale, eps);
+}
+
+/* Row i of X (rows x d) rescaled to the norm lo + (hi - lo) (i mod 17) / 16: inputs whose norms
+ * spread over [lo, hi]. */
+static inline void set_row_norms(float *X, size_t rows, int d, double lo, double hi) {
+    for (size_t i = 0; i < rows; i++) {
+        double s = 0, norm = lo + (hi - lo) * (double)(i % 17) / 16.0;
+        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
+        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
+    }
 }
 
 #endif

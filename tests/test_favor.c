@@ -81,14 +81,6 @@ static void exact_f64(double *out, const float *Q, const float *K, const float *
     free(w);
 }
 
-static void scale_rows(float *X, size_t rows, int d, double norm_lo, double norm_hi) {
-    for (size_t i = 0; i < rows; i++) {
-        double s = 0, norm = norm_lo + (norm_hi - norm_lo) * (double)(i % 17) / 16.0;
-        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
-        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
-    }
-}
-
 typedef struct problem {
     pf_shape s;
     float *Q, *K, *V, *W, *out, *out2;
@@ -153,8 +145,8 @@ static void test_vs_f64(void) {
                 const int Lk = causal ? L : (li == 1 ? 200 : L + 5); /* Lq != Lk */
                 const int wph = (li + k) % 2;
                 problem p = problem_make(B, H, L, Lk, d, dv, m, wph ? H : 1, 21 + li);
-                scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
-                scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+                set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
+                set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
                 pf_attn_opts o = pf_attn_opts_default();
                 o.causal = causal;
                 int32_t klen[2] = {Lk, Lk > 3 ? Lk - 3 - Lk / 3 : Lk}; /* padding in batch 1 */
@@ -194,8 +186,8 @@ static void test_large_norms(void) {
     const int B = 1, H = 2, L = 150, d = 16, dv = 16, m = 64;
     for (int keys = 0; keys < 2; keys++) {
         problem p = problem_make(B, H, L, L, d, dv, m, H, 31);
-        scale_rows(p.Q, p.nq / d, d, 30.0, 30.0);
-        scale_rows(p.K, p.nk / d, d, keys ? 1.0 : 30.0, 30.0);
+        set_row_norms(p.Q, p.nq / d, d, 30.0, 30.0);
+        set_row_norms(p.K, p.nk / d, d, keys ? 1.0 : 30.0, 30.0);
         if (keys == 0) {
             int r = pf_kernel_width(PF_KERNEL_TRIG, m);
             float *phi = xmalloc(sizeof(float) * L * r), *phik = xmalloc(sizeof(float) * L * r);
@@ -284,8 +276,8 @@ static void test_threads_few_heads(void) {
     for (int c = 0; c < 2; c++) {
         const int L = lens[c], B = Bs[c], d = 16, dv = 16, m = 32;
         problem p = problem_make(B, 1, L, L, d, dv, m, 1, 55 + c);
-        scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
-        scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+        set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
+        set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
         int32_t klen[3] = {L - 3, L, 900};
         for (int causal = 0; causal < 2; causal++) {
             for (int pad = 0; pad < 2; pad++) {
@@ -356,7 +348,7 @@ static void test_causality_and_padding(void) {
             for (int h = 0; h < H; h++) {
                 float *Kh = K2 + (size_t)h * L * d, *Vh = V2 + (size_t)h * L * dv;
                 fill_normal(Kh + (size_t)(t + 1) * d, (size_t)(L - t - 1) * d, 1, 62, t);
-                scale_rows(Kh + (size_t)(t + 1) * d, L - t - 1, d, 50.0, 50.0);
+                set_row_norms(Kh + (size_t)(t + 1) * d, L - t - 1, d, 50.0, 50.0);
                 for (size_t e = (size_t)(t + 1) * dv; e < (size_t)L * dv; e++) Vh[e] *= 1e4f;
             }
             CHECK_STATUS(pf_attn_favor(p.out2, p.Q, K2, V2, &p.s, &o, &f), PF_OK);
@@ -374,8 +366,8 @@ static void test_causality_and_padding(void) {
     const int klen = 97;
     int32_t kl[1] = {klen};
     problem t = problem_make(B, H, L, klen, d, dv, m, H, 61);
-    scale_rows(p.Q, p.nq / d, d, 0.5, 2.0); /* well conditioned for trig */
-    scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+    set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0); /* well conditioned for trig */
+    set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
     for (int h = 0; h < H; h++) {
         memcpy(t.K + (size_t)h * klen * d, p.K + (size_t)h * L * d, sizeof(float) * klen * d);
         memcpy(t.V + (size_t)h * klen * dv, p.V + (size_t)h * L * dv, sizeof(float) * klen * dv);

@@ -68,14 +68,6 @@ static void fd_grad(double *g, double *x, size_t n, const double *Q, const doubl
     }
 }
 
-static void scale_rows(float *X, size_t rows, int d, double lo, double hi) {
-    for (size_t i = 0; i < rows; i++) {
-        double s = 0, norm = lo + (hi - lo) * (double)(i % 17) / 16.0;
-        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
-        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
-    }
-}
-
 typedef struct problem {
     pf_shape s;
     float *Q, *K, *V, *G, *W;
@@ -141,8 +133,8 @@ static void test_finite_differences(void) {
             for (int k = 0; k < 5; k++) {
                 const int Lq = causal ? 9 : 7, Lk = 9;
                 problem p = problem_make(B, H, Lq, Lk, d, dv, m, 300 + causal * 10 + pad);
-                scale_rows(p.Q, p.nq / d, d, 0.5, 1.5);
-                scale_rows(p.K, p.nk / d, d, 0.5, 1.5);
+                set_row_norms(p.Q, p.nq / d, d, 0.5, 1.5);
+                set_row_norms(p.K, p.nk / d, d, 0.5, 1.5);
                 /* k = 4: positive with eps > 0, so the max term's gradient is exercised */
                 pf_kernel kernel = k < 4 ? (pf_kernel)k : PF_KERNEL_POSITIVE;
                 float eps = kernel == PF_KERNEL_RELU ? 0.05f : (k == 4 ? 0.1f : 0.0f);
@@ -219,8 +211,8 @@ static void test_vs_reference(void) {
             for (int k = 0; k < 4; k++) {
                 const int L = lens[li], Lk = causal ? L : L + 11, d = 16, dv = 24, m = 32;
                 problem p = problem_make(2, 3, L, Lk, d, dv, m, 400 + li);
-                scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
-                scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+                set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
+                set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
                 pf_favor_opts f = favor_of(&p, (pf_kernel)k, m, k == 3 ? 1e-3f : 0.0f);
                 pf_attn_opts o = pf_attn_opts_default();
                 o.causal = causal;
@@ -260,8 +252,8 @@ static void test_large_norms(void) {
     for (int causal = 0; causal < 2; causal++) {
         for (int k = 0; k < 3; k++) {
             problem p = problem_make(1, 2, L, L, d, dv, m, 500);
-            scale_rows(p.Q, p.nq / d, d, 30.0, 30.0);
-            scale_rows(p.K, p.nk / d, d, 1.0, 30.0);
+            set_row_norms(p.Q, p.nq / d, d, 30.0, 30.0);
+            set_row_norms(p.K, p.nk / d, d, 1.0, 30.0);
             pf_favor_opts f = favor_of(&p, ks[k], m, ks[k] == PF_KERNEL_RELU ? 1e-3f : 0.0f);
             pf_attn_opts o = pf_attn_opts_default();
             o.causal = causal;
@@ -322,8 +314,8 @@ static void test_few_heads(void) {
     for (int c = 0; c < 2; c++) {
         const int L = lens[c], B = Bs[c], d = 16, dv = 16, m = 32;
         problem p = problem_make(B, 1, L, L, d, dv, m, 650 + c);
-        scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
-        scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+        set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
+        set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
         int32_t klen[3] = {c == 0 ? 900 : L - 7, L, 700};
         float *out = xmalloc(sizeof(float) * p.no);
         float *g[3] = {xmalloc(sizeof(float) * p.nq), xmalloc(sizeof(float) * p.nk),
@@ -375,8 +367,8 @@ static void test_saved(void) {
     for (int c = 0; c < 2; c++) {
         const int B = Bs[c], H = Hs[c], L = Ls[c], d = 16, dv = 16, m = 32;
         problem p = problem_make(B, H, L, L, d, dv, m, 660 + c);
-        scale_rows(p.Q, p.nq / d, d, 0.5, 2.0);
-        scale_rows(p.K, p.nk / d, d, 0.5, 2.0);
+        set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
+        set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
         int32_t klen[2] = {L - 37, L};
         float *out = xmalloc(sizeof(float) * p.no), *out2 = xmalloc(sizeof(float) * p.no);
         for (int causal = 0; causal < 2; causal++) {

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref.h"
 
 /* ---- this file's float64 code ------------------------------------------------------------- */
 
@@ -553,14 +554,6 @@ typedef struct problem {
     size_t nq, nk, nv, no;
 } problem;
 
-static void scale_rows(float *X, size_t rows, int d, double lo, double hi) {
-    for (size_t i = 0; i < rows; i++) {
-        double s = 0, norm = lo + (hi - lo) * (double)(i % 17) / 16.0;
-        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
-        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
-    }
-}
-
 static problem problem_make(int B, int H, int Lq, int Lk, int d, int dv, int m, uint64_t seed) {
     problem p;
     p.s = (pf_shape){B, H, Lq, Lk, d, dv};
@@ -672,8 +665,8 @@ static void test_attention(void) {
     for (int c = 0; c < 4; c++) {
         const int causal = c == 3, Lq = causal ? 150 : 61, Lk = causal ? 150 : 97;
         problem p = problem_make(B, H, Lq, Lk, d, dv, m, 21 + c);
-        scale_rows(p.Q, p.nq / d, d, 0.5, 3.0);
-        scale_rows(p.K, p.nk / d, d, 0.5, 3.0);
+        set_row_norms(p.Q, p.nq / d, d, 0.5, 3.0);
+        set_row_norms(p.K, p.nk / d, d, 0.5, 3.0);
         pf_favor_opts f =
             favor_of(&p, c == 2 ? PF_KERNEL_SDERF : PF_KERNEL_OPRF, m, c == 1 || c == 3, -0.15f);
         if (c == 1) f.eps = 0.01f;
@@ -734,8 +727,8 @@ static void test_attention(void) {
 
     /* long rows: |q|, |k| up to 10 (|x'| up to 5), OPRF with A* (strongly negative) */
     problem p = problem_make(1, 2, 80, 80, d, dv, m, 29);
-    scale_rows(p.Q, p.nq / d, d, 1.0, 10.0);
-    scale_rows(p.K, p.nk / d, d, 1.0, 10.0);
+    set_row_norms(p.Q, p.nq / d, d, 1.0, 10.0);
+    set_row_norms(p.K, p.nk / d, d, 1.0, 10.0);
     pf_favor_opts f = favor_of(&p, PF_KERNEL_OPRF, m, 0, 0);
     pf_attn_opts o = pf_attn_opts_default();
     favor_f64(p.ref, p.Q, p.K, p.V, &p.s, &o, &f);
@@ -785,8 +778,8 @@ static void test_gradients(void) {
     for (int c = 0; c < 4; c++) { /* OPRF A*, SDERF, OPRF given (bidirectional, causal) */
         const int causal = c == 3, Lq = causal ? 9 : 7, Lk = 9;
         problem p = problem_make(B, H, Lq, Lk, d, dv, m, 500 + c);
-        scale_rows(p.Q, p.nq / d, d, 0.5, 1.5);
-        scale_rows(p.K, p.nk / d, d, 0.5, 1.5);
+        set_row_norms(p.Q, p.nq / d, d, 0.5, 1.5);
+        set_row_norms(p.K, p.nk / d, d, 0.5, 1.5);
         pf_favor_opts f = favor_of(&p, c == 1 ? PF_KERNEL_SDERF : PF_KERNEL_OPRF, m, c >= 2, -0.2f);
         f.chunk = 4;
         if (c == 2) f.eps = 0.05f;

@@ -15,18 +15,11 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-static void scale_rows(float *X, size_t rows, int d, double lo, double hi) {
-    for (size_t i = 0; i < rows; i++) {
-        double s = 0, norm = lo + (hi - lo) * (double)(i % 17) / 16.0;
-        for (int k = 0; k < d; k++) s += (double)X[i * d + k] * X[i * d + k];
-        for (int k = 0; k < d; k++) X[i * d + k] = (float)(X[i * d + k] * norm / sqrt(s));
-    }
-}
 
 typedef struct problem {
     int H, L, d, dv, m;
@@ -51,8 +44,8 @@ static problem problem_make(int H, int L, int d, int dv, int m, uint64_t seed) {
     fill_normal(p.Q, nq, 1, seed, 0);
     fill_normal(p.K, nq, 1, seed, 1);
     fill_normal(p.V, nv, 1, seed, 2);
-    scale_rows(p.Q, nq / d, d, 0.5, 2.0);
-    scale_rows(p.K, nq / d, d, 0.5, 2.0);
+    set_row_norms(p.Q, nq / d, d, 0.5, 2.0);
+    set_row_norms(p.K, nq / d, d, 0.5, 2.0);
     for (int h = 0; h < H; h++)
         pf_projection_draw(p.W + (size_t)h * m * d, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
                            100 + h);
@@ -183,8 +176,8 @@ static void test_large_norms(void) {
     const int one[1] = {1}, mixed[4] = {5, 1, 16, 9};
     for (int keys = 0; keys < 2; keys++) {
         problem p = problem_make(H, L, d, dv, m, 31);
-        scale_rows(p.Q, (size_t)H * L, d, 30.0, 30.0);
-        scale_rows(p.K, (size_t)H * L, d, keys ? 1.0 : 30.0, 30.0);
+        set_row_norms(p.Q, (size_t)H * L, d, 30.0, 30.0);
+        set_row_norms(p.K, (size_t)H * L, d, keys ? 1.0 : 30.0, 30.0);
         for (int k = 0; k < 3; k++) {
             pf_favor_opts f = favor_of(&p, ks[k], 0);
             pf_shape s = {1, H, L, L, d, dv};
