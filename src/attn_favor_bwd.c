@@ -32,7 +32,10 @@
  * e^(c_j - P_i) or e^(c_j - M_c) is <= 1 too. There is no per-position state and no prefix
  * state is ever recovered by subtraction. One head keeps its features Q~, K~ (L x r each), dN~
  * (L x dv+1), the chunks' masked score blocks (L x C, twice) and the log factors (L):
- * O(L (r + C + dv)). */
+ * O(L (r + C + dv)) per thread. Beyond BWD_WHOLE rows that would grow without bound (600 MiB at
+ * L = 131072, r = 256, two threads), so a long head goes in segments: the forward scan keeps only
+ * the prefix state at each segment's start, and the reverse scan makes a segment's rows again from
+ * it; the scratch is then O(BWD_SEG (r + C + dv)) whatever L, for about a fifth more time. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -42,9 +45,11 @@
 #include "favor.h"
 
 enum {
-    BWD_BLOCK = 256,     /* rows per block of features, bidirectional */
-    BWD_SPLIT = 16,      /* bidirectional: blocks wanted over all heads (pf_favor_split) */
-    BWD_BUDGET = 1 << 20 /* floats of kept K~ (4 MiB) a group of heads holds: one L = 4096 head */
+    BWD_BLOCK = 256,      /* rows per block of features, bidirectional */
+    BWD_SPLIT = 16,       /* bidirectional: blocks wanted over all heads (pf_favor_split) */
+    BWD_BUDGET = 1 << 20, /* floats of kept K~ (4 MiB) a group of heads holds: one L = 4096 head */
+    BWD_WHOLE = 16384,    /* causal: a head's rows kept whole up to this length (~40 MiB), */
+    BWD_SEG = 8192        /* and in segments of about this many beyond */
 };
 
 /* ---- per-thread scratch ------------------------------------------------------------------- */
@@ -65,10 +70,12 @@ typedef struct bwd_ws {
     float *dnw;    /* (C, dv+1): causal: dN~ rows weighted for the suffix state */
     float *state;  /* (r, dv+1): causal: the prefix state S^T (dv+1, r) */
     float *dstate; /* (r, dv+1): causal: the suffix state R^T (dv+1, r) */
+    float *ckpt;   /* (nseg, dv+1, r): causal in segments: the prefix state before each */
     double *kc;    /* (Lk): causal: key log factors */
     double *p;     /* (L): causal: prefix maxima */
     double *cq;    /* (nb): query log factors (unused, they cancel) */
     double *bsc;   /* (nb): scratch of pf_fmap_rows_backward */
+    double *ckm;   /* (nseg): references of ckpt */
     void *mem;
 } bwd_ws;
 
@@ -76,13 +83,16 @@ static size_t lines(size_t n, size_t size) {
     return (n * size + 63) / 64 * 64;
 }
 
-/* C = 0 for bidirectional; L, Lk = 0 when no head's rows are kept here; feats 0 when the
- * features come from the forward (no Q~, K~ kept here). Returns 0, or -1 when out of memory. */
-static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv, int feats) {
+/* C = 0 for bidirectional; L, Lk = 0 when no head's rows are kept here (else the rows of a
+ * segment), nseg the segments a head's scan is cut into; feats 0 when the features come from
+ * the forward (no Q~, K~ kept here). Returns 0, or -1 when out of memory. */
+static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nseg, int nb, int C, int r, int dv,
+                        int feats) {
     const size_t R = feats ? (size_t)r : 0, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
     const size_t dw = (size_t)pf_favor_dw(dv);
     const size_t LL = C ? (size_t)L : 0, LK = C ? (size_t)Lk : 0;
-    const size_t sz[19] = {lines(LK * R, 4),
+    const size_t NS = nseg > 1 ? (size_t)nseg : 0;
+    const size_t sz[21] = {lines(LK * R, 4),
                            lines(LL * R, 4),
                            lines(LL * dv1, 4),
                            lines(LL * CC, 4),
@@ -97,30 +107,32 @@ static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nb, int C, int r, int dv,
                            lines(CC * dv1, 4),
                            lines((size_t)r * dv1, 4),
                            lines((size_t)r * dv1, 4),
+                           lines(NS * (size_t)r * dv1, 4),
                            lines(LK, 8),
                            lines(LL, 8),
                            lines(NB, 8),
-                           lines(NB, 8)};
+                           lines(NB, 8),
+                           lines(NS, 8)};
     memset(ws, 0, sizeof *ws);
     size_t total = 0;
-    for (int i = 0; i < 19; i++) {
+    for (int i = 0; i < 21; i++) {
         if (sz[i] > SIZE_MAX - total) return -1;
         total += sz[i];
     }
     char *m = pf_alloc(total, 1);
     if (!m) return -1;
     ws->mem = m;
-    float **f[15] = {&ws->kst,   &ws->qst,   &ws->dnst, &ws->ast,   &ws->bst,
-                     &ws->kamax, &ws->qamax, &ws->blk,  &ws->dblk,  &ws->vaug,
-                     &ws->o,     &ws->vs,    &ws->dnw,  &ws->state, &ws->dstate};
-    for (int i = 0; i < 15; i++) {
+    float **f[16] = {&ws->kst,   &ws->qst,   &ws->dnst,   &ws->ast,  &ws->bst, &ws->kamax,
+                     &ws->qamax, &ws->blk,   &ws->dblk,   &ws->vaug, &ws->o,   &ws->vs,
+                     &ws->dnw,   &ws->state, &ws->dstate, &ws->ckpt};
+    for (int i = 0; i < 16; i++) {
         *f[i] = (float *)m;
         m += sz[i];
     }
-    double **g[4] = {&ws->kc, &ws->p, &ws->cq, &ws->bsc};
-    for (int i = 0; i < 4; i++) {
+    double **g[5] = {&ws->kc, &ws->p, &ws->cq, &ws->bsc, &ws->ckm};
+    for (int i = 0; i < 5; i++) {
         *g[i] = (double *)m;
-        m += sz[15 + i];
+        m += sz[16 + i];
     }
     return 0;
 }
@@ -206,8 +218,9 @@ static void mask_chunk(float *X, int ld, int n, int nk, const double *P) {
     }
 }
 
-/* What the causal passes keep for the rows of a head: per thread when a head is one unit, per
- * head when its rows are cut into scan blocks (then the passes over the blocks are units). */
+/* What the causal passes keep for rows base.. of a head: per thread when a head is one unit (all
+ * its rows, or one segment of them at a time), per head when its rows are cut into scan blocks
+ * (then the passes over the blocks are units). Row i of the head is row i - base here. */
 typedef struct causal_store {
     float *qst, *kst;     /* (L, r): Q~, K~ */
     float *dnst;          /* (L, dv+1): dN~ */
@@ -215,6 +228,7 @@ typedef struct causal_store {
     float *qamax, *kamax; /* (L) */
     double *kc, *p;       /* (L): key log factors, prefix maxima */
     const float *akept;   /* (L, C): the forward's masked scores A, or NULL (recomputed) */
+    int base;             /* the head's row that is row 0 here */
 } causal_store;
 
 /* ---- bidirectional ------------------------------------------------------------------------ */
@@ -229,6 +243,7 @@ typedef struct bwd_job {
     int nkb, kbl, nqb, qbl; /* key and query blocks per head, their lengths */
     int g0;                 /* the group's first head */
     int nsb, sbl;           /* causal: scan blocks per head, their length */
+    int seg;                /* causal with nsb == 1: rows per segment of a head (bwd_causal_unit) */
     causal_store cs;        /* causal with nsb > 1: the rows of the head being processed */
     float *ls, *rs;   /* (nsb, dv+1, r): local, then starting prefix and ending suffix states */
     double *lm;       /* (nsb): references of ls */
@@ -239,12 +254,12 @@ typedef struct bwd_job {
     int *dead;        /* (heads): 1 once a failure leaves the head without gradients */
     int *kst, *qst;   /* (heads, nkb), (heads, nqb): unit statuses */
     /* the group's storage, per head of the group: */
-    float *kf;    /* (Lk, r): K~ */
-    double *kc;   /* (Lk): key log factors */
-    float *kamax; /* (Lk) */
-    float *part;  /* (nkb, r, dw): partial KV~; slot 0 the total */
-    double *pmax; /* (nkb) */
-    float *dpart; /* (nqb, r, dw): partial dKV~; slot 0 the total */
+    float *kf;                /* (Lk, r): K~ */
+    double *kc;               /* (Lk): key log factors */
+    float *kamax;             /* (Lk) */
+    float *part;              /* (nkb, r, dw): partial KV~; slot 0 the total */
+    double *pmax;             /* (nkb) */
+    float *dpart;             /* (nqb, r, dw): partial dKV~; slot 0 the total */
     const pf_favor_saved *sv; /* the forward's features and KV~, or NULL (recomputed) */
 } bwd_job;
 
@@ -372,8 +387,8 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
                         beta, dKV, dw);
         }
         /* (gradients are checked block by block, while in cache) */
-        if (pf_fmap_rows_backward(fm, j->dQ + hoff(bh, s->Lq, d) + row * (size_t)d, ws->dblk, r,
-                                  Qf, r, qamax, Qb, nb, ws->bsc))
+        if (pf_fmap_rows_backward(fm, j->dQ + hoff(bh, s->Lq, d) + row * (size_t)d, ws->dblk, r, Qf,
+                                  r, qamax, Qb, nb, ws->bsc))
             return PF_ENONFINITE;
     }
     return st;
@@ -439,7 +454,7 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1, NB = pf_favor_block(1, C);
     double M = -INFINITY;
     for (int b0 = r0; b0 < r1; b0 += NB) {
-        const int nb = r1 - b0 < NB ? r1 - b0 : NB;
+        const int nb = r1 - b0 < NB ? r1 - b0 : NB, lb = b0 - cs->base;
         int nkb = hd->klen - b0;
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
         if (pf_nonfinite_f32(hd->V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv) ||
@@ -449,19 +464,19 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
             return PF_ENONFINITE;
         pf_status s1 = PF_OK;
         if (!kept)
-            s1 = pf_fmap_rows(fm, cs->qst + (size_t)b0 * (size_t)r, r, ws->cq, cs->qamax + b0,
+            s1 = pf_fmap_rows(fm, cs->qst + (size_t)lb * (size_t)r, r, ws->cq, cs->qamax + lb,
                               hd->Q + (size_t)b0 * (size_t)d, nb);
         if (s1 == PF_OK && nkb > 0 && !kept)
-            s1 = pf_fmap_rows(fm, cs->kst + (size_t)b0 * (size_t)r, r, cs->kc + b0, cs->kamax + b0,
+            s1 = pf_fmap_rows(fm, cs->kst + (size_t)lb * (size_t)r, r, cs->kc + lb, cs->kamax + lb,
                               hd->K + (size_t)b0 * (size_t)d, nkb);
         if (s1 != PF_OK) return s1;
         if (LT && nkb > 0) {
-            const double *c = cs->kc + b0;
+            const double *c = cs->kc + lb;
             const float beta = pf_favor_rebase(&M, c, nkb);
             pf_favor_weighted_values(ws->vaug, dv1, hd->V + (size_t)b0 * (size_t)dv, dv, c, NULL, M,
                                      nkb);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nkb, 1.0f, ws->vaug, dv1,
-                        cs->kst + (size_t)b0 * (size_t)r, r, beta, LT, r);
+                        cs->kst + (size_t)lb * (size_t)r, r, beta, LT, r);
         }
     }
     if (Ml) *Ml = M;
@@ -470,11 +485,12 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
 
 /* Pass 2 over rows [r0, r1): the forward scan from the state ST0 (dv+1, r) referenced to M0
  * (-inf: empty), with cs holding the rows' features: dN~, A', B and P kept in cs, dQ of the
- * rows written; if RTl is not NULL, the rows' local suffix sum
- * RTl (dv+1, r) = sum_i e^(M0 - P_i) dN~_i q~_i^T. */
+ * rows written if dq (else only what the reverse scan needs is made); if RTl is not NULL, the
+ * rows' local suffix sum RTl (dv+1, r) = sum_i e^(M0 - P_i) dN~_i q~_i^T. The state after the
+ * rows is left in ws->state, referenced to P at the last row. */
 static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const causal_store *cs,
                                 bwd_ws *ws, int C, int r0, int r1, const float *ST0, double M0,
-                                float *RTl) {
+                                float *RTl, int dq) {
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
     const int NB = pf_favor_block(1, C);
     /* the states are kept transposed, (dv+1, r): then every product with them is one that
@@ -482,25 +498,25 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
      * and runs at a third of the speed) */
     float *ST = ws->state, *O = ws->o;
     double M = M0;
-    if (M0 > -INFINITY) memcpy(ST, ST0, sizeof(float) * (size_t)r * (size_t)dv1);
+    if (M0 > -INFINITY && ST0 != ST) memcpy(ST, ST0, sizeof(float) * (size_t)r * (size_t)dv1);
     pf_status st = PF_OK;
     /* P, out (or D), dN~ (kept), dQ~ and dQ; A' and B kept per chunk */
     for (int b0 = r0; b0 < r1; b0 += NB) {
-        const int nb = r1 - b0 < NB ? r1 - b0 : NB;
+        const int nb = r1 - b0 < NB ? r1 - b0 : NB, lb = b0 - cs->base;
         const float *Qx = hd->Q + (size_t)b0 * (size_t)d;
-        const float *Qb = cs->qst + (size_t)b0 * (size_t)r;
+        const float *Qb = cs->qst + (size_t)lb * (size_t)r;
 
         for (int t0 = b0; t0 < b0 + nb; t0 += C) {
-            const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
+            const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C, lt = t0 - cs->base;
             int nk = hd->klen - t0;
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
-            const float *Qc = cs->qst + (size_t)t0 * (size_t)r;
-            const float *Kc = cs->kst + (size_t)t0 * (size_t)r;
+            const float *Qc = cs->qst + (size_t)lt * (size_t)r;
+            const float *Kc = cs->kst + (size_t)lt * (size_t)r;
             const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
-            const double *ck = cs->kc + t0;
-            double *P = cs->p + t0;
-            float *A = cs->ast + (size_t)t0 * (size_t)C, *Bm = cs->bst + (size_t)t0 * (size_t)C;
-            float *dN = cs->dnst + (size_t)t0 * (size_t)dv1;
+            const double *ck = cs->kc + lt;
+            double *P = cs->p + lt;
+            float *A = cs->ast + (size_t)lt * (size_t)C, *Bm = cs->bst + (size_t)lt * (size_t)C;
+            float *dN = cs->dnst + (size_t)lt * (size_t)dv1;
             float *dQc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
             const int have_state = M > -INFINITY;
             double run = M;
@@ -523,7 +539,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
             if (nk > 0) {
                 if (cs->akept) {
                     for (int i = 0; i < n; i++)
-                        memcpy(A + (size_t)i * (size_t)C, cs->akept + (size_t)(t0 + i) * (size_t)C,
+                        memcpy(A + (size_t)i * (size_t)C, cs->akept + (size_t)(lt + i) * (size_t)C,
                                sizeof(float) * (size_t)nk);
                 } else {
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc,
@@ -542,7 +558,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                                        hd->out ? hd->out + (size_t)t0 * (size_t)dv : NULL,
                                        hd->G + (size_t)t0 * (size_t)dv, n, dv));
             /* dQ~ = e^(M - P) dN~ S^T + B K~, B_ij = (dN~_i.[v_j|1]_w) e^(P_j - P_i) masked */
-            if (have_state) {
+            if (have_state && dq) {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, dv1, 1.0f, dN, dv1, ST,
                             r, 0.0f, dQc, r);
                 scale_rows(dQc, r, n, r, NULL, M, P);
@@ -551,8 +567,9 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, dv1, 1.0f, dN, dv1,
                             ws->vs, dv1, 0.0f, Bm, C);
                 mask_chunk(Bm, C, n, nk, P);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, nk, 1.0f, Bm, C, Kc, r,
-                            have_state ? 1.0f : 0.0f, dQc, r);
+                if (dq)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, nk, 1.0f, Bm, C,
+                                Kc, r, have_state ? 1.0f : 0.0f, dQc, r);
                 /* keep A' = A diag(e^(c_j - P_j)) for dV in the reverse scan */
                 for (int i = 0; i < n; i++) {
                     float *row = A + (size_t)i * (size_t)C;
@@ -571,26 +588,29 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
             /* RTl += (e^(M0 - P_i) dN~_i)^T Q~, the block's rows at once */
             float *dnw = ws->vaug;
             for (int i = 0; i < nb; i++) {
-                const float f = (float)exp(M0 - cs->p[b0 + i]);
-                const float *src = cs->dnst + (size_t)(b0 + i) * (size_t)dv1;
+                const float f = (float)exp(M0 - cs->p[lb + i]);
+                const float *src = cs->dnst + (size_t)(lb + i) * (size_t)dv1;
                 float *dst = dnw + (size_t)i * (size_t)dv1;
                 for (int k = 0; k < dv1; k++) dst[k] = f * src[k];
             }
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nb, 1.0f, dnw, dv1, Qb, r,
                         b0 > r0 ? 1.0f : 0.0f, RTl, r);
         }
-        if (pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r,
-                                  cs->qst + (size_t)b0 * (size_t)r, r, cs->qamax + b0, Qx, nb,
-                                  ws->bsc))
+        if (dq && pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r,
+                                        cs->qst + (size_t)lb * (size_t)r, r, cs->qamax + lb, Qx, nb,
+                                        ws->bsc))
             return PF_ENONFINITE;
     }
     return st;
 }
 
 /* Pass 3 over rows [r0, r1): the reverse scan from the suffix state RT0 (dv+1, r) of the rows
- * after r1, referenced to P[r1 - 1] (NULL: no rows after): dK and dV of the rows. */
+ * after r1, referenced to P[r1 - 1] (NULL: no rows after): dK and dV of the rows. With fold,
+ * the rows' first chunk is added to the state too, which is then left in ws->dstate as the
+ * suffix state of the rows from r0 on, referenced to Mprev = P[r0 - 1]. */
 static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const causal_store *cs,
-                                bwd_ws *ws, int C, int r0, int r1, const float *RT0) {
+                                bwd_ws *ws, int C, int r0, int r1, const float *RT0, int fold,
+                                double Mprev) {
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
     const int NB = pf_favor_block(1, C);
     float *RT = ws->dstate;
@@ -598,24 +618,25 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
     /* reverse scan: R = sum_{i after chunk c} e^(M_c - P_i) q~_i dN~_i^T, M_c = P at the end of
      * chunk c; dK~_c = [V|1]_(M_c) R^T + B^T Q~_c, dV_c = e^(c - M_c) K~_c R_v + A'^T dN_c */
     int have_r = RT0 != NULL;
-    if (RT0) memcpy(RT, RT0, sizeof(float) * (size_t)r * (size_t)dv1);
+    if (RT0 && RT0 != RT) memcpy(RT, RT0, sizeof(float) * (size_t)r * (size_t)dv1);
     const int nblocks = (r1 - r0 + NB - 1) / NB;
     for (int bi = nblocks - 1; bi >= 0; bi--) {
-        const int b0 = r0 + bi * NB, nb = r1 - b0 < NB ? r1 - b0 : NB;
+        const int b0 = r0 + bi * NB, nb = r1 - b0 < NB ? r1 - b0 : NB, lb = b0 - cs->base;
         int nkb = hd->klen - b0;
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
         const int nchunks = (nb + C - 1) / C;
         for (int ci = nchunks - 1; ci >= 0; ci--) {
             const int t0 = b0 + ci * C, n = b0 + nb - t0 < C ? b0 + nb - t0 : C;
+            const int lt = t0 - cs->base;
             int nk = hd->klen - t0;
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
-            const float *Qc = cs->qst + (size_t)t0 * (size_t)r;
-            const float *Kc = cs->kst + (size_t)t0 * (size_t)r;
+            const float *Qc = cs->qst + (size_t)lt * (size_t)r;
+            const float *Kc = cs->kst + (size_t)lt * (size_t)r;
             const float *Vc = hd->V + (size_t)t0 * (size_t)dv;
-            const double *ck = cs->kc + t0, *P = cs->p + t0;
-            const float *A = cs->ast + (size_t)t0 * (size_t)C;
-            const float *Bm = cs->bst + (size_t)t0 * (size_t)C;
-            const float *dN = cs->dnst + (size_t)t0 * (size_t)dv1;
+            const double *ck = cs->kc + lt, *P = cs->p + lt;
+            const float *A = cs->ast + (size_t)lt * (size_t)C;
+            const float *Bm = cs->bst + (size_t)lt * (size_t)C;
+            const float *dN = cs->dnst + (size_t)lt * (size_t)dv1;
             const double Mc = P[n - 1];
             if (nk > 0) {
                 float *dKc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
@@ -636,10 +657,11 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, dv, n, 1.0f, A, C, dN, dv1,
                             have_r ? 1.0f : 0.0f, dVc, dv);
             }
-            if (t0 > r0) {
+            if (t0 > r0 || fold) {
                 /* R := e^(M_{c-1} - M_c) R + Q~_c^T (e^(M_{c-1} - P_i) dN~_i) (not needed
-                 * before the rows' first chunk: the rows before get their R otherwise) */
-                const double Mp = cs->p[t0 - 1];
+                 * before the rows' first chunk unless folded: the rows before get their R
+                 * otherwise) */
+                const double Mp = t0 > r0 ? cs->p[lt - 1] : Mprev;
                 for (int i = 0; i < n; i++) {
                     const float f = (float)exp(Mp - P[i]);
                     const float *src = dN + (size_t)i * (size_t)dv1;
@@ -654,7 +676,7 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
         }
         if (nkb > 0 &&
             (pf_fmap_rows_backward(fm, hd->dK + (size_t)b0 * (size_t)d, ws->dblk, r,
-                                   cs->kst + (size_t)b0 * (size_t)r, r, cs->kamax + b0,
+                                   cs->kst + (size_t)lb * (size_t)r, r, cs->kamax + lb,
                                    hd->K + (size_t)b0 * (size_t)d, nkb, ws->bsc) ||
              pf_nonfinite_f32(hd->dV + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv)))
             return PF_ENONFINITE;
@@ -714,9 +736,10 @@ static void merge(bwd_job *j, int bh, int u) {
     if (fatal(u)) j->dead[bh] = 1;
 }
 
-/* The forward's features of head bh into cs (causal: Lq == Lk). */
-static void kept_features(const bwd_job *j, int bh, causal_store *cs) {
-    const size_t o = (size_t)bh * (size_t)j->s->Lq, r = (size_t)j->r;
+/* The forward's features of head bh from row base on into cs (causal: Lq == Lk). */
+static void kept_features(const bwd_job *j, int bh, int base, causal_store *cs) {
+    const size_t o = (size_t)bh * (size_t)j->s->Lq + (size_t)base, r = (size_t)j->r;
+    cs->base = base;
     cs->qst = j->sv->qf + o * r;
     cs->kst = j->sv->kf + o * r;
     cs->qamax = j->sv->qamax + o;
@@ -734,7 +757,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
     const int nsb = j->nsb, L = j->s->Lq, r = j->r, dv1 = j->s->dv + 1;
     const size_t n = (size_t)dv1 * (size_t)r;
     causal_store cs = j->cs;
-    if (kept(j, bh)) kept_features(j, bh, &cs);
+    if (kept(j, bh)) kept_features(j, bh, 0, &cs);
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
@@ -757,7 +780,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
         j->cst[u] = (int)causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, j->ls + (size_t)u * n,
-                                        j->lm[u], u > 0 ? j->rs + (size_t)u * n : NULL);
+                                        j->lm[u], u > 0 ? j->rs + (size_t)u * n : NULL, 1);
     }
 #pragma omp single
     {
@@ -778,33 +801,76 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
         j->cst[u] = (int)causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
-                                        u < nsb - 1 ? j->rs + (size_t)(u + 1) * n : NULL);
+                                        u < nsb - 1 ? j->rs + (size_t)(u + 1) * n : NULL, 0, 0.0);
     }
 #pragma omp single
     for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
 }
 
-/* The causal unit when a head is one unit: the three passes over all its rows, kept in the
- * thread's scratch. */
+/* The causal unit when a head is one unit: the three passes over its rows, kept in the
+ * thread's scratch. A long head's rows go in segments of j->seg, so that the scratch does not
+ * grow with L: a forward sweep over the segments writes dQ and keeps only the prefix state
+ * before each; a reverse sweep makes each segment's features, dN~, A' and B again from that state
+ * (not dQ) and carries the suffix state into the segment before. The same operations on the same
+ * values as in one segment: the gradients are bit for bit the same. */
 static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     const bwd_head hd = head_of(j, bh);
     const pf_fmap *fm = &j->fm[bh];
-    causal_store cs = {ws->qst,   ws->kst,   ws->dnst, ws->ast, ws->bst,
-                       ws->qamax, ws->kamax, ws->kc,   ws->p,   NULL};
-    if (kept(j, bh)) kept_features(j, bh, &cs);
-    const int L = j->s->Lq;
-    pf_status st = causal_features(fm, &hd, &cs, ws, j->C, 0, L, kept(j, bh), NULL, NULL);
-    if (st == PF_OK) st = causal_forward(fm, &hd, &cs, ws, j->C, 0, L, NULL, -INFINITY, NULL);
-    if (!fatal(st)) st = worse(st, causal_reverse(fm, &hd, &cs, ws, j->C, 0, L, NULL));
+    const int L = j->s->Lq, S = j->seg, nseg = (L + S - 1) / S, kf = kept(j, bh);
+    const size_t n = (size_t)j->r * (size_t)(j->s->dv + 1);
+    causal_store cs = {ws->qst,   ws->kst, ws->dnst, ws->ast, ws->bst, ws->qamax,
+                       ws->kamax, ws->kc,  ws->p,    NULL,    0};
+    pf_status st = PF_OK;
+    double M = -INFINITY; /* the state's reference after the segments so far */
+    for (int u = 0; u < nseg && !fatal(st); u++) {
+        const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
+        cs.base = r0;
+        if (kf) kept_features(j, bh, r0, &cs);
+        st = worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
+        if (fatal(st)) break;
+        if (nseg > 1) {
+            if (M > -INFINITY) memcpy(ws->ckpt + (size_t)u * n, ws->state, sizeof(float) * n);
+            ws->ckm[u] = M;
+        }
+        st = worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
+        M = cs.p[r1 - 1 - r0];
+    }
+    for (int u = nseg - 1; u >= 0 && !fatal(st); u--) {
+        const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
+        if (u < nseg - 1) { /* (the last segment's rows are still here) */
+            cs.base = r0;
+            if (kf) kept_features(j, bh, r0, &cs);
+            st = worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
+            if (fatal(st)) break;
+            st = worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->ckpt + (size_t)u * n,
+                                          ws->ckm[u], NULL, 0));
+            if (fatal(st)) break;
+        }
+        st = worse(st,
+                   causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1, u < nseg - 1 ? ws->dstate : NULL,
+                                  u > 0, u > 0 ? ws->ckm[u] : 0.0));
+    }
     return st;
 }
 
-/* The backward, from the forward's features in sv, or recomputing them (sv NULL); arguments
- * checked. */
+/* Rows per segment of a causal head of L rows whose scan goes in blocks of NB: all of them up to
+ * BWD_WHOLE, else a whole number of blocks near BWD_SEG; seg > 0 asks for that many (rounded
+ * up to whole blocks). */
+static int segment_rows(int L, int NB, int seg) {
+    if (seg <= 0) {
+        if (L <= BWD_WHOLE) return L;
+        seg = BWD_SEG;
+    }
+    seg = (seg + NB - 1) / NB * NB;
+    return seg < L ? seg : L;
+}
+
+/* The backward, from the forward's features in sv, or recomputing them (sv NULL); causal heads
+ * in segments of seg rows (0: chosen here); arguments checked. */
 static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
                          const float *K, const float *V, const float *out, const pf_shape *shape,
                          const pf_attn_opts *opts, const pf_favor_opts *favor,
-                         const pf_favor_saved *sv) {
+                         const pf_favor_saved *sv, int seg) {
     const pf_shape s = *shape;
     const int heads = s.B * s.H, causal = opts->causal;
     const int all_kept = sv && sv->nkeep == heads; /* (then nothing is recomputed) */
@@ -849,6 +915,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
     /* causal: scan blocks as the forward's; with several, one head's rows kept at a time */
     j.nsb = causal ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
+    j.seg = causal ? segment_rows(s.Lq, pf_favor_block(1, j.C), seg) : s.Lq;
     float *cmem = NULL;
     double *cmemd = NULL;
     if (j.nsb > 1) {
@@ -890,7 +957,8 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
             memset(&fws, 0, sizeof fws);
             /* (the rows of a whole head only when a head is one unit) */
             const int keep = causal && j.nsb == 1;
-            int ok = bwd_ws_alloc(&ws, keep ? s.Lq : 0, keep ? s.Lk : 0,
+            int ok = bwd_ws_alloc(&ws, keep ? j.seg : 0, keep ? j.seg : 0,
+                                  keep ? (s.Lq + j.seg - 1) / j.seg : 0,
                                   causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C, j.r, s.dv,
                                   !all_kept) == 0;
             if (!causal && !all_kept &&
@@ -1013,7 +1081,7 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
-    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL);
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL, 0);
 }
 
 pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const float *dout,
@@ -1025,7 +1093,19 @@ pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const fl
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st == PF_OK) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
     if (st != PF_OK) return st;
-    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved);
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, 0);
+}
+
+pf_status pf_favor_backward_segmented(float *dQ, float *dK, float *dV, const float *dout,
+                                      const float *Q, const float *K, const float *V,
+                                      const float *out, const pf_shape *shape,
+                                      const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                      const pf_favor_saved *saved, int seg) {
+    if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st == PF_OK && saved) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
+    if (st != PF_OK) return st;
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, seg);
 }
 
 /* ---- the float64 reference ---------------------------------------------------------------- */

@@ -227,19 +227,19 @@ struct pf_favor_saved {
     pf_attn_opts opts;   /* as made (key_len: the copy below once filled) */
     pf_favor_opts favor; /* as made */
     int r, dw;
-    int nkeep;         /* heads [0, nkeep) have their features kept (the rest recompute) */
-    int filled;        /* 1 after a forward whose every head is complete */
-    int32_t *key_len;  /* (B): the forward's valid key lengths */
+    int nkeep;        /* heads [0, nkeep) have their features kept (the rest recompute) */
+    int filled;       /* 1 after a forward whose every head is complete */
+    int32_t *key_len; /* (B): the forward's valid key lengths */
     /* of the nkeep kept heads: */
-    float *qf, *kf;    /* (nkeep, Lq, r), (nkeep, Lk, r): Q~, K~ (rows past the keys unset) */
-    float *qamax;      /* (nkeep, Lq): max|q~| before eps */
-    float *kamax;      /* (nkeep, Lk) */
-    double *kc;        /* (nkeep, Lk): key log factors */
-    float *ka;         /* causal: (nkeep, Lq, C) each chunk's masked scores A (the forward's) */
+    float *qf, *kf; /* (nkeep, Lq, r), (nkeep, Lk, r): Q~, K~ (rows past the keys unset) */
+    float *qamax;   /* (nkeep, Lq): max|q~| before eps */
+    float *kamax;   /* (nkeep, Lk) */
+    double *kc;     /* (nkeep, Lk): key log factors */
+    float *ka;      /* causal: (nkeep, Lq, C) each chunk's masked scores A (the forward's) */
     /* of every head: */
-    int C;             /* causal: the chunk */
-    float *kv;         /* bidirectional: (B H, r, dw) K~^T [V|1], the forward's bits */
-    double *kvm;       /* bidirectional: (B H) its reference */
+    int C;       /* causal: the chunk */
+    float *kv;   /* bidirectional: (B H, r, dw) K~^T [V|1], the forward's bits */
+    double *kvm; /* bidirectional: (B H) its reference */
     size_t bytes;
 };
 
@@ -248,6 +248,17 @@ struct pf_favor_saved {
 PF_INTERNAL pf_status pf_favor_saved_match(const pf_favor_saved *saved, const pf_shape *shape,
                                            const pf_attn_opts *opts, const pf_favor_opts *favor,
                                            int filled);
+
+/* pf_attn_favor_backward (saved NULL) or pf_attn_favor_backward_saved, with a causal head's
+ * scan cut into segments of seg rows (rounded up to whole feature blocks; 0: the library's
+ * choice, whole heads up to 16384 rows), when each head is one unit of work. The gradients do
+ * not depend on seg. */
+PF_INTERNAL pf_status pf_favor_backward_segmented(float *dQ, float *dK, float *dV,
+                                                  const float *dout, const float *Q, const float *K,
+                                                  const float *V, const float *out,
+                                                  const pf_shape *shape, const pf_attn_opts *opts,
+                                                  const pf_favor_opts *favor,
+                                                  const pf_favor_saved *saved, int seg);
 
 /* 1 if any of x[0..n) is NaN or Inf (a vectorised pf_any_nonfinite). */
 PF_INTERNAL int pf_nonfinite_f32(const float *x, size_t n);
