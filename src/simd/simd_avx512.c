@@ -23,13 +23,8 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PF_EXP_P5));
     __m512 r2 = _mm512_mul_ps(r, r);
     p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i n = _mm512_cvtps_epi32(fn);
-    __m512i n1 = _mm512_srai_epi32(n, 1);
-    __m512i n2 = _mm512_sub_epi32(n, n1);
-    __m512i bias = _mm512_set1_epi32(127);
-    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    /* p 2^n in one instruction, exact down to the subnormals (rounded once there) */
+    __m512 y = _mm512_scalef_ps(p, fn);
     return _mm512_mask_blend_ps(nan_mask, y, x);
 }
 
