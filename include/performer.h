@@ -340,7 +340,11 @@ PF_API pf_status pf_attn_exact_backward_ref(float *dQ, float *dK, float *dV, con
 /* FAVOR+ backward through the linear attention, the feature map and the input scaling; W (and
  * FAVOR++/FAVOR#'s A) is a constant. Causal runs the chunked scan in reverse (no stored
  * per-position state). out, if not NULL, is the forward's output (B,H,Lq,dv) for these inputs
- * and options, which the backward then does not recompute; NULL recomputes it. */
+ * and options, which the backward then does not recompute; NULL recomputes it. Working memory:
+ * bidirectional, the key features of one head (Lk x m floats) or of as many heads as fit in
+ * 4 MiB; causal, the rows of one head per thread while they fit in 64 MiB (2.4 KiB a row at
+ * m = 256 and dv = 64, 0.4 KiB when the forward kept the features), and beyond that segments
+ * of 16 MiB (whatever L), for about a fifth more time. */
 PF_API pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout,
                                         const float *Q, const float *K, const float *V,
                                         const float *out, const pf_shape *shape,

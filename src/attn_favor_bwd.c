@@ -30,12 +30,13 @@
  * dN~_i^T, kept referenced to the state max M_c at the end of the current chunk: stepping back
  * to a smaller reference multiplies R by e^(M_{c-1} - M_c) <= 1, and every key weight
  * e^(c_j - P_i) or e^(c_j - M_c) is <= 1 too. There is no per-position state and no prefix
- * state is ever recovered by subtraction. One head keeps its features Q~, K~ (L x r each), dN~
- * (L x dv+1), the chunks' masked score blocks (L x C, twice) and the log factors (L):
- * O(L (r + C + dv)) per thread. Beyond BWD_WHOLE rows that would grow without bound (600 MiB at
- * L = 131072, r = 256, two threads), so a long head goes in segments: the forward scan keeps only
- * the prefix state at each segment's start, and the reverse scan makes a segment's rows again from
- * it; the scratch is then O(BWD_SEG (r + C + dv)) whatever L, for about a fifth more time. */
+ * state is ever recovered by subtraction. One head keeps its features Q~, K~ (L x r each, unless
+ * the forward kept them), dN~ (L x dv+1), the chunks' masked score blocks (L x C, twice) and the
+ * log factors (L): O(L (r + C + dv)) per thread. That would grow without bound (600 MiB at
+ * L = 131072, r = 256, two threads), so a head whose rows do not fit in BWD_STORE goes in
+ * segments: the forward scan keeps only the prefix state at each segment's start, and the reverse
+ * scan makes a segment's rows again from it; the scratch is then about BWD_SEGMENT whatever L,
+ * for about a fifth more time. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -48,9 +49,11 @@ enum {
     BWD_BLOCK = 256,      /* rows per block of features, bidirectional */
     BWD_SPLIT = 16,       /* bidirectional: blocks wanted over all heads (pf_favor_split) */
     BWD_BUDGET = 1 << 20, /* floats of kept K~ (4 MiB) a group of heads holds: one L = 4096 head */
-    BWD_WHOLE = 16384,    /* causal: a head's rows kept whole up to this length (~40 MiB), */
-    BWD_SEG = 8192        /* and in segments of about this many beyond */
 };
+
+/* Causal: a thread keeps a head's rows whole while they fit in BWD_STORE bytes, else segments of
+ * about BWD_SEGMENT bytes (bwd_causal_unit). */
+static const size_t BWD_STORE = (size_t)64 << 20, BWD_SEGMENT = (size_t)16 << 20;
 
 /* ---- per-thread scratch ------------------------------------------------------------------- */
 
@@ -83,22 +86,21 @@ static size_t lines(size_t n, size_t size) {
     return (n * size + 63) / 64 * 64;
 }
 
-/* C = 0 for bidirectional; L, Lk = 0 when no head's rows are kept here (else the rows of a
- * segment), nseg the segments a head's scan is cut into; feats 0 when the features come from
- * the forward (no Q~, K~ kept here). Returns 0, or -1 when out of memory. */
-static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nseg, int nb, int C, int r, int dv,
-                        int feats) {
-    const size_t R = feats ? (size_t)r : 0, dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
+/* C = 0 for bidirectional. Causal: the thread keeps the features of F rows (0 when every
+ * head's come from the forward) and the scan's rows of S (a head, or a segment of one), nseg the
+ * most segments a head is cut into. Returns 0, or -1 when out of memory. */
+static int bwd_ws_alloc(bwd_ws *ws, int F, int S, int nseg, int nb, int C, int r, int dv) {
+    const size_t dv1 = (size_t)dv + 1, NB = (size_t)nb, CC = (size_t)C;
     const size_t dw = (size_t)pf_favor_dw(dv);
-    const size_t LL = C ? (size_t)L : 0, LK = C ? (size_t)Lk : 0;
+    const size_t LF = C ? (size_t)F : 0, LL = C ? (size_t)S : 0;
     const size_t NS = nseg > 1 ? (size_t)nseg : 0;
-    const size_t sz[21] = {lines(LK * R, 4),
-                           lines(LL * R, 4),
+    const size_t sz[21] = {lines(LF * (size_t)r, 4),
+                           lines(LF * (size_t)r, 4),
                            lines(LL * dv1, 4),
                            lines(LL * CC, 4),
                            lines(LL * CC, 4),
-                           lines(LK, 4),
-                           lines(LL > NB ? LL : NB, 4),
+                           lines(LF, 4),
+                           lines(LF > NB ? LF : NB, 4),
                            lines(NB * (size_t)r, 4),
                            lines(NB * (size_t)r, 4),
                            lines(NB * dw, 4),
@@ -108,7 +110,7 @@ static int bwd_ws_alloc(bwd_ws *ws, int L, int Lk, int nseg, int nb, int C, int 
                            lines((size_t)r * dv1, 4),
                            lines((size_t)r * dv1, 4),
                            lines(NS * (size_t)r * dv1, 4),
-                           lines(LK, 8),
+                           lines(LF, 8),
                            lines(LL, 8),
                            lines(NB, 8),
                            lines(NB, 8),
@@ -243,7 +245,8 @@ typedef struct bwd_job {
     int nkb, kbl, nqb, qbl; /* key and query blocks per head, their lengths */
     int g0;                 /* the group's first head */
     int nsb, sbl;           /* causal: scan blocks per head, their length */
-    int seg;                /* causal with nsb == 1: rows per segment of a head (bwd_causal_unit) */
+    int seg, segk;          /* causal with nsb == 1: rows per segment of a head (bwd_causal_unit)
+                               whose features are made here, kept by the forward */
     causal_store cs;        /* causal with nsb > 1: the rows of the head being processed */
     float *ls, *rs;   /* (nsb, dv+1, r): local, then starting prefix and ending suffix states */
     double *lm;       /* (nsb): references of ls */
@@ -816,7 +819,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     const bwd_head hd = head_of(j, bh);
     const pf_fmap *fm = &j->fm[bh];
-    const int L = j->s->Lq, S = j->seg, nseg = (L + S - 1) / S, kf = kept(j, bh);
+    const int kf = kept(j, bh), L = j->s->Lq, S = kf ? j->segk : j->seg, nseg = (L + S - 1) / S;
     const size_t n = (size_t)j->r * (size_t)(j->s->dv + 1);
     causal_store cs = {ws->qst,   ws->kst, ws->dnst, ws->ast, ws->bst, ws->qamax,
                        ws->kamax, ws->kc,  ws->p,    NULL,    0};
@@ -853,13 +856,14 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     return st;
 }
 
-/* Rows per segment of a causal head of L rows whose scan goes in blocks of NB: all of them up to
- * BWD_WHOLE, else a whole number of blocks near BWD_SEG; seg > 0 asks for that many (rounded
- * up to whole blocks). */
-static int segment_rows(int L, int NB, int seg) {
+/* Rows per segment of a causal head of L rows whose scan goes in blocks of NB, when a thread
+ * keeps `row` bytes per row: all of them if they fit in BWD_STORE, else a whole number of
+ * blocks in about BWD_SEGMENT; seg > 0 asks for that many (rounded up to whole blocks). */
+static int segment_rows(int L, int NB, size_t row, int seg) {
     if (seg <= 0) {
-        if (L <= BWD_WHOLE) return L;
-        seg = BWD_SEG;
+        if ((size_t)L * row <= BWD_STORE) return L;
+        const size_t blocks = BWD_SEGMENT / row / (size_t)NB;
+        seg = blocks > 1 ? (int)blocks * NB : NB;
     }
     seg = (seg + NB - 1) / NB * NB;
     return seg < L ? seg : L;
@@ -915,7 +919,19 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
     /* causal: scan blocks as the forward's; with several, one head's rows kept at a time */
     j.nsb = causal ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
-    j.seg = causal ? segment_rows(s.Lq, pf_favor_block(1, j.C), seg) : s.Lq;
+    /* causal: the rows a thread keeps per row of a head (the scan's dN~, A', B, P, and unless
+     * the forward kept them the features Q~, K~ with their maxima and key log factors) */
+    const size_t scan_row = 4 * ((size_t)s.dv + 1 + 2 * (size_t)j.C) + 8;
+    const size_t feat_row = scan_row + 4 * (2 * (size_t)j.r + 2) + 8;
+    const int NBc = causal ? pf_favor_block(1, j.C) : BWD_BLOCK, any_kept = sv && sv->nkeep > 0;
+    j.seg = causal ? segment_rows(s.Lq, NBc, feat_row, seg) : s.Lq;
+    j.segk = causal ? segment_rows(s.Lq, NBc, scan_row, seg) : s.Lq;
+    /* a thread's rows: the features of a segment of the heads made here, the scan's of the
+     * longest segment; checkpoints for the most segments */
+    const int fseg = all_kept ? 0 : j.seg;
+    const int sseg = any_kept && j.segk > fseg ? j.segk : fseg;
+    const int minseg = any_kept && (all_kept || j.segk < j.seg) ? j.segk : j.seg;
+    const int nseg = (s.Lq + minseg - 1) / minseg;
     float *cmem = NULL;
     double *cmemd = NULL;
     if (j.nsb > 1) {
@@ -957,10 +973,8 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
             memset(&fws, 0, sizeof fws);
             /* (the rows of a whole head only when a head is one unit) */
             const int keep = causal && j.nsb == 1;
-            int ok = bwd_ws_alloc(&ws, keep ? j.seg : 0, keep ? j.seg : 0,
-                                  keep ? (s.Lq + j.seg - 1) / j.seg : 0,
-                                  causal ? pf_favor_block(1, j.C) : BWD_BLOCK, j.C, j.r, s.dv,
-                                  !all_kept) == 0;
+            int ok = bwd_ws_alloc(&ws, keep ? fseg : 0, keep ? sseg : 0, keep ? nseg : 0,
+                                  causal ? NBc : BWD_BLOCK, j.C, j.r, s.dv) == 0;
             if (!causal && !all_kept &&
                 pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0)
                 ok = 0;

@@ -251,8 +251,8 @@ PF_INTERNAL pf_status pf_favor_saved_match(const pf_favor_saved *saved, const pf
 
 /* pf_attn_favor_backward (saved NULL) or pf_attn_favor_backward_saved, with a causal head's
  * scan cut into segments of seg rows (rounded up to whole feature blocks; 0: the library's
- * choice, whole heads up to 16384 rows), when each head is one unit of work. The gradients do
- * not depend on seg. */
+ * choice, whole heads while they fit in 64 MiB a thread), when each head is one unit of work.
+ * The gradients do not depend on seg. */
 PF_INTERNAL pf_status pf_favor_backward_segmented(float *dQ, float *dK, float *dV,
                                                   const float *dout, const float *Q, const float *K,
                                                   const float *V, const float *out,

@@ -556,13 +556,20 @@ static void test_segments(void) {
                 f.oprf_a_given = 1;
                 f.oprf_a = -0.05f;
             }
-            pf_favor_saved *sv = NULL;
+            /* features kept for every head, for half of them (a thread then holds the rows of
+             * both kinds, with segments of their own lengths), or for none */
+            pf_favor_saved *sv = NULL, *half = NULL;
             CHECK_STATUS(pf_favor_saved_create(&sv, &p.s, &o, &f, 0), PF_OK);
+            CHECK_STATUS(pf_favor_saved_create(&half, &p.s, &o, &f, pf_favor_saved_bytes(sv) / 2),
+                         PF_OK);
+            CHECK(pf_favor_saved_heads(half) >= 1 && pf_favor_saved_heads(half) < B * H,
+                  "half the budget keeps %d heads", pf_favor_saved_heads(half));
             CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, sv), PF_OK);
-            for (int kept = 0; kept < 2; kept++) {
+            CHECK_STATUS(pf_attn_favor_save(out, p.Q, p.K, p.V, &p.s, &o, &f, half), PF_OK);
+            for (int kept = 0; kept < 3; kept++) {
                 for (int given = 0; given < 2; given++) {
                     const float *fo = given ? out : NULL;
-                    const pf_favor_saved *use = kept ? sv : NULL;
+                    const pf_favor_saved *use = kept == 2 ? half : kept ? sv : NULL;
                     o.threads = 1;
                     CHECK_STATUS(pf_favor_backward_segmented(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V,
                                                              fo, &p.s, &o, &f, use, 0),
@@ -589,6 +596,7 @@ static void test_segments(void) {
                 }
             }
             pf_favor_saved_free(sv);
+            pf_favor_saved_free(half);
         }
     }
     printf("segmented causal scan: %d cases bit-identical to the whole-head scan\n", cases);
