@@ -305,6 +305,15 @@ static int peak_child(const bench_case *c) {
     return st == PF_OK ? 0 : 1;
 }
 
+/* v formatted into buf (24 bytes), or "-" when it was not measured (NaN). */
+static const char *cell(char *buf, const char *fmt, double v) {
+    if (isnan(v))
+        snprintf(buf, 24, "-");
+    else
+        snprintf(buf, 24, fmt, v);
+    return buf;
+}
+
 static double flops(const bench_case *c) {
     double L = c->L, d = c->d, m = c->m, heads = (double)c->B * c->H;
     if (c->meth == EXACT) return heads * (c->causal ? 2.0 * L * (L + 1) * d : 4.0 * L * L * d);
@@ -424,10 +433,12 @@ int main(int argc, char **argv) {
                 char name[32];
                 snprintf(name, sizeof name, "%s %s", meth == EXACT ? "exact" : "FAVOR+",
                          causal ? "causal" : "bidirectional");
-                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %7.2fx %9.2fx %9.1f %9.1f %6d %7.2fx "
-                       "%7.2fx %9.1f\n",
-                       L, name, sec * 1e3, gf, 100 * frac, exact_t[causal] / sec, both, mem_f,
-                       mem_b, heads, saved, saved_k, mem_s);
+                char cv[6][24];
+                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %8s %10s %9.1f %9s %6d %8s %8s %9s\n", L,
+                       name, sec * 1e3, gf, 100 * frac, cell(cv[0], "%.2fx", exact_t[causal] / sec),
+                       cell(cv[1], "%.2fx", both), mem_f, cell(cv[2], "%.1f", mem_b), heads,
+                       cell(cv[3], "%.2fx", saved), cell(cv[4], "%.2fx", saved_k),
+                       cell(cv[5], "%.1f", mem_s));
                 fflush(stdout);
                 if (csv)
                     fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g\n", L,

@@ -94,47 +94,47 @@ static int bwd_ws_alloc(bwd_ws *ws, int F, int S, int nseg, int nb, int C, int r
     const size_t dw = (size_t)pf_favor_dw(dv);
     const size_t LF = C ? (size_t)F : 0, LL = C ? (size_t)S : 0;
     const size_t NS = nseg > 1 ? (size_t)nseg : 0;
-    const size_t sz[21] = {lines(LF * (size_t)r, 4),
-                           lines(LF * (size_t)r, 4),
-                           lines(LL * dv1, 4),
-                           lines(LL * CC, 4),
-                           lines(LL * CC, 4),
-                           lines(LF, 4),
-                           lines(LF > NB ? LF : NB, 4),
-                           lines(NB * (size_t)r, 4),
-                           lines(NB * (size_t)r, 4),
-                           lines(NB * dw, 4),
-                           lines(NB * dw, 4),
-                           lines(CC * dv1, 4),
-                           lines(CC * dv1, 4),
-                           lines((size_t)r * dv1, 4),
-                           lines((size_t)r * dv1, 4),
-                           lines(NS * (size_t)r * dv1, 4),
-                           lines(LF, 8),
-                           lines(LL, 8),
-                           lines(NB, 8),
-                           lines(NB, 8),
-                           lines(NS, 8)};
+    struct {
+        float **p;
+        size_t n;
+    } fl[] = {{&ws->kst, LF * (size_t)r},
+              {&ws->qst, LF * (size_t)r},
+              {&ws->dnst, LL * dv1},
+              {&ws->ast, LL * CC},
+              {&ws->bst, LL * CC},
+              {&ws->kamax, LF},
+              {&ws->qamax, LF > NB ? LF : NB},
+              {&ws->blk, NB * (size_t)r},
+              {&ws->dblk, NB * (size_t)r},
+              {&ws->vaug, NB * dw},
+              {&ws->o, NB * dw},
+              {&ws->vs, CC * dv1},
+              {&ws->dnw, CC * dv1},
+              {&ws->state, (size_t)r * dv1},
+              {&ws->dstate, (size_t)r * dv1},
+              {&ws->ckpt, NS * (size_t)r * dv1}};
+    struct {
+        double **p;
+        size_t n;
+    } db[] = {{&ws->kc, LF}, {&ws->p, LL}, {&ws->cq, NB}, {&ws->bsc, NB}, {&ws->ckm, NS}};
+    const size_t nfl = sizeof fl / sizeof fl[0], ndb = sizeof db / sizeof db[0];
     memset(ws, 0, sizeof *ws);
     size_t total = 0;
-    for (int i = 0; i < 21; i++) {
-        if (sz[i] > SIZE_MAX - total) return -1;
-        total += sz[i];
+    for (size_t i = 0; i < nfl + ndb; i++) {
+        const size_t sz = i < nfl ? lines(fl[i].n, 4) : lines(db[i - nfl].n, 8);
+        if (sz > SIZE_MAX - total) return -1;
+        total += sz;
     }
     char *m = pf_alloc(total, 1);
     if (!m) return -1;
     ws->mem = m;
-    float **f[16] = {&ws->kst,   &ws->qst,   &ws->dnst,   &ws->ast,  &ws->bst, &ws->kamax,
-                     &ws->qamax, &ws->blk,   &ws->dblk,   &ws->vaug, &ws->o,   &ws->vs,
-                     &ws->dnw,   &ws->state, &ws->dstate, &ws->ckpt};
-    for (int i = 0; i < 16; i++) {
-        *f[i] = (float *)m;
-        m += sz[i];
+    for (size_t i = 0; i < nfl; i++) {
+        *fl[i].p = (float *)m;
+        m += lines(fl[i].n, 4);
     }
-    double **g[5] = {&ws->kc, &ws->p, &ws->cq, &ws->bsc, &ws->ckm};
-    for (int i = 0; i < 5; i++) {
-        *g[i] = (double *)m;
-        m += sz[16 + i];
+    for (size_t i = 0; i < ndb; i++) {
+        *db[i].p = (double *)m;
+        m += lines(db[i].n, 8);
     }
     return 0;
 }
