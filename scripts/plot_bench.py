@@ -71,7 +71,8 @@ def plot_curves(ax, data, key, scale, kept=False):
                 label=label + (", features kept" if kept else ""), **style)
 
 
-def plot_pair(data, path, cols, scale, ylabel, suptitle, extra=None, legend_size=None):
+def plot_pair(data, path, cols, scale, ylabel, suptitle, extra=None, legend_size=None,
+              legend_loc="best"):
     """Forward and forward+backward side by side; cols = (forward, forward+backward, kept)
     column names; extra(ax, data) adds to each panel."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -83,7 +84,7 @@ def plot_pair(data, path, cols, scale, ylabel, suptitle, extra=None, legend_size
         if extra:
             extra(ax, data)
         setup(ax, title, ylabel)
-        ax.legend(fontsize=legend_size)
+        ax.legend(fontsize=legend_size, loc=legend_loc)
     fig.suptitle(suptitle)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -99,7 +100,8 @@ def score_matrix(ax, data):
 
 def plot_time(data, path):
     plot_pair(data, path, ("fwd_seconds", "fwdbwd_seconds", "saved_seconds"), 1e3,
-              "time (ms, median)", "attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)")
+              "time (ms, median)", "attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)",
+              legend_size=8, legend_loc="lower right")
 
 
 def plot_memory(data, path):
