@@ -19,10 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SSE__) || defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "attn_common.h"
 #include "favor.h"
 
@@ -218,23 +214,10 @@ int pf_favor_split(int L, int heads, int unit, int target, int *len) {
 }
 
 /* n rows of r floats from src (row stride lds) to dst (contiguous), with stores that bypass the
- * cache where the CPU has them: the features a forward keeps for its backward are written once
- * and not read again until the backward, so a plain store would first read each line from
- * memory. dst must be 16-byte aligned with r a multiple of 4 for the streaming path. */
+ * cache: the features a forward keeps for its backward are written once and not read again
+ * until the backward, so a plain store would first read each line from memory. */
 static void keep_rows(float *dst, const float *src, int lds, int n, int r) {
-#if defined(__SSE__) || defined(__x86_64__)
-    if (((uintptr_t)dst & 15) == 0 && r % 4 == 0) {
-        for (int i = 0; i < n; i++) {
-            const float *a = src + (size_t)i * (size_t)lds;
-            float *b = dst + (size_t)i * (size_t)r;
-            for (int k = 0; k < r; k += 4) _mm_stream_ps(b + k, _mm_loadu_ps(a + k));
-        }
-        _mm_sfence();
-        return;
-    }
-#endif
-    for (int i = 0; i < n; i++)
-        memcpy(dst + (size_t)i * (size_t)r, src + (size_t)i * (size_t)lds, sizeof(float) * (size_t)r);
+    pf_simd()->stream_rows(dst, src, (size_t)lds, (size_t)n, (size_t)r);
 }
 
 pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, double *Mb,

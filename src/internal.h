@@ -34,6 +34,10 @@ typedef struct pf_simd_table {
     /* s = sin x, c = cos x (float rounding, see simd.h); s or c may be x itself (in place),
      * but s and c must not overlap each other, nor x partly */
     void (*sincos)(float *s, float *c, const float *x, size_t n);
+    /* n rows of r floats from src (row stride lds) to dst (contiguous), stored past the cache
+     * where the CPU can (whole 64-byte lines when dst is 64-byte aligned and r a multiple of
+     * 16): for data written once and not read again soon */
+    void (*stream_rows)(float *dst, const float *src, size_t lds, size_t n, size_t r);
 } pf_simd_table;
 
 /* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the

@@ -246,6 +246,38 @@ static void check_sincos(const pf_simd_table *t) {
     free(c);
 }
 
+/* stream_rows copies exactly: rows of every width up to 40 (whole vectors and not), source row
+ * strides longer than the width, destinations aligned to 64 bytes and not (the fallback), and
+ * nothing past the n rows is written. */
+static void check_stream_rows(const pf_simd_table *t) {
+    enum { ROWS = 7, MAXR = 40, LDS = 53 };
+    float *src = xmalloc(sizeof(float) * ROWS * LDS);
+    float *buf = pf_alloc((size_t)ROWS * MAXR + 64, sizeof(float));
+    CHECK(buf != NULL, "alloc");
+    if (!buf) return;
+    for (int i = 0; i < ROWS * LDS; i++) src[i] = (float)i * 0.5f - 3.0f;
+    int bad = 0;
+    for (int shift = 0; shift <= 3; shift++) { /* 0: 64-byte aligned; 1..3 floats off */
+        for (int r = 1; r <= MAXR; r++) {
+            for (int n = 0; n <= ROWS; n++) {
+                float *dst = buf + shift;
+                for (int i = 0; i < ROWS * MAXR + 60; i++) buf[i] = -999.0f;
+                t->stream_rows(dst, src, LDS, (size_t)n, (size_t)r);
+                for (int i = 0; i < n; i++)
+                    for (int k = 0; k < r; k++)
+                        if (dst[i * r + k] != src[i * LDS + k]) bad++;
+                for (int i = n * r + shift; i < ROWS * MAXR + 60; i++)
+                    if (buf[i] != -999.0f) bad++;
+                for (int i = 0; i < shift; i++)
+                    if (buf[i] != -999.0f) bad++;
+            }
+        }
+    }
+    CHECK(bad == 0, "%s: stream_rows: %d wrong floats", t->name, bad);
+    free(src);
+    pf_free(buf);
+}
+
 int main(void) {
     const char *names[] = {"ref", "avx2", "avx512"};
     int ran = 0;
@@ -258,6 +290,7 @@ int main(void) {
         CHECK(strcmp(t->name, names[i]) == 0, "table name %s", t->name);
         check_table(t);
         check_sincos(t);
+        check_stream_rows(t);
         ran++;
     }
     CHECK(ran >= 1, "no table ran");

@@ -1,8 +1,9 @@
 /* simd.h: the kernel tables of each instruction set (see pf_simd_table in internal.h).
  *
  * exp in the vector paths: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), exp(r)
- * by a degree-6 polynomial (the Cephes expf coefficients), and 2^n applied in two halves so
- * that results from 2^-149 (subnormal) to FLT_MAX are formed without overflow in between.
+ * by a degree-6 polynomial (the Cephes expf coefficients), and 2^n applied so that results from
+ * 2^-149 (subnormal) to FLT_MAX are formed without overflow in between and rounded once: in two
+ * halves (AVX2), by vscalefps (AVX-512, the same bits).
  * NaN propagates; x > 88.72 gives +inf and x <= -104 gives 0, as expf does.
  *
  * sincos (s = sin x, c = cos x; s or c may be x itself, not a partial overlap; s and c must not

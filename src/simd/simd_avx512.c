@@ -3,6 +3,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "simd/simd.h"
 
@@ -126,6 +127,19 @@ static void sincos_avx512(float *s, float *c, const float *x, size_t n) {
     }
 }
 
-const pf_simd_table pf_simd_avx512 = {"avx512", exp_avx512, exp_sub_sum_avx512, max_avx512,
-                                      sincos_avx512};
+static void stream_rows_avx512(float *dst, const float *src, size_t lds, size_t n, size_t r) {
+    if (((uintptr_t)dst & 63) != 0 || r % 16 != 0) {
+        pf_simd_ref.stream_rows(dst, src, lds, n, r);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const float *a = src + i * lds;
+        float *b = dst + i * r;
+        for (size_t k = 0; k < r; k += 16) _mm512_stream_ps(b + k, _mm512_loadu_ps(a + k));
+    }
+    _mm_sfence();
+}
+
+const pf_simd_table pf_simd_avx512 = {"avx512",   exp_avx512,    exp_sub_sum_avx512,
+                                      max_avx512, sincos_avx512, stream_rows_avx512};
 #endif

@@ -2,6 +2,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "internal.h"
 #include "simd/simd.h"
@@ -83,4 +86,22 @@ static void sincos_ref(float *s, float *c, const float *x, size_t n) {
     }
 }
 
-const pf_simd_table pf_simd_ref = {"ref", exp_ref, exp_sub_sum_ref, max_ref, sincos_ref};
+/* SSE stores where every x86-64 CPU has them (16-byte aligned dst, r a multiple of 4), else
+ * memcpy. */
+static void stream_rows_ref(float *dst, const float *src, size_t lds, size_t n, size_t r) {
+#if defined(__x86_64__)
+    if (((uintptr_t)dst & 15) == 0 && r % 4 == 0) {
+        for (size_t i = 0; i < n; i++) {
+            const float *a = src + i * lds;
+            float *b = dst + i * r;
+            for (size_t k = 0; k < r; k += 4) _mm_stream_ps(b + k, _mm_loadu_ps(a + k));
+        }
+        _mm_sfence();
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) memcpy(dst + i * r, src + i * lds, sizeof(float) * r);
+}
+
+const pf_simd_table pf_simd_ref = {"ref",   exp_ref,    exp_sub_sum_ref,
+                                   max_ref, sincos_ref, stream_rows_ref};
