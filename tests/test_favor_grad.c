@@ -109,6 +109,20 @@ static void problem_free(problem *p) {
     for (int i = 0; i < 11; i++) free(all[i]);
 }
 
+/* The fast gradients' buffers filled with 1e30 (a backward must overwrite, not accumulate). */
+static void poison_grads(problem *p) {
+    for (size_t i = 0; i < p->nq; i++) p->dQ[i] = 1e30f;
+    for (size_t i = 0; i < p->nk; i++) p->dK[i] = 1e30f;
+    for (size_t i = 0; i < p->nv; i++) p->dV[i] = 1e30f;
+}
+
+/* 1 if the fast gradients dQ, dK, dV are bit for bit the reference ones rQ, rK, rV. */
+static int same_grads(const problem *p) {
+    return memcmp(p->dQ, p->rQ, sizeof(float) * p->nq) == 0 &&
+           memcmp(p->dK, p->rK, sizeof(float) * p->nk) == 0 &&
+           memcmp(p->dV, p->rV, sizeof(float) * p->nv) == 0;
+}
+
 static pf_favor_opts favor_of(const problem *p, pf_kernel kernel, int m, float eps) {
     pf_favor_opts f = pf_favor_opts_default();
     f.kernel = kernel;
@@ -284,9 +298,7 @@ static void test_overwrite_and_threads(void) {
             o.causal = causal;
             o.key_len = klen;
             o.threads = 1;
-            for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
-            for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
-            for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
+            poison_grads(&p);
             CHECK_STATUS(
                 pf_attn_favor_backward(p.dQ, p.dK, p.dV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f),
                 PF_OK);
@@ -297,9 +309,7 @@ static void test_overwrite_and_threads(void) {
             CHECK_STATUS(
                 pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K, p.V, NULL, &p.s, &o, &f),
                 PF_OK);
-            CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
-                      memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
-                      memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
+            CHECK(same_grads(&p),
                   "%s causal=%d: prefilled 1e30 / 1 thread and zeroed / 2 threads differ",
                   pf_kernel_name(f.kernel), causal);
         }
@@ -419,16 +429,12 @@ static void test_saved(void) {
                             CHECK_STATUS(pf_attn_favor_backward(p.rQ, p.rK, p.rV, p.G, p.Q, p.K,
                                                                 p.V, fo, &p.s, &o, &f),
                                          PF_OK);
-                            for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
-                            for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
-                            for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
+                            poison_grads(&p);
                             CHECK_STATUS(pf_attn_favor_backward_saved(p.dQ, p.dK, p.dV, p.G, p.Q,
                                                                       p.K, p.V, fo, &p.s, &o, &f,
                                                                       sv),
                                          PF_OK);
-                            CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
-                                      memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
-                                      memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
+                            CHECK(same_grads(&p),
                                   "%s causal=%d B*H=%d threads=%d out=%d heads kept %d: saved and "
                                   "recomputed gradients differ",
                                   pf_kernel_name(f.kernel), causal, B * H, t, given,
@@ -577,16 +583,12 @@ static void test_segments(void) {
                     for (int t = 1; t <= 2; t++) {
                         o.threads = t;
                         for (int g = 0; g < 3; g++) {
-                            for (size_t i = 0; i < p.nq; i++) p.dQ[i] = 1e30f;
-                            for (size_t i = 0; i < p.nk; i++) p.dK[i] = 1e30f;
-                            for (size_t i = 0; i < p.nv; i++) p.dV[i] = 1e30f;
+                            poison_grads(&p);
                             CHECK_STATUS(pf_favor_backward_segmented(p.dQ, p.dK, p.dV, p.G, p.Q,
                                                                      p.K, p.V, fo, &p.s, &o, &f,
                                                                      use, segs[g]),
                                          PF_OK);
-                            CHECK(memcmp(p.dQ, p.rQ, sizeof(float) * p.nq) == 0 &&
-                                      memcmp(p.dK, p.rK, sizeof(float) * p.nk) == 0 &&
-                                      memcmp(p.dV, p.rV, sizeof(float) * p.nv) == 0,
+                            CHECK(same_grads(&p),
                                   "%s chunk=%d kept=%d out=%d threads=%d: segments of %d rows "
                                   "change the gradients",
                                   pf_kernel_name(f.kernel), chunk, kept, given, t, segs[g]);
