@@ -926,12 +926,11 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     const int NBc = causal ? pf_favor_block(1, j.C) : BWD_BLOCK, any_kept = sv && sv->nkeep > 0;
     j.seg = causal ? segment_rows(s.Lq, NBc, feat_row, seg) : s.Lq;
     j.segk = causal ? segment_rows(s.Lq, NBc, scan_row, seg) : s.Lq;
-    /* a thread's rows: the features of a segment of the heads made here, the scan's of the
-     * longest segment; checkpoints for the most segments */
+    /* a thread's rows (segk >= seg: a kept head holds less a row): the features of a segment of
+     * the heads made here, the scan's of the longest segment; checkpoints for the most segments */
     const int fseg = all_kept ? 0 : j.seg;
-    const int sseg = any_kept && j.segk > fseg ? j.segk : fseg;
-    const int minseg = any_kept && (all_kept || j.segk < j.seg) ? j.segk : j.seg;
-    const int nseg = (s.Lq + minseg - 1) / minseg;
+    const int sseg = any_kept ? j.segk : j.seg;
+    const int shortest = all_kept ? j.segk : j.seg, nseg = (s.Lq + shortest - 1) / shortest;
     float *cmem = NULL;
     double *cmemd = NULL;
     if (j.nsb > 1) {
