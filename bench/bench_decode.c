@@ -56,8 +56,9 @@ int main(int argc, char **argv) {
     fill(k, nq, 2, 0.5f);
     fill(v, nq, 3, 1.0f);
     double *t = xmalloc(sizeof(double) * (size_t)tokens);
-    printf("performer %s, %d threads; streaming causal FAVOR+ decode, H=%d d=%d m=%d, positive\n",
-           pf_version(), threads, H, d, m);
+    printf("performer %s, %d threads, OpenBLAS kernels %s; streaming causal FAVOR+ decode,\n"
+           "H=%d d=%d m=%d, positive\n",
+           pf_version(), threads, pf_blas_core(), H, d, m);
     printf("%8s %14s %10s\n", "context", "us per token", "vs 1024");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {

@@ -65,6 +65,11 @@ PF_API const char *pf_status_str(pf_status status);
 /* The library version as "MAJOR.MINOR.PATCH"; static storage. */
 PF_API const char *pf_version(void);
 
+/* The kernel set the linked OpenBLAS runs every matrix product on, as it names it ("Haswell",
+ * "SkylakeX", ...; chosen for the CPU when OpenBLAS loads, or by the environment variable
+ * OPENBLAS_CORETYPE); static storage. Timings depend on it (README, Speed). */
+PF_API const char *pf_blas_core(void);
+
 /* ---------------------------------------------------------------------------------------------
  * Randomness (SPEC §3): Philox4x32-10, counter based.
  * A (seed, stream) pair gives the same numbers on every machine and at any thread count.

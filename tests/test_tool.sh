@@ -522,6 +522,13 @@ for word in exact favor positive hyperbolic trig relu orthogonal iid chi sqrtd q
 done
 grep -q '\[256\]' "$T/ahelp" && pass || fail "attn --help does not give the default m"
 "$P" --version | grep -q "^performer [0-9]" && pass || fail "--version"
+# --version names the OpenBLAS kernels, which follow OPENBLAS_CORETYPE (x86-64 builds know these)
+if [ "$(uname -m)" = x86_64 ]; then
+    for core in Haswell SkylakeX; do
+        OPENBLAS_CORETYPE=$core "$P" --version | grep -q "(OpenBLAS kernels: $core)" && pass ||
+            fail "--version with OPENBLAS_CORETYPE=$core: $(OPENBLAS_CORETYPE=$core "$P" --version)"
+    done
+fi
 "$P" frobnicate 2>"$T/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "unknown command 'frobnicate'" "$T/err" && pass ||
     fail "unknown command: exit $rc, $(cat "$T/err")"

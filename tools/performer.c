@@ -328,7 +328,7 @@ int main(int argc, char **argv) {
         return TOOL_EXIT_OK;
     }
     if (strcmp(name, "--version") == 0) {
-        printf("performer %s\n", pf_version());
+        printf("performer %s (OpenBLAS kernels: %s)\n", pf_version(), pf_blas_core());
         return TOOL_EXIT_OK;
     }
     if (strcmp(name, "help") == 0) {
