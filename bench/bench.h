@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "performer.h"
@@ -43,6 +44,30 @@ static inline void fill(float *x, size_t n, uint64_t seed, float sigma) {
     pf_rng_fill_normal(&rng, x, n);
     if (sigma != 1.0f)
         for (size_t i = 0; i < n; i++) x[i] *= sigma;
+}
+
+/* The CPU, as /proc/cpuinfo names its first one ("AMD EPYC (family 26, model 2)"), into buf;
+ * "unknown CPU" elsewhere. */
+static inline const char *cpu_name(char *buf, size_t size) {
+    char line[256], name[128] = "", family[16] = "", model[16] = "";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f) && line[0] != '\n') {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *v = colon + 1 + (colon[1] == ' ');
+        v[strcspn(v, "\n")] = '\0';
+        if (strncmp(line, "model name", 10) == 0) snprintf(name, sizeof name, "%s", v);
+        else if (strncmp(line, "cpu family", 10) == 0) snprintf(family, sizeof family, "%s", v);
+        else if (strncmp(line, "model\t", 6) == 0) snprintf(model, sizeof model, "%s", v);
+    }
+    if (f) fclose(f);
+    if (!name[0])
+        snprintf(buf, size, "unknown CPU");
+    else if (family[0] && model[0])
+        snprintf(buf, size, "%s (family %s, model %s)", name, family, model);
+    else
+        snprintf(buf, size, "%s", name);
+    return buf;
 }
 
 #endif

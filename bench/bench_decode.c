@@ -56,9 +56,10 @@ int main(int argc, char **argv) {
     fill(k, nq, 2, 0.5f);
     fill(v, nq, 3, 1.0f);
     double *t = xmalloc(sizeof(double) * (size_t)tokens);
-    printf("performer %s, %d threads, OpenBLAS kernels %s; streaming causal FAVOR+ decode,\n"
-           "H=%d d=%d m=%d, positive\n",
-           pf_version(), threads, pf_blas_core(), H, d, m);
+    char cpu[192];
+    printf("performer %s on %s, %d threads, OpenBLAS kernels %s\n"
+           "streaming causal FAVOR+ decode, H=%d d=%d m=%d, positive\n",
+           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_blas_core(), H, d, m);
     printf("%8s %14s %10s\n", "context", "us per token", "vs 1024");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {
