@@ -367,8 +367,7 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             }
             if (nk > 0) {
                 /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1 */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, ldq, Kc, r,
-                            0.0f, A, ldq);
+                pf_gemm(0, 1, n, nk, r, 1.0f, Qc, ldq, Kc, r, 0.0f, A, ldq);
                 for (int i = 0; i < n; i++) {
                     float *row = A + (size_t)i * (size_t)ldq;
                     const int jmax = i < nk - 1 ? i : nk - 1;
@@ -397,16 +396,15 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
              * position 0 (klen >= 1) gives every chunk a state or a key. */
             const int kdim = (have_state ? r : 0) + nk;
             assert(kdim > 0);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv + 1, kdim, 1.0f,
-                        have_state ? Qc : A, ldq, have_state ? S : Vw, dv1, 0.0f, ws->o, dv1);
+            pf_gemm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dv1,
+                    0.0f, ws->o, dv1);
             st = worse(st, readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
             if (nk > 0) {
                 /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
                 pf_favor_weighted_values(ws->vs, dv1, Vc, dv, ck, NULL, Mn, nk);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv + 1, nk, 1.0f, Kc, r,
-                            ws->vs, dv1, beta, S, dv1);
+                pf_gemm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dv1, beta, S, dv1);
                 M = Mn;
             }
         }

@@ -127,8 +127,7 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
     const pf_simd_table *vk = pf_simd();
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
      * SDERF: rows B w_f, then the bias). */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, d, fm->wscale, X, d, fm->W, d, 0.0f,
-                phi, ldphi);
+    pf_gemm(0, 1, n, m, d, fm->wscale, X, d, fm->W, d, 0.0f, phi, ldphi);
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     const float eps = fm->eps;

@@ -23,6 +23,12 @@ PF_INTERNAL int pf_any_nonfinite(const float *x, size_t n);
 /* The effective logit scale: s if s > 0, else 1/sqrt(d). */
 PF_INTERNAL float pf_effective_scale(float s, int d);
 
+/* cblas_sgemm (row-major; ta, tb 0 or 1 for op = transpose), or cblas_sgemv for a product of one
+ * row (m == 1) when OpenBLAS's kernels would copy whole operands for it (blas.c). The same bits
+ * for the same arguments, whatever the thread. */
+PF_INTERNAL void pf_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc);
+
 /* ---- vector kernels (src/simd/): chosen once at run time from the CPU's features ---------- */
 
 typedef struct pf_simd_table {
