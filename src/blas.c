@@ -37,16 +37,25 @@ static int small_path(void) {
     return v;
 }
 
+void pf_gemm_row(int ta, int tb, int n, int k, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C) {
+    if (n <= 0) return;
+    const int inca = ta ? lda : 1; /* a is A's row, or its column when transposed */
+    if (k <= 0) {                   /* (sgemv would not scale c when there is nothing to add) */
+        for (int j = 0; j < n; j++) C[j] = beta == 0.0f ? 0.0f : beta * C[j];
+        return;
+    }
+    if (tb) /* B is n x k: c = B a */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, alpha, B, ldb, A, inca, beta, C, 1);
+    else /* B is k x n: c = B^T a */
+        cblas_sgemv(CblasRowMajor, CblasTrans, k, n, alpha, B, ldb, A, inca, beta, C, 1);
+}
+
 void pf_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc) {
     if (m <= 0 || n <= 0) return;
-    if (m == 1 && k > 0 && !small_path()) {
-        /* c (1 x n) = alpha a op(B) + beta c: a is A's row (or column, when transposed) */
-        const int inca = ta ? lda : 1;
-        if (tb) /* B is n x k: c = B a */
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, alpha, B, ldb, A, inca, beta, C, 1);
-        else /* B is k x n: c = B^T a */
-            cblas_sgemv(CblasRowMajor, CblasTrans, k, n, alpha, B, ldb, A, inca, beta, C, 1);
+    if (m == 1 && !small_path()) {
+        pf_gemm_row(ta, tb, n, k, alpha, A, lda, B, ldb, beta, C);
         return;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,

@@ -29,6 +29,11 @@ PF_INTERNAL float pf_effective_scale(float s, int d);
 PF_INTERNAL void pf_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                          const float *B, int ldb, float beta, float *C, int ldc);
 
+/* pf_gemm's one-row product, always by cblas_sgemv: c (1 x n) = alpha op(A) op(B) + beta c, op(A)
+ * 1 x k (A's row, or with ta its column of stride lda). beta == 0 sets c whatever it held. */
+PF_INTERNAL void pf_gemm_row(int ta, int tb, int n, int k, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C);
+
 /* ---- vector kernels (src/simd/): chosen once at run time from the CPU's features ---------- */
 
 typedef struct pf_simd_table {

@@ -1,0 +1,93 @@
+/* test_blas.c: the OpenBLAS glue (src/blas.c).
+ *
+ * pf_gemm, and its one-row path pf_gemm_row (sgemv) called directly so that it is tested
+ * whichever path this machine's kernels choose, against a float64 product written here: every
+ * transpose pair, one and several rows, k of 0, 1 and more, beta 0 (over NaN-filled C: it must
+ * not be read), 1 and 0.5, padded leading dimensions whose padding must stay untouched.
+ * Products of float inputs summed in float agree with float64 to k * 2^-24 relative to the sum
+ * of |terms|; the bound used is 1e-6 * (k + 1) of it. pf_blas_core names a kernel set. */
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+#include "internal.h"
+
+enum { PAD = 3 };
+
+/* op(X)[i][j] of a row-major X with leading dimension ld, op = transpose when t. */
+static double at(const float *X, int ld, int t, int i, int j) {
+    return t ? X[(size_t)j * ld + i] : X[(size_t)i * ld + j];
+}
+
+static void fill(float *x, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)((double)(seed >> 8) / 16777216.0 - 0.5);
+    }
+}
+
+/* One case: C (m x n, ldc = n + PAD) = alpha op(A) op(B) + beta C, through pf_gemm or (m == 1)
+ * pf_gemm_row; checked against float64 and for untouched padding. */
+static void check_case(int row_path, int ta, int tb, int m, int n, int k, float beta) {
+    const int lda = (ta ? m : k) + PAD, ldb = (tb ? k : n) + PAD, ldc = n + PAD;
+    const int ra = ta ? k : m, rb = tb ? n : k; /* stored rows of A and B */
+    float *A = malloc(sizeof(float) * ((size_t)ra * lda + 1));
+    float *B = malloc(sizeof(float) * ((size_t)rb * ldb + 1));
+    float *C = malloc(sizeof(float) * (size_t)m * ldc), *C0 = malloc(sizeof(float) * (size_t)m * ldc);
+    fill(A, (size_t)ra * lda + 1, 1u + (unsigned)(m * 31 + k));
+    fill(B, (size_t)rb * ldb + 1, 2u + (unsigned)(n * 17 + k));
+    fill(C0, (size_t)m * ldc, 3u);
+    if (beta == 0.0f)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) C0[(size_t)i * ldc + j] = NAN;
+    memcpy(C, C0, sizeof(float) * (size_t)m * ldc);
+    const float alpha = 0.75f;
+    if (row_path)
+        pf_gemm_row(ta, tb, n, k, alpha, A, lda, B, ldb, beta, C);
+    else
+        pf_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    double worst = 0;
+    int untouched = 1;
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            double ref = 0, mag = 0;
+            for (int p = 0; p < k; p++) {
+                const double t = at(A, lda, ta, i, p) * at(B, ldb, tb, p, j);
+                ref += t, mag += fabs(t);
+            }
+            ref *= alpha, mag *= alpha;
+            if (beta != 0.0f) {
+                ref += beta * (double)C0[(size_t)i * ldc + j];
+                mag += fabs(beta * (double)C0[(size_t)i * ldc + j]);
+            }
+            const double got = C[(size_t)i * ldc + j];
+            const double e = fabs(got - ref) / (mag > 0 ? mag : 1.0);
+            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+        }
+        for (int j = n; j < ldc; j++)
+            untouched &= memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], 4) == 0;
+    }
+    CHECK(worst <= 1e-6 * (k + 1), "%s ta=%d tb=%d m=%d n=%d k=%d beta=%g: rel err %.3g",
+          row_path ? "pf_gemm_row" : "pf_gemm", ta, tb, m, n, k, beta, worst);
+    CHECK(untouched, "%s ta=%d tb=%d m=%d n=%d k=%d: the padding of C changed",
+          row_path ? "pf_gemm_row" : "pf_gemm", ta, tb, m, n, k);
+    free(A), free(B), free(C), free(C0);
+}
+
+int main(void) {
+    const int ks[4] = {0, 1, 17, 272}, ms[3] = {1, 2, 16}, ns[2] = {1, 65};
+    const float betas[3] = {0.0f, 1.0f, 0.5f};
+    for (int ta = 0; ta <= 1; ta++)
+        for (int tb = 0; tb <= 1; tb++)
+            for (int ki = 0; ki < 4; ki++)
+                for (int ni = 0; ni < 2; ni++)
+                    for (int bi = 0; bi < 3; bi++) {
+                        check_case(1, ta, tb, 1, ns[ni], ks[ki], betas[bi]);
+                        for (int mi = 0; mi < 3; mi++)
+                            check_case(0, ta, tb, ms[mi], ns[ni], ks[ki], betas[bi]);
+                    }
+    const char *core = pf_blas_core();
+    CHECK(core && core[0], "pf_blas_core: empty");
+    printf("OpenBLAS kernels: %s\n", core);
+    TEST_MAIN_END();
+}
