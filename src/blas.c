@@ -8,8 +8,8 @@
  * 27 us on this project's machine; 36 us instead of 108 us on Haswell). So one-row products go
  * to sgemv unless the kernels have the small path. Later OpenBLAS releases forward one-row
  * products to gemv themselves. */
-#include <ctype.h>
 #include <stdatomic.h>
+#include <strings.h>
 
 #include <cblas.h>
 
@@ -25,14 +25,10 @@ static int small_path(void) {
     static atomic_int known = -1; /* (found once; the same answer for every thread) */
     int v = atomic_load_explicit(&known, memory_order_relaxed);
     if (v >= 0) return v;
-    static const char *const sets[] = {"skylakex", "cooperlake", "sapphirerapids"};
-    const char *core = pf_blas_core();
+    static const char *const sets[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
     v = 0;
-    for (size_t s = 0; s < sizeof sets / sizeof sets[0] && !v; s++) {
-        size_t i = 0;
-        while (sets[s][i] && core[i] && tolower((unsigned char)core[i]) == sets[s][i]) i++;
-        v = !sets[s][i] && !core[i];
-    }
+    for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++)
+        v |= strcasecmp(pf_blas_core(), sets[s]) == 0;
     atomic_store_explicit(&known, v, memory_order_relaxed);
     return v;
 }

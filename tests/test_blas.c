@@ -19,28 +19,21 @@ static double at(const float *X, int ld, int t, int i, int j) {
     return t ? X[(size_t)j * ld + i] : X[(size_t)i * ld + j];
 }
 
-static void fill(float *x, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        x[i] = (float)((double)(seed >> 8) / 16777216.0 - 0.5);
-    }
-}
-
 /* One case: C (m x n, ldc = n + PAD) = alpha op(A) op(B) + beta C, through pf_gemm or (m == 1)
  * pf_gemm_row; checked against float64 and for untouched padding. */
 static void check_case(int row_path, int ta, int tb, int m, int n, int k, float beta) {
     const int lda = (ta ? m : k) + PAD, ldb = (tb ? k : n) + PAD, ldc = n + PAD;
     const int ra = ta ? k : m, rb = tb ? n : k; /* stored rows of A and B */
-    float *A = malloc(sizeof(float) * ((size_t)ra * lda + 1));
-    float *B = malloc(sizeof(float) * ((size_t)rb * ldb + 1));
-    float *C = malloc(sizeof(float) * (size_t)m * ldc), *C0 = malloc(sizeof(float) * (size_t)m * ldc);
-    fill(A, (size_t)ra * lda + 1, 1u + (unsigned)(m * 31 + k));
-    fill(B, (size_t)rb * ldb + 1, 2u + (unsigned)(n * 17 + k));
-    fill(C0, (size_t)m * ldc, 3u);
+    const size_t na = (size_t)ra * lda + 1, nb = (size_t)rb * ldb + 1, nc = (size_t)m * ldc;
+    float *A = xmalloc(sizeof(float) * na), *B = xmalloc(sizeof(float) * nb);
+    float *C = xmalloc(sizeof(float) * nc), *C0 = xmalloc(sizeof(float) * nc);
+    fill_normal(A, na, 1.0f, 1, (uint64_t)(m * 31 + k));
+    fill_normal(B, nb, 1.0f, 2, (uint64_t)(n * 17 + k));
+    fill_normal(C0, nc, 1.0f, 3, 0);
     if (beta == 0.0f)
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) C0[(size_t)i * ldc + j] = NAN;
-    memcpy(C, C0, sizeof(float) * (size_t)m * ldc);
+    memcpy(C, C0, sizeof(float) * nc);
     const float alpha = 0.75f;
     if (row_path)
         pf_gemm_row(ta, tb, n, k, alpha, A, lda, B, ldb, beta, C);
