@@ -88,14 +88,15 @@ test: setup
 	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ]
 
 TEST_LABEL ?= release
+SIMD_PATHS ?= avx2 ref
 test-fast: all $(TESTS)
-	@sh tests/run.sh $(BUILD) "$(TEST_LABEL)"
+	@SIMD_PATHS="$(SIMD_PATHS)" sh tests/run.sh $(BUILD) "$(TEST_LABEL)"
 
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	  -fno-omit-frame-pointer" EXTRA_LDLIBS="-fsanitize=address,undefined" \
-	  TEST_LABEL=asan test-fast
+	  TEST_LABEL=asan SIMD_PATHS= test-fast
 
 demo: setup all
 	$(TOOL) demo

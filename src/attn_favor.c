@@ -3,7 +3,9 @@
  * One (b, h) pair is one unit of work, done by one thread, so the arithmetic (and the result,
  * bit for bit) does not depend on the thread count. Within a head, rows go in blocks that stay
  * in cache: a block of inputs becomes stabilised features (features.c) and goes straight into
- * an sgemm; no L x r matrix is ever formed.
+ * an sgemm (bidirectional) or into the causal chunks' few-row products, which run in the
+ * library's own kernels (pf_mm: without sgemm's packing, and with the same bits for a row
+ * whatever the rows beside it); no L x r matrix is ever formed.
  *
  * Values are augmented with a ones column, [V | 1] (Lk, dv+1), so one product gives numerator
  * (columns 0..dv-1) and denominator (column dv).
@@ -75,9 +77,10 @@ pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts, const pf_
 
 /* The causal chunk C: the user's, or 16. Per chunk the masked intra-chunk products cost
  * 2 C^2 (r + dv + 1) flops against 2 C r (2d + 2(dv + 1)) for the features and the state, so
- * the extra work grows as C / d, while sgemm wants C large. Measured on AVX-512 with OpenBLAS
- * (B = 1, H = 8, L = 4096): causal / bidirectional time is lowest at C = 8..20 for d = 16..128
- * and r = 64..512 (d = 64, r = 256: 1.08 at 16, 1.1 at 32, 1.35 at 64). */
+ * the extra work grows as C / d, while the products want C large. Measured with OpenBLAS's
+ * AVX-512 small-matrix path (B = 1, H = 8, L = 4096): causal / bidirectional time is lowest at
+ * C = 8..20 for d = 16..128 and r = 64..512 (d = 64, r = 256: 1.08 at 16, 1.1 at 32, 1.35 at
+ * 64); with pf_mm on AVX-512 (d = 64, r = 256) flat from 8 to 24, 5% more at 32, 8% at 48. */
 int pf_favor_chunk(const pf_favor_opts *fv, int L) {
     int C = fv->chunk ? fv->chunk : FAVOR_CHUNK;
     return C < L ? C : L;
@@ -311,7 +314,7 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
  * Every factor is <= 1. Then S = e^(M - M') S + sum_j k~_j e^(c_j - M') [v_j|1], M' = P_last.
  *
  * Features are made a block of whole chunks at a time (so sgemm packs W once per block). The
- * two terms of n_i are one sgemm: [e^(M - P) Q~ | A] (C x (r + C)) times [S ; [V|1]_w]
+ * two terms of n_i are one product: [e^(M - P) Q~ | A] (C x (r + C)) times [S ; [V|1]_w]
  * ((r + C) x dv1); the scores A sit in C spare columns after each Q~ row, the weighted values
  * in C spare rows below S. Rows j > i of A are exact zeros, so later keys and values change no
  * bit of n_i (0 * finite adds +-0). */
@@ -367,7 +370,7 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             }
             if (nk > 0) {
                 /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1 */
-                pf_gemm(0, 1, n, nk, r, 1.0f, Qc, ldq, Kc, r, 0.0f, A, ldq);
+                pf_mm(0, 1, n, nk, r, 1.0f, Qc, ldq, Kc, r, 0.0f, A, ldq);
                 for (int i = 0; i < n; i++) {
                     float *row = A + (size_t)i * (size_t)ldq;
                     const int jmax = i < nk - 1 ? i : nk - 1;
@@ -396,15 +399,15 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
              * position 0 (klen >= 1) gives every chunk a state or a key. */
             const int kdim = (have_state ? r : 0) + nk;
             assert(kdim > 0);
-            pf_gemm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dv1,
-                    0.0f, ws->o, dv1);
+            pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dv1,
+                  0.0f, ws->o, dv1);
             st = worse(st, readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
             if (nk > 0) {
                 /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
                 pf_favor_weighted_values(ws->vs, dv1, Vc, dv, ck, NULL, Mn, nk);
-                pf_gemm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dv1, beta, S, dv1);
+                pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dv1, beta, S, dv1);
                 M = Mn;
             }
         }

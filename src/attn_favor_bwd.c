@@ -496,9 +496,9 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                                 float *RTl, int dq) {
     const int r = fm->r, d = fm->d, dv = hd->dv, dv1 = dv + 1;
     const int NB = pf_favor_block(1, C);
-    /* the states are kept transposed, (dv+1, r): then every product with them is one that
-     * OpenBLAS runs fast for a few rows (dN~ S^T with S as (r, dv+1) packs S for each chunk
-     * and runs at a third of the speed) */
+    /* the states are kept transposed, (dv+1, r), and the chunks' products run in pf_mm, as
+     * the forward's do (the same bits for the scores A, kept or made again): with S as
+     * (r, dv+1), dN~ S^T would be a product of dot products only dv+1 long */
     float *ST = ws->state, *O = ws->o;
     double M = M0;
     if (M0 > -INFINITY && ST0 != ST) memcpy(ST, ST0, sizeof(float) * (size_t)r * (size_t)dv1);
@@ -532,11 +532,10 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
             const int w = hd->out ? 1 : dv1, c0 = hd->out ? dv : 0;
             if (have_state) {
                 if (hd->out)
-                    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, r, 1.0f, Qc, r,
-                                ST + (size_t)dv * (size_t)r, 1, 0.0f, O + dv, dv1);
+                    pf_mm(0, 1, n, 1, r, 1.0f, Qc, r, ST + (size_t)dv * (size_t)r, r, 0.0f, O + dv,
+                          dv1);
                 else
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, dv1, r, 1.0f, Qc, r, ST,
-                                r, 0.0f, O, dv1);
+                    pf_mm(0, 1, n, dv1, r, 1.0f, Qc, r, ST, r, 0.0f, O, dv1);
                 scale_rows(O + c0, dv1, n, w, NULL, M, P);
             }
             if (nk > 0) {
@@ -545,34 +544,29 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                         memcpy(A + (size_t)i * (size_t)C, cs->akept + (size_t)(lt + i) * (size_t)C,
                                sizeof(float) * (size_t)nk);
                 } else {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, r, 1.0f, Qc, r, Kc,
-                                r, 0.0f, A, C);
+                    pf_mm(0, 1, n, nk, r, 1.0f, Qc, r, Kc, r, 0.0f, A, C);
                     mask_chunk(A, C, n, nk, P);
                 }
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, P, 0.0, nk);
                 if (hd->out)
-                    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, nk, 1.0f, A, C, ws->vs + dv, dv1,
-                                have_state ? 1.0f : 0.0f, O + dv, dv1);
+                    pf_mm(0, 0, n, 1, nk, 1.0f, A, C, ws->vs + dv, dv1, have_state ? 1.0f : 0.0f,
+                          O + dv, dv1);
                 else
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv1, nk, 1.0f, A, C,
-                                ws->vs, dv1, have_state ? 1.0f : 0.0f, O, dv1);
+                    pf_mm(0, 0, n, dv1, nk, 1.0f, A, C, ws->vs, dv1, have_state ? 1.0f : 0.0f, O,
+                          dv1);
             }
             st = worse(st, grad_of_out(dN, dv1, O, dv1,
                                        hd->out ? hd->out + (size_t)t0 * (size_t)dv : NULL,
                                        hd->G + (size_t)t0 * (size_t)dv, n, dv));
             /* dQ~ = e^(M - P) dN~ S^T + B K~, B_ij = (dN~_i.[v_j|1]_w) e^(P_j - P_i) masked */
             if (have_state && dq) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, dv1, 1.0f, dN, dv1, ST,
-                            r, 0.0f, dQc, r);
+                pf_mm(0, 0, n, r, dv1, 1.0f, dN, dv1, ST, r, 0.0f, dQc, r);
                 scale_rows(dQc, r, n, r, NULL, M, P);
             }
             if (nk > 0) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, dv1, 1.0f, dN, dv1,
-                            ws->vs, dv1, 0.0f, Bm, C);
+                pf_mm(0, 1, n, nk, dv1, 1.0f, dN, dv1, ws->vs, dv1, 0.0f, Bm, C);
                 mask_chunk(Bm, C, n, nk, P);
-                if (dq)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, r, nk, 1.0f, Bm, C,
-                                Kc, r, have_state ? 1.0f : 0.0f, dQc, r);
+                if (dq) pf_mm(0, 0, n, r, nk, 1.0f, Bm, C, Kc, r, have_state ? 1.0f : 0.0f, dQc, r);
                 /* keep A' = A diag(e^(c_j - P_j)) for dV in the reverse scan */
                 for (int i = 0; i < n; i++) {
                     float *row = A + (size_t)i * (size_t)C;
@@ -582,8 +576,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, NULL, Mn, nk);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nk, 1.0f, ws->vs, dv1,
-                            Kc, r, beta, ST, r);
+                pf_mm(1, 0, dv1, r, nk, 1.0f, ws->vs, dv1, Kc, r, beta, ST, r);
                 M = Mn;
             }
         }
@@ -646,19 +639,15 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
                 float *dVc = hd->dV + (size_t)t0 * (size_t)dv;
                 if (have_r) {
                     pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, NULL, Mc, nk);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nk, r, dv1, 1.0f, ws->vs,
-                                dv1, RT, r, 0.0f, dKc, r);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nk, dv, r, 1.0f, Kc, r, RT,
-                                r, 0.0f, dVc, dv);
+                    pf_mm(0, 0, nk, r, dv1, 1.0f, ws->vs, dv1, RT, r, 0.0f, dKc, r);
+                    pf_mm(0, 1, nk, dv, r, 1.0f, Kc, r, RT, r, 0.0f, dVc, dv);
                     for (int j = 0; j < nk; j++) {
                         const float w = ws->vs[(size_t)j * (size_t)dv1 + dv];
                         for (int k = 0; k < dv; k++) dVc[(size_t)j * (size_t)dv + k] *= w;
                     }
                 }
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, r, n, 1.0f, Bm, C, Qc, r,
-                            have_r ? 1.0f : 0.0f, dKc, r);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, dv, n, 1.0f, A, C, dN, dv1,
-                            have_r ? 1.0f : 0.0f, dVc, dv);
+                pf_mm(1, 0, nk, r, n, 1.0f, Bm, C, Qc, r, have_r ? 1.0f : 0.0f, dKc, r);
+                pf_mm(1, 0, nk, dv, n, 1.0f, A, C, dN, dv1, have_r ? 1.0f : 0.0f, dVc, dv);
             }
             if (t0 > r0 || fold) {
                 /* R := e^(M_{c-1} - M_c) R + Q~_c^T (e^(M_{c-1} - P_i) dN~_i) (not needed
@@ -672,8 +661,7 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
                     for (int k = 0; k < dv1; k++) dst[k] = f * src[k];
                 }
                 const float beta = have_r ? (float)exp(Mp - Mc) : 0.0f;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, n, 1.0f, ws->dnw, dv1,
-                            Qc, r, beta, RT, r);
+                pf_mm(1, 0, dv1, r, n, 1.0f, ws->dnw, dv1, Qc, r, beta, RT, r);
                 have_r = 1;
             }
         }

@@ -34,14 +34,20 @@ PF_INTERNAL void pf_gemm(int ta, int tb, int m, int n, int k, float alpha, const
 PF_INTERNAL void pf_gemm_row(int ta, int tb, int n, int k, float alpha, const float *A, int lda,
                              const float *B, int ldb, float beta, float *C);
 
+/* pf_simd()->gemm with BLAS's arguments (ta, tb 0 or 1; not both 1): the library's own product
+ * for the few-row products where sgemm's packing costs more than the arithmetic, and whose bits
+ * must not depend on the number of rows. */
+PF_INTERNAL void pf_mm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc);
+
 /* ---- vector kernels (src/simd/): chosen once at run time from the CPU's features ---------- */
 
 typedef struct pf_simd_table {
-    const char *name;                                              /* "avx512", "avx2", "ref" */
-    void (*exp)(float *y, const float *x, size_t n);               /* y = exp(x) */
+    const char *name;                                /* "avx512", "avx2", "ref" */
+    void (*exp)(float *y, const float *x, size_t n); /* y = exp(x) */
     /* y = exp(x - c); returns sum of y (in double) */
     double (*exp_sub_sum)(float *y, const float *x, float c, size_t n);
-    float (*max)(const float *x, size_t n);                        /* max, -inf for n = 0 */
+    float (*max)(const float *x, size_t n); /* max, -inf for n = 0 */
     /* s = sin x, c = cos x (float rounding, see simd.h); s or c may be x itself (in place),
      * but s and c must not overlap each other, nor x partly */
     void (*sincos)(float *s, float *c, const float *x, size_t n);
@@ -49,6 +55,14 @@ typedef struct pf_simd_table {
      * where the CPU can (whole 64-byte lines when dst is 64-byte aligned and r a multiple of
      * 16): for data written once and not read again soon */
     void (*stream_rows)(float *dst, const float *src, size_t lds, size_t n, size_t r);
+    /* C (m x n, row stride ldc) = alpha op(A) op(B) + beta C for the small products of the
+     * causal chunks and the decoding steps, each element of C by one fixed sequence of
+     * operations whatever m and wherever it sits (simd/gemm_tmpl.h), so that a product of one
+     * row gives the bits of the same row in a product of many. op(A)(i, p) = A[i rs + p cs]
+     * with rs or cs equal to 1; op(B) = B (k x n, row stride ldb) when tb is 0, else B^T with B
+     * (n x k, row stride ldb) and cs = 1. beta = 0: C is not read. */
+    void (*gemm)(int tb, int m, int n, int k, float alpha, const float *A, size_t rs, size_t cs,
+                 const float *B, size_t ldb, float beta, float *C, size_t ldc);
 } pf_simd_table;
 
 /* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the

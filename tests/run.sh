@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs every test program in BUILD/tests and every end-to-end script tests/*.sh against
-# BUILD/performer; prints one line per test and "LABEL: N passed, N failed". Exit 1 on a failure.
+# BUILD/performer (and, for each vector path in SIMD_PATHS, the FAVOR+ tests on it); prints one
+# line per test and "LABEL: N passed, N failed". Exit 1 on a failure.
 build=${1:-build}
 label=${2:-tests}
 pass=0
@@ -17,6 +18,25 @@ for t in "$build"/tests/test_*; do
         fail=$((fail + 1)); failed="$failed $name"; echo "  FAIL  $name (log: $log/$name.log)"
         tail -n 20 "$log/$name.log" | sed 's/^/        /'
     fi
+done
+# The FAVOR+ tests again on each other vector path this CPU runs (PF_SIMD; the default is the
+# widest): every path's exp, features and small products under the attention's own checks.
+for path in ${SIMD_PATHS-}; do
+    case $path in
+        avx512) grep -q '\<avx512f\>' /proc/cpuinfo 2>/dev/null || continue ;;
+        avx2) grep -q '\<avx2\>' /proc/cpuinfo 2>/dev/null || continue ;;
+    esac
+    for name in test_favor test_favor_state test_favor_grad; do
+        t="$build/tests/$name"
+        [ -x "$t" ] || continue
+        if PF_SIMD=$path "$t" >"$log/$name.$path.log" 2>&1; then
+            pass=$((pass + 1)); echo "  ok    $name ($path)"
+        else
+            fail=$((fail + 1)); failed="$failed $name.$path"
+            echo "  FAIL  $name ($path; log: $log/$name.$path.log)"
+            tail -n 20 "$log/$name.$path.log" | sed 's/^/        /'
+        fi
+    done
 done
 for s in tests/test_*.sh; do
     [ -f "$s" ] || continue

@@ -1,11 +1,15 @@
-/* test_blas.c: the OpenBLAS glue (src/blas.c).
+/* test_blas.c: the matrix products (src/blas.c and the vector paths' gemm, simd/gemm_tmpl.h).
  *
- * pf_gemm, and its one-row path pf_gemm_row (sgemv) called directly so that it is tested
- * whichever path this machine's kernels choose, against a float64 product written here: every
- * transpose pair, one and several rows, k of 0, 1 and more, beta 0 (over NaN-filled C: it must
- * not be read), 1 and 0.5, padded leading dimensions whose padding must stay untouched.
- * Products of float inputs summed in float agree with float64 to k * 2^-24 relative to the sum
- * of |terms|; the bound used is 1e-6 * (k + 1) of it. pf_blas_core names a kernel set. */
+ * pf_gemm, its one-row path pf_gemm_row (sgemv) called directly so that it is tested whichever
+ * path this machine's kernels choose, and the library's own small products of every vector path
+ * this CPU runs, against a float64 product written here: every transpose pair they take, one
+ * and several rows (every tile remainder), column counts around the vector widths (the column
+ * kinds of gemm_tmpl.h), k of 0, 1 and more, beta 0 (over NaN-filled C: it must not be read),
+ * 1 and 0.5, padded leading dimensions whose padding must stay untouched. Products of float
+ * inputs summed in float agree with float64 to k * 2^-24 relative to the sum of |terms|; the
+ * bound used is 1e-6 * (k + 1) of it. The own products must also give each row the same bits
+ * alone as among others (what makes a decoding step equal the full pass). pf_blas_core names a
+ * kernel set. */
 #include <math.h>
 #include <string.h>
 
@@ -19,9 +23,11 @@ static double at(const float *X, int ld, int t, int i, int j) {
     return t ? X[(size_t)j * ld + i] : X[(size_t)i * ld + j];
 }
 
-/* One case: C (m x n, ldc = n + PAD) = alpha op(A) op(B) + beta C, through pf_gemm or (m == 1)
- * pf_gemm_row; checked against float64 and for untouched padding. */
-static void check_case(int row_path, int ta, int tb, int m, int n, int k, float beta) {
+/* One case: C (m x n, ldc = n + PAD) = alpha op(A) op(B) + beta C, through pf_gemm (t NULL,
+ * row_path 0), pf_gemm_row (t NULL, row_path 1, m = 1) or t->gemm; checked against float64 and
+ * for untouched padding, and for t, each row alone against its bits in the whole. */
+static void check_case(const pf_simd_table *t, int row_path, int ta, int tb, int m, int n, int k,
+                       float beta) {
     const int lda = (ta ? m : k) + PAD, ldb = (tb ? k : n) + PAD, ldc = n + PAD;
     const int ra = ta ? k : m, rb = tb ? n : k; /* stored rows of A and B */
     const size_t na = (size_t)ra * lda + 1, nb = (size_t)rb * ldb + 1, nc = (size_t)m * ldc;
@@ -35,18 +41,22 @@ static void check_case(int row_path, int ta, int tb, int m, int n, int k, float 
             for (int j = 0; j < n; j++) C0[(size_t)i * ldc + j] = NAN;
     memcpy(C, C0, sizeof(float) * nc);
     const float alpha = 0.75f;
-    if (row_path)
+    const size_t rs = ta ? 1 : (size_t)lda, cs = ta ? (size_t)lda : 1;
+    if (t)
+        t->gemm(tb, m, n, k, alpha, A, rs, cs, B, (size_t)ldb, beta, C, (size_t)ldc);
+    else if (row_path)
         pf_gemm_row(ta, tb, n, k, alpha, A, lda, B, ldb, beta, C);
     else
         pf_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    const char *what = t ? t->name : row_path ? "pf_gemm_row" : "pf_gemm";
     double worst = 0;
     int untouched = 1;
     for (int i = 0; i < m; i++) {
         for (int j = 0; j < n; j++) {
             double ref = 0, mag = 0;
             for (int p = 0; p < k; p++) {
-                const double t = at(A, lda, ta, i, p) * at(B, ldb, tb, p, j);
-                ref += t, mag += fabs(t);
+                const double term = at(A, lda, ta, i, p) * at(B, ldb, tb, p, j);
+                ref += term, mag += fabs(term);
             }
             ref *= alpha, mag *= alpha;
             if (beta != 0.0f) {
@@ -60,10 +70,23 @@ static void check_case(int row_path, int ta, int tb, int m, int n, int k, float 
         for (int j = n; j < ldc; j++)
             untouched &= memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], 4) == 0;
     }
-    CHECK(worst <= 1e-6 * (k + 1), "%s ta=%d tb=%d m=%d n=%d k=%d beta=%g: rel err %.3g",
-          row_path ? "pf_gemm_row" : "pf_gemm", ta, tb, m, n, k, beta, worst);
-    CHECK(untouched, "%s ta=%d tb=%d m=%d n=%d k=%d: the padding of C changed",
-          row_path ? "pf_gemm_row" : "pf_gemm", ta, tb, m, n, k);
+    CHECK(worst <= 1e-6 * (k + 1), "%s ta=%d tb=%d m=%d n=%d k=%d beta=%g: rel err %.3g", what, ta,
+          tb, m, n, k, beta, worst);
+    CHECK(untouched, "%s ta=%d tb=%d m=%d n=%d k=%d: the padding of C changed", what, ta, tb, m, n,
+          k);
+    if (t && m > 1) { /* each row alone: C0's row i through a product of one row */
+        float *row = xmalloc(sizeof(float) * (size_t)ldc);
+        int same = 1;
+        for (int i = 0; i < m; i++) {
+            memcpy(row, C0 + (size_t)i * ldc, sizeof(float) * (size_t)ldc);
+            t->gemm(tb, 1, n, k, alpha, A + (size_t)i * rs, rs, cs, B, (size_t)ldb, beta, row,
+                    (size_t)ldc);
+            same &= memcmp(row, C + (size_t)i * ldc, sizeof(float) * (size_t)n) == 0;
+        }
+        CHECK(same, "%s ta=%d tb=%d m=%d n=%d k=%d beta=%g: a row alone differs", what, ta, tb, m,
+              n, k, beta);
+        free(row);
+    }
     free(A), free(B), free(C), free(C0);
 }
 
@@ -75,10 +98,30 @@ int main(void) {
             for (int ki = 0; ki < 4; ki++)
                 for (int ni = 0; ni < 2; ni++)
                     for (int bi = 0; bi < 3; bi++) {
-                        check_case(1, ta, tb, 1, ns[ni], ks[ki], betas[bi]);
+                        check_case(NULL, 1, ta, tb, 1, ns[ni], ks[ki], betas[bi]);
                         for (int mi = 0; mi < 3; mi++)
-                            check_case(0, ta, tb, ms[mi], ns[ni], ks[ki], betas[bi]);
+                            check_case(NULL, 0, ta, tb, ms[mi], ns[ni], ks[ki], betas[bi]);
                     }
+
+    /* the own products: rows 1..7 and 13 (tiles of 6 and of 3 or 4, and their remainders),
+     * columns about 8 and 16 wide (one or two columns apart, masked tails, 4 x 16 tiles) */
+    const char *paths[3] = {"ref", "avx2", "avx512"};
+    const int gm[9] = {1, 2, 3, 4, 5, 6, 7, 13, 16};
+    const int gn[14] = {1, 2, 3, 8, 9, 10, 15, 16, 17, 18, 33, 64, 65, 83};
+    const int gk[5] = {0, 1, 7, 16, 300};
+    for (int pi = 0; pi < 3; pi++) {
+        const pf_simd_table *t = pf_simd_get(paths[pi]);
+        if (!t) {
+            printf("%s: not run by this CPU\n", paths[pi]);
+            continue;
+        }
+        for (int ab = 0; ab < 3; ab++) /* (ta, tb) = (0, 0), (1, 0), (0, 1) */
+            for (int mi = 0; mi < 9; mi++)
+                for (int ni = 0; ni < 14; ni++)
+                    for (int ki = 0; ki < 5; ki++)
+                        check_case(t, 0, ab == 1, ab == 2, gm[mi], gn[ni], gk[ki],
+                                   betas[(mi + ni + ki) % 3]);
+    }
     const char *core = pf_blas_core();
     CHECK(core && core[0], "pf_blas_core: empty");
     printf("OpenBLAS kernels: %s\n", core);

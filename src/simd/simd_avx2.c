@@ -163,6 +163,39 @@ static void stream_rows_avx2(float *dst, const float *src, size_t lds, size_t n,
     _mm_sfence();
 }
 
+/* the small products (gemm_tmpl.h): tiles of 6 rows x 16 columns (12 of the 16 registers
+ * accumulate), 3 x 3 dot products */
+static inline __m256i mask8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define VF __m256
+#define VW 8
+#define VMASK __m256i
+#define v_mask(n) mask8(n)
+#define v_zero() _mm256_setzero_ps()
+#define v_set1(x) _mm256_set1_ps(x)
+#define v_load(p) _mm256_loadu_ps(p)
+#define v_loadm(p, m) _mm256_maskload_ps((p), (m))
+#define v_store(p, v) _mm256_storeu_ps((p), (v))
+#define v_storem(p, v, m) _mm256_maskstore_ps((p), (m), (v))
+#define v_fma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define v_mul(a, b) _mm256_mul_ps((a), (b))
+#define v_sum(v) sum8(v)
+#define GEMM_MR 6
+#define GEMM_NB 2
+#define DOT_MI 3
+#define DOT_NJ 3
+#define GEMM_NAME gemm_avx2
+#include "simd/gemm_tmpl.h"
+
 const pf_simd_table pf_simd_avx2 = {"avx2",   exp_avx2,    exp_sub_sum_avx2,
-                                    max_avx2, sincos_avx2, stream_rows_avx2};
+                                    max_avx2, sincos_avx2, stream_rows_avx2, gemm_avx2};
 #endif

@@ -140,6 +140,29 @@ static void stream_rows_avx512(float *dst, const float *src, size_t lds, size_t 
     _mm_sfence();
 }
 
+/* the small products (gemm_tmpl.h): tiles of 6 rows x 64 columns (24 of the 32 registers
+ * accumulate), 4 x 4 dot products */
+#define VF __m512
+#define VW 16
+#define VMASK __mmask16
+#define v_mask(n) ((__mmask16)((1u << (n)) - 1u))
+#define v_zero() _mm512_setzero_ps()
+#define v_set1(x) _mm512_set1_ps(x)
+#define v_load(p) _mm512_loadu_ps(p)
+#define v_loadm(p, m) _mm512_maskz_loadu_ps((m), (p))
+#define v_store(p, v) _mm512_storeu_ps((p), (v))
+#define v_storem(p, v, m) _mm512_mask_storeu_ps((p), (m), (v))
+#define v_fma(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define v_mul(a, b) _mm512_mul_ps((a), (b))
+#define v_sum(v) _mm512_reduce_add_ps(v)
+#define GEMM_MR 6
+#define GEMM_NB 4
+#define DOT_MI 4
+#define DOT_NJ 4
+#define GEMM_NAME gemm_avx512
+#include "simd/gemm_tmpl.h"
+
 const pf_simd_table pf_simd_avx512 = {"avx512",   exp_avx512,    exp_sub_sum_avx512,
-                                      max_avx512, sincos_avx512, stream_rows_avx512};
+                                      max_avx512, sincos_avx512, stream_rows_avx512,
+                                      gemm_avx512};
 #endif

@@ -103,5 +103,23 @@ static void stream_rows_ref(float *dst, const float *src, size_t lds, size_t n, 
     for (size_t i = 0; i < n; i++) memcpy(dst + i * r, src + i * lds, sizeof(float) * r);
 }
 
-const pf_simd_table pf_simd_ref = {"ref",   exp_ref,    exp_sub_sum_ref,
-                                   max_ref, sincos_ref, stream_rows_ref};
+/* Each C(i, j) as one sum over p = 0, 1, ..., k-1 in order. */
+static void gemm_ref(int tb, int m, int n, int k, float alpha, const float *A, size_t rs, size_t cs,
+                     const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+    for (int i = 0; i < m; i++) {
+        const float *a = A + (size_t)i * rs;
+        float *c = C + (size_t)i * ldc;
+        for (int j = 0; j < n; j++) {
+            float s = 0.0f;
+            if (tb)
+                for (int p = 0; p < k; p++) s += a[(size_t)p * cs] * B[(size_t)j * ldb + (size_t)p];
+            else
+                for (int p = 0; p < k; p++) s += a[(size_t)p * cs] * B[(size_t)p * ldb + (size_t)j];
+            if (alpha != 1.0f) s *= alpha;
+            c[j] = beta == 0.0f ? s : beta * c[j] + s;
+        }
+    }
+}
+
+const pf_simd_table pf_simd_ref = {"ref",      exp_ref,         exp_sub_sum_ref, max_ref,
+                                   sincos_ref, stream_rows_ref, gemm_ref};

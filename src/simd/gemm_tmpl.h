@@ -1,0 +1,275 @@
+/* gemm_tmpl.h: the small matrix products of the vector paths (pf_simd_table.gemm), written once
+ * over a few macros and included by simd_avx2.c and simd_avx512.c, which define:
+ *   VF            the vector type, VW floats wide
+ *   VMASK         a lane mask type; v_mask(n) enables lanes [0, n), 1 <= n <= VW
+ *   v_zero(), v_set1(x), v_load(p), v_loadm(p, m) (masked-off lanes read as 0, not touched),
+ *   v_store(p, v), v_storem(p, v, m), v_fma(a, b, c) = a b + c, v_mul(a, b), v_sum(v) (the sum
+ *   of the lanes, in a fixed order)
+ *   GEMM_MR x GEMM_NB  the register tile of the broadcast kernel: GEMM_MR rows of C by GEMM_NB
+ *                      vectors of columns
+ *   DOT_MI x DOT_NJ    the register tile of the dot kernel
+ *   GEMM_NAME          the function's name
+ *
+ * C (m x n) = alpha op(A) op(B) + beta C (see pf_simd_table). Every element of C is made by one
+ * fixed sequence of operations that depends on its row of op(A), its column of op(B), k, alpha,
+ * beta and which of three column kinds it is in (set by n alone) — never on m, on where the
+ * element sits in its tile, or on the thread. So a product of one row gives the bits the same
+ * row gets in a product of many: a decoding step equals the full pass.
+ *
+ *   op(B) = B (k x n, rows contiguous): C's rows in groups of GEMM_MR, its columns in vectors;
+ *     each step p broadcasts A(i, p) and adds it times B's row p into GEMM_MR x GEMM_NB
+ *     vectors of accumulators, p = 0, 1, ..., k-1 in order.
+ *     When n mod VW is 1 or 2 (the [V | 1] layout's ones column), those last columns are done
+ *     apart, not as a vector of mostly idle lanes (25% more work for dv = 64): by dot products
+ *     over p when A's rows are contiguous, by vectors over C's rows when A's columns are.
+ *   op(B) = B^T (B n x k, rows contiguous; A's rows contiguous): C(i, j) is a dot product of
+ *     two contiguous rows: lanes take p in steps of VW, then v_sum.
+ * alpha is applied to the finished sum (not when 1), then beta C is added (C not read when
+ * beta is 0). */
+
+#define GT_CAT2(a, b) a##b
+#define GT_CAT(a, b) GT_CAT2(a, b)
+#define GT(name) GT_CAT(GEMM_NAME, _##name)
+
+/* alpha s + beta c, the last step of every element */
+static inline __attribute__((always_inline)) VF GT(finish)(VF s, float alpha, float beta, VF c) {
+    if (alpha != 1.0f) s = v_mul(v_set1(alpha), s);
+    return beta == 0.0f ? s : v_fma(v_set1(beta), c, s);
+}
+
+static inline __attribute__((always_inline)) float GT(finish1)(float s, float alpha, float beta,
+                                                               const float *c) {
+    if (alpha != 1.0f) s = alpha * s;
+    return beta == 0.0f ? s : __builtin_fmaf(beta, *c, s);
+}
+
+/* One register tile of the broadcast kernel: MR rows, NB vectors of columns (the last masked by
+ * last unless full). MR and NB are constants after inlining. */
+static inline __attribute__((always_inline)) void
+GT(tile)(int MR, int NB, int full, VMASK last, int k, const float *A, size_t rs, size_t cs,
+         const float *B, size_t ldb, float alpha, float beta, float *C, size_t ldc) {
+    VF acc[GEMM_MR][GEMM_NB];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) acc[i][b] = v_zero();
+    for (int p = 0; p < k; p++) {
+        const float *bp = B + (size_t)p * ldb;
+        VF bv[GEMM_NB];
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++)
+            bv[b] = (full || b < NB - 1) ? v_load(bp + VW * b) : v_loadm(bp + VW * b, last);
+        const float *ap = A + (size_t)p * cs;
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            const VF a = v_set1(ap[(size_t)i * rs]);
+#pragma GCC unroll 8
+            for (int b = 0; b < NB; b++) acc[i][b] = v_fma(a, bv[b], acc[i][b]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        float *c = C + (size_t)i * ldc;
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) {
+            if (full || b < NB - 1) {
+                const VF old = beta == 0.0f ? v_zero() : v_load(c + VW * b);
+                v_store(c + VW * b, GT(finish)(acc[i][b], alpha, beta, old));
+            } else {
+                const VF old = beta == 0.0f ? v_zero() : v_loadm(c + VW * b, last);
+                v_storem(c + VW * b, GT(finish)(acc[i][b], alpha, beta, old), last);
+            }
+        }
+    }
+}
+
+/* The tiles of MR rows (1 <= MR <= GEMM_MR) across n columns, n a multiple of VW or with a
+ * masked last vector. */
+static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k, const float *A,
+                                                           size_t rs, size_t cs, const float *B,
+                                                           size_t ldb, float alpha, float beta,
+                                                           float *C, size_t ldc) {
+    const int step = GEMM_NB * VW;
+    int j = 0;
+    for (; j + step <= n; j += step)
+        GT(tile)(MR, GEMM_NB, 1, v_mask(VW), k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+    const int left = n - j;
+    if (left == 0) return;
+    const int nb = (left + VW - 1) / VW;
+    const VMASK last = v_mask(left - VW * (nb - 1));
+    /* (a switch, so that each tile has constant sizes) */
+    switch (nb) {
+#if GEMM_NB > 3
+    case 4:
+        GT(tile)(MR, 4, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+        break;
+#endif
+#if GEMM_NB > 2
+    case 3:
+        GT(tile)(MR, 3, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+        break;
+#endif
+    case 2:
+        GT(tile)(MR, 2, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+        break;
+    default:
+        GT(tile)(MR, 1, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+        break;
+    }
+}
+
+/* One column of C apart (see the head of this file): column j of B (stride ldb) and of C. */
+static void GT(column)(int m, int k, const float *A, size_t rs, size_t cs, const float *Bj,
+                       size_t ldb, float alpha, float beta, float *Cj, size_t ldc) {
+    enum { SEG = 1024 };
+    if (cs == 1) { /* A's rows contiguous: each C(i, j) a dot product over p, B's column copied
+                    * (once for all rows when k <= SEG) */
+        float col[SEG];
+        for (int i = 0; i < m; i++) {
+            VF acc = v_zero();
+            const float *a = A + (size_t)i * rs;
+            for (int p0 = 0; p0 < k; p0 += SEG) {
+                const int len = k - p0 < SEG ? k - p0 : SEG;
+                if (i == 0 || k > SEG)
+                    for (int p = 0; p < len; p++) col[p] = Bj[(size_t)(p0 + p) * ldb];
+                int p = 0;
+                for (; p + VW <= len; p += VW)
+                    acc = v_fma(v_load(a + p0 + p), v_load(col + p), acc);
+                if (p < len) {
+                    const VMASK mk = v_mask(len - p);
+                    acc = v_fma(v_loadm(a + p0 + p, mk), v_loadm(col + p, mk), acc);
+                }
+            }
+            Cj[(size_t)i * ldc] = GT(finish1)(v_sum(acc), alpha, beta, Cj + (size_t)i * ldc);
+        }
+        return;
+    }
+    /* A's columns contiguous (rs == 1, op(A) = A^T): VW rows of C at a time */
+    for (int i0 = 0; i0 < m; i0 += VW) {
+        const int len = m - i0 < VW ? m - i0 : VW;
+        const VMASK mk = v_mask(len);
+        VF acc = v_zero();
+        for (int p = 0; p < k; p++)
+            acc = v_fma(v_loadm(A + (size_t)p * cs + (size_t)i0 * rs, mk),
+                        v_set1(Bj[(size_t)p * ldb]), acc);
+        float s[VW];
+        v_store(s, acc);
+        for (int i = 0; i < len; i++) {
+            float *c = Cj + (size_t)(i0 + i) * ldc;
+            *c = GT(finish1)(s[i], alpha, beta, c);
+        }
+    }
+}
+
+/* One dot-kernel tile: MI rows of A by NJ rows of B, k long, both contiguous. */
+static inline __attribute__((always_inline)) void GT(dots)(int MI, int NJ, int k, const float *A,
+                                                           size_t lda, const float *B, size_t ldb,
+                                                           float alpha, float beta, float *C,
+                                                           size_t ldc) {
+    VF acc[DOT_MI][DOT_NJ];
+#pragma GCC unroll 8
+    for (int i = 0; i < MI; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NJ; j++) acc[i][j] = v_zero();
+    int p = 0;
+    for (; p + VW <= k; p += VW) {
+        VF a[DOT_MI], b[DOT_NJ];
+#pragma GCC unroll 8
+        for (int i = 0; i < MI; i++) a[i] = v_load(A + (size_t)i * lda + p);
+#pragma GCC unroll 8
+        for (int j = 0; j < NJ; j++) b[j] = v_load(B + (size_t)j * ldb + p);
+#pragma GCC unroll 8
+        for (int i = 0; i < MI; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < NJ; j++) acc[i][j] = v_fma(a[i], b[j], acc[i][j]);
+    }
+    if (p < k) {
+        const VMASK mk = v_mask(k - p);
+        VF a[DOT_MI], b[DOT_NJ];
+#pragma GCC unroll 8
+        for (int i = 0; i < MI; i++) a[i] = v_loadm(A + (size_t)i * lda + p, mk);
+#pragma GCC unroll 8
+        for (int j = 0; j < NJ; j++) b[j] = v_loadm(B + (size_t)j * ldb + p, mk);
+#pragma GCC unroll 8
+        for (int i = 0; i < MI; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < NJ; j++) acc[i][j] = v_fma(a[i], b[j], acc[i][j]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MI; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NJ; j++) {
+            float *c = C + (size_t)i * ldc + j;
+            *c = GT(finish1)(v_sum(acc[i][j]), alpha, beta, c);
+        }
+}
+
+static void GEMM_NAME(int tb, int m, int n, int k, float alpha, const float *A, size_t rs,
+                      size_t cs, const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+    if (m <= 0 || n <= 0) return;
+    if (tb) { /* (cs == 1) */
+        int i = 0;
+        for (; i + DOT_MI <= m; i += DOT_MI) {
+            const float *a = A + (size_t)i * rs;
+            float *c = C + (size_t)i * ldc;
+            int j = 0;
+            for (; j + DOT_NJ <= n; j += DOT_NJ)
+                GT(dots)
+                (DOT_MI, DOT_NJ, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
+            for (; j < n; j++)
+                GT(dots)(DOT_MI, 1, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
+        }
+        for (; i < m; i++) {
+            const float *a = A + (size_t)i * rs;
+            float *c = C + (size_t)i * ldc;
+            int j = 0;
+            for (; j + DOT_NJ <= n; j += DOT_NJ)
+                GT(dots)(1, DOT_NJ, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
+            for (; j < n; j++)
+                GT(dots)(1, 1, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
+        }
+        return;
+    }
+    const int lone = n % VW <= 2 && n > VW ? n % VW : 0; /* columns done apart */
+    const int nv = n - lone;
+    for (int i = 0; i < m; i += GEMM_MR) {
+        const int mr = m - i < GEMM_MR ? m - i : GEMM_MR;
+        const float *a = A + (size_t)i * rs;
+        float *c = C + (size_t)i * ldc;
+        switch (mr) {
+#if GEMM_MR > 7
+        case 8:
+            GT(rows)(8, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+        case 7:
+            GT(rows)(7, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+#endif
+#if GEMM_MR > 5
+        case 6:
+            GT(rows)(6, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+        case 5:
+            GT(rows)(5, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+#endif
+        case 4:
+            GT(rows)(4, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+        case 3:
+            GT(rows)(3, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+        case 2:
+            GT(rows)(2, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+        default:
+            GT(rows)(1, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            break;
+        }
+    }
+    for (int j = nv; j < n; j++) GT(column)(m, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+}
+
+#undef GT
+#undef GT_CAT
+#undef GT_CAT2
