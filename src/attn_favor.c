@@ -16,7 +16,6 @@
  * phi~_j exp(c_j - M) <= phi~_j, and when M grows the accumulated state is rescaled by
  * exp(M_old - M_new) <= 1. Nothing overflows whatever the input norms. */
 #include <assert.h>
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,13 +192,6 @@ static pf_status worse(pf_status a, pf_status b) {
     return a > b ? a : b;
 }
 
-/* Bidirectional products with [V | 1] when dv is a multiple of 16: the numerators by sgemm over
- * dv columns (full speed) and the denominator column by sgemv, rather than one sgemm over the
- * dw = dv + 16 columns of the padded layout (23% more work). The layout is the same. */
-static int split_columns(int dv) {
-    return dv % 16 == 0;
-}
-
 int pf_favor_scan_blocks(int L, int heads, int C, int *len) {
     return pf_favor_split(L, heads, SCAN_UNIT * pf_favor_block(1, C), SCAN_SPLIT, len);
 }
@@ -242,16 +234,8 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
         if (kst) keep_rows(kst + (size_t)j0 * (size_t)r, phi, r, nb, r);
         const float beta = pf_favor_rebase(&M, c, nb);
         if (pf_favor_weighted_values(ws->vaug, dv1, Vb, dv, c, NULL, M, nb)) return PF_ENONFINITE;
-        /* KV = beta KV + K~^T [V | 1]_w   (r x dv1) */
-        if (split_columns(dv)) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv, nb, 1.0f, phi, r, ws->vaug,
-                        dv1, beta, KVb, dv1);
-            cblas_sgemv(CblasRowMajor, CblasTrans, nb, r, 1.0f, phi, r, ws->vaug + dv, dv1, beta,
-                        KVb + dv, dv1);
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv1, nb, 1.0f, phi, r, ws->vaug,
-                        dv1, beta, KVb, dv1);
-        }
+        /* KV = beta KV + K~^T [V | 1]_w   (r x (dv + 1)) */
+        pf_mm(1, 0, r, dv + 1, nb, 1.0f, phi, r, ws->vaug, dv1, beta, KVb, dv1);
     }
     *Mb = M;
     return PF_OK;
@@ -292,16 +276,8 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
                                     Q + (size_t)i0 * (size_t)d, nb);
         if (s1 != PF_OK) return s1;
         if (qf) keep_rows(qf + (size_t)i0 * (size_t)r, phi, r, nb, r);
-        /* O = Q~ KV   (nb x dv1) */
-        if (split_columns(dv)) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, phi, r, KV, dv1,
-                        0.0f, ws->o, dv1);
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, phi, r, KV + dv, dv1, 0.0f,
-                        ws->o + dv, dv1);
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv1, r, 1.0f, phi, r, KV,
-                        dv1, 0.0f, ws->o, dv1);
-        }
+        /* O = Q~ KV   (nb x (dv + 1)) */
+        pf_mm(0, 0, nb, dv + 1, r, 1.0f, phi, r, KV, dv1, 0.0f, ws->o, dv1);
         st = worse(st, readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
     }
     return st;
@@ -697,7 +673,8 @@ pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
     const pf_shape s = *shape;
-    const size_t H = (size_t)s.B * (size_t)s.H, r = (size_t)pf_kernel_width(favor->kernel, favor->m);
+    const size_t H = (size_t)s.B * (size_t)s.H,
+                 r = (size_t)pf_kernel_width(favor->kernel, favor->m);
     const size_t dw = (size_t)pf_favor_dw(s.dv), Lq = (size_t)s.Lq, Lk = (size_t)s.Lk;
     const size_t nkv = opts->causal ? 0 : r * dw;
     const size_t C = opts->causal ? (size_t)pf_favor_chunk(favor, s.Lq) : 0;
@@ -711,8 +688,8 @@ pf_status pf_favor_saved_create(pf_favor_saved **saved, const pf_shape *shape,
     size_t keep = H;
     if (max_bytes) keep = max_bytes / 4 <= fixed ? 0 : (max_bytes / 4 - fixed) / per;
     keep = keep < H ? keep : H;
-    size_t sz[8] = {keep * Lq * r, keep * Lk * r, keep * Lq, keep * Lk, 2 * keep * Lk,
-                    H * nkv,       2 * H,         keep * Lq * C};
+    size_t sz[8] = {keep * Lq * r, keep * Lk * r, keep * Lq, keep * Lk,
+                    2 * keep * Lk, H * nkv,       2 * H,     keep * Lq * C};
     size_t total = 0;
     for (int i = 0; i < 8; i++) {
         sz[i] = (sz[i] + 15) / 16 * 16;

@@ -37,7 +37,6 @@
  * segments: the forward scan keeps only the prefix state at each segment's start, and the reverse
  * scan makes a segment's rows again from it; the scratch is then about BWD_SEGMENT whatever L,
  * for about a fifth more time. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,13 +334,22 @@ static void bidir_combine_kv(bwd_job *j, int bh) {
         pf_favor_combine(P, &M[0], P + (size_t)kb * nkv, M[kb], nkv);
 }
 
+/* The first dv + 1 columns of a state X (r, dw) transposed into T (dv + 1, r): the products
+ * with X^T then take rows of T, at the speed of pf_mm's tiles. Returns T. */
+static const float *transpose_state(float *T, const float *X, int r, int dv, int dw) {
+    for (int f = 0; f < r; f++)
+        for (int c = 0; c <= dv; c++)
+            T[(size_t)c * (size_t)r + (size_t)f] = X[(size_t)f * (size_t)dw + (size_t)c];
+    return T;
+}
+
 /* Phase 3: queries of block qb: dN~, dQ, partial dKV~ = Q~^T dN~. */
 static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     const pf_shape *s = j->s;
     const pf_fmap *fm = &j->fm[bh];
     const int r = j->r, d = s->d, dv = s->dv, dw = j->dw;
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
-    const float *KV = head_kv(j, bh);
+    const float *KV = head_kv(j, bh), *KVt = transpose_state(ws->state, KV, r, dv, dw);
     float *dKV = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
     const int i0 = qb * j->qbl, L = s->Lq - i0 < j->qbl ? s->Lq - i0 : j->qbl;
     pf_status st = PF_OK;
@@ -366,29 +374,17 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
             if (s1 != PF_OK) return s1;
         }
         /* D = Q~ z (and, without the forward's out, the numerators Q~ KV~[:, :dv]) */
-        if (!ob)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Qf, r, KV, dw,
-                        0.0f, ws->o, dw);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, nb, r, 1.0f, Qf, r, KV + dv, dw, 0.0f, ws->o + dv,
-                    dw);
+        if (ob)
+            pf_mm(0, 1, nb, 1, r, 1.0f, Qf, r, KVt + (size_t)dv * (size_t)r, r, 0.0f, ws->o + dv,
+                  dw);
+        else
+            pf_mm(0, 0, nb, dv + 1, r, 1.0f, Qf, r, KV, dw, 0.0f, ws->o, dw);
         float *dN = ws->vaug;
         st = worse(st, grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv));
         /* dQ~ = dN~ KV~^T (the dv + 1 columns that matter) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv + 1, 1.0f, dN, dw, KV, dw,
-                    0.0f, ws->dblk, r);
-        /* dKV~ += Q~^T dN~: the numerator columns by sgemm (dv a multiple of 16: full speed;
-         * otherwise all dw columns, the zero padding of dN~ making zeros), the denominator
-         * column by sgemv (OpenBLAS runs products 65 columns wide at 60% of the speed) */
-        const float beta = b0 ? 1.0f : 0.0f;
-        if (dv % 16 == 0) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dv, nb, 1.0f, Qf, r, dN, dw,
-                        beta, dKV, dw);
-            cblas_sgemv(CblasRowMajor, CblasTrans, nb, r, 1.0f, Qf, r, dN + dv, dw, beta, dKV + dv,
-                        dw);
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dw, nb, 1.0f, Qf, r, dN, dw,
-                        beta, dKV, dw);
-        }
+        pf_mm(0, 0, nb, r, dv + 1, 1.0f, dN, dw, KVt, r, 0.0f, ws->dblk, r);
+        /* dKV~ += Q~^T dN~ */
+        pf_mm(1, 0, r, dv + 1, nb, 1.0f, Qf, r, dN, dw, b0 ? 1.0f : 0.0f, dKV, dw);
         /* (gradients are checked block by block, while in cache) */
         if (pf_fmap_rows_backward(fm, j->dQ + hoff(bh, s->Lq, d) + row * (size_t)d, ws->dblk, r, Qf,
                                   r, qamax, Qb, nb, ws->bsc))
@@ -418,6 +414,7 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
     n = n > j->kbl ? j->kbl : n;
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
     const float *dKV = j->dpart + g * (size_t)j->nqb * nkv;
+    const float *dKVt = transpose_state(ws->state, dKV, r, dv, dw);
     const double M = head_kvm(j, bh);
     for (int b0 = 0; b0 < n; b0 += BWD_BLOCK) {
         const int nb = n - b0 < BWD_BLOCK ? n - b0 : BWD_BLOCK;
@@ -427,10 +424,8 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
         float *dVb = j->dV + hoff(bh, s->Lk, dv) + row * (size_t)dv;
         pf_favor_weighted_values(ws->vaug, dw, j->V + hoff(bh, s->Lk, dv) + row * (size_t)dv, dv, c,
                                  NULL, M, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, r, dv + 1, 1.0f, ws->vaug, dw, dKV,
-                    dw, 0.0f, ws->dblk, r);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dv, r, 1.0f, Kb, r, dKV, dw,
-                    0.0f, dVb, dv);
+        pf_mm(0, 0, nb, r, dv + 1, 1.0f, ws->vaug, dw, dKVt, r, 0.0f, ws->dblk, r);
+        pf_mm(0, 0, nb, dv, r, 1.0f, Kb, r, dKV, dw, 0.0f, dVb, dv);
         for (int i = 0; i < nb; i++) {
             const float w = ws->vaug[(size_t)i * (size_t)dw + (size_t)dv];
             float *dvr = dVb + (size_t)i * (size_t)dv;
@@ -478,8 +473,8 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
             const float beta = pf_favor_rebase(&M, c, nkb);
             pf_favor_weighted_values(ws->vaug, dv1, hd->V + (size_t)b0 * (size_t)dv, dv, c, NULL, M,
                                      nkb);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nkb, 1.0f, ws->vaug, dv1,
-                        cs->kst + (size_t)lb * (size_t)r, r, beta, LT, r);
+            pf_mm(1, 0, dv1, r, nkb, 1.0f, ws->vaug, dv1, cs->kst + (size_t)lb * (size_t)r, r, beta,
+                  LT, r);
         }
     }
     if (Ml) *Ml = M;
@@ -589,8 +584,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                 float *dst = dnw + (size_t)i * (size_t)dv1;
                 for (int k = 0; k < dv1; k++) dst[k] = f * src[k];
             }
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv1, r, nb, 1.0f, dnw, dv1, Qb, r,
-                        b0 > r0 ? 1.0f : 0.0f, RTl, r);
+            pf_mm(1, 0, dv1, r, nb, 1.0f, dnw, dv1, Qb, r, b0 > r0 ? 1.0f : 0.0f, RTl, r);
         }
         if (dq && pf_fmap_rows_backward(fm, hd->dQ + (size_t)b0 * (size_t)d, ws->dblk, r,
                                         cs->qst + (size_t)lb * (size_t)r, r, cs->qamax + lb, Qx, nb,

@@ -23,6 +23,8 @@ typedef struct pf_fmap {
     const float *W;  /* (m,d): the projection the block path multiplies by: the drawn W, or
                         for SDERF its rows times B (B w_f) */
     const float *W0; /* (m,d): the drawn W (the float64 path's) */
+    const float *Wt; /* (d,m): W transposed (pf_fmap_bind), for the projection by pf_mm; NULL:
+                        by sgemm with W */
     int m, d, r;     /* r = pf_kernel_width(kernel, m) */
     float sqrt_s;    /* x' = x sqrt(s) */
     double s;        /* the effective scale s */
@@ -38,7 +40,7 @@ typedef struct pf_fmap {
 } pf_fmap;
 
 /* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). OPRF and
- * SDERF maps need pf_fmap_bind (or pf_favor_bind) before use. */
+ * SDERF maps need pf_fmap_bind (or pf_favor_bind) before use; the others may have it (for Wt). */
 PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale,
                                  float eps);
 
@@ -157,17 +159,20 @@ typedef struct pf_kernel_ws {
     double *bias64; /* (m) */
     double *dwork;  /* SDERF: the fit's and the binding's scratch */
     float *fwork;   /* SDERF: (2 d d) */
+    float *wt;      /* (d,m): the map's W transposed (every kernel) */
     int lwork;      /* doubles in dwork for dsyev */
     void *mem;
 } pf_kernel_ws;
 
-/* Allocates kw for a kernel (nothing for the maps without parameters). 0, or -1 (no memory). */
+/* Allocates kw for a kernel (W^T for every map; the parameters of OPRF and SDERF). 0, or -1 (no
+ * memory). */
 PF_INTERNAL int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d);
 PF_INTERNAL void pf_kernel_ws_free(pf_kernel_ws *kw);
 
 /* OPRF: binds A (< 1/8, finite: checked by the caller) to a map from pf_fmap_make. SDERF: binds
- * A, B (d,d) and log D. The map keeps pointers into kw (and to A, B for SDERF). PF_ENONFINITE if
- * a parameter derived from them is not finite. Other kernels: nothing to do, PF_OK. */
+ * A, B (d,d) and log D. Every kernel: the map's W^T into kw->wt (fm->Wt), so that its projection
+ * runs in pf_mm. The map keeps pointers into kw (and to A, B for SDERF). PF_ENONFINITE if a
+ * parameter derived from them is not finite. */
 PF_INTERNAL pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A,
                                    const float *B, double log_d);
 
@@ -182,8 +187,8 @@ PF_INTERNAL pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float 
                                    const float *K, int Lk, int d, float sqrt_s);
 
 /* What an attention does per (batch element, head) before using fm: OPRF with favor->oprf_a, or
- * A* from the head's queries Q (Lq,d) and valid keys K (klen,d); SDERF fitted to them. Other
- * kernels: nothing. Causal passes need oprf_a_given (pf_favor_check sees to it). */
+ * A* from the head's queries Q (Lq,d) and valid keys K (klen,d); SDERF fitted to them; then
+ * pf_fmap_bind (every kernel). Causal passes need oprf_a_given (pf_favor_check sees to it). */
 PF_INTERNAL pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
                                     const float *Q, int Lq, const float *K, int klen);
 

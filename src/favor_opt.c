@@ -29,22 +29,18 @@ static size_t lines(size_t n, size_t size) {
 
 int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d) {
     memset(kw, 0, sizeof *kw);
-    if (kernel != PF_KERNEL_OPRF && kernel != PF_KERNEL_SDERF) return 0;
-    const int sd = kernel == PF_KERNEL_SDERF;
+    const int sd = kernel == PF_KERNEL_SDERF, par = sd || kernel == PF_KERNEL_OPRF;
     const size_t M = (size_t)m, D = (size_t)d;
     /* dsyev wants lwork >= 3d - 1, and (block size + 2) d to run blocked: 66 d is plenty */
     kw->lwork = sd ? 66 * d : 0;
     /* dwork: SDERF binding: W and W A in double (2 m d); fit: P, means (d d + 3 d) + lwork */
     const size_t nd = sd ? 2 * M * D + D * D + 3 * D + (size_t)kw->lwork : 0;
-    const size_t sz[7] = {lines(sd ? D * D : 0, 4),
-                          lines(sd ? D * D : 0, 4),
-                          lines(sd ? M * D : 0, 4),
-                          lines(M, 4),
-                          lines(M, 8),
-                          lines(nd, 8),
-                          lines(sd ? 2 * D * D : 0, 4)};
+    const size_t sz[8] = {lines(sd ? D * D : 0, 4),     lines(sd ? D * D : 0, 4),
+                          lines(sd ? M * D : 0, 4),     lines(par ? M : 0, 4),
+                          lines(par ? M : 0, 8),        lines(nd, 8),
+                          lines(sd ? 2 * D * D : 0, 4), lines(M * D, 4)};
     size_t total = 0;
-    for (int i = 0; i < 7; i++) total += sz[i];
+    for (int i = 0; i < 8; i++) total += sz[i];
     char *p = pf_alloc(total, 1);
     if (!p) return -1;
     kw->mem = p;
@@ -61,6 +57,8 @@ int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d) {
     kw->dwork = (double *)p;
     p += sz[5];
     kw->fwork = (float *)p;
+    p += sz[6];
+    kw->wt = (float *)p;
     return 0;
 }
 
@@ -215,9 +213,12 @@ pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float 
         fm->wmax = wmax;
         fm->sderf_B = B;
         fm->logd = log_d;
-    } else {
-        return PF_OK;
     }
+    /* W^T, for the projection U = X W^T as a product with W^T's rows (pf_mm) */
+    for (int f = 0; f < m; f++)
+        for (int k = 0; k < d; k++) kw->wt[(size_t)k * (size_t)m + f] = fm->W[(size_t)f * D + k];
+    fm->Wt = kw->wt;
+    if (fm->kernel != PF_KERNEL_OPRF && fm->kernel != PF_KERNEL_SDERF) return PF_OK;
     fm->bias = kw->bias;
     fm->bias64 = kw->bias64;
     if (!isfinite(fm->logd) || !isfinite(fm->wmax) || pf_nonfinite_f32(kw->bias, (size_t)m))
@@ -243,7 +244,7 @@ pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favo
         if (st != PF_OK) return st;
         return pf_fmap_bind(fm, kw, 0.0f, kw->A, kw->B, ld);
     }
-    return PF_OK;
+    return pf_fmap_bind(fm, kw, 0.0f, NULL, NULL, 0.0);
 }
 
 /* ---- the public entry points ---------------------------------------------------------------- */

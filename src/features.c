@@ -69,6 +69,7 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
     f.kernel = kernel;
     f.W = W;
     f.W0 = W;
+    f.Wt = NULL;
     f.m = m;
     f.d = d;
     f.r = pf_kernel_width(kernel, m);
@@ -127,7 +128,10 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
     const pf_simd_table *vk = pf_simd();
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
      * SDERF: rows B w_f, then the bias). */
-    pf_gemm(0, 1, n, m, d, fm->wscale, X, d, fm->W, d, 0.0f, phi, ldphi);
+    if (fm->Wt)
+        pf_mm(0, 0, n, m, d, fm->wscale, X, d, fm->Wt, m, 0.0f, phi, ldphi);
+    else
+        pf_gemm(0, 1, n, m, d, fm->wscale, X, d, fm->W, d, 0.0f, phi, ldphi);
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     const float eps = fm->eps;
@@ -345,8 +349,7 @@ PF_CLONES int pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, i
     }
     /* dx = sqrt(s) dx' = sqrt(s) (a W + b x') = sqrt(s) a W + s b x (du/dx': OPRF B W, SDERF the
      * rows B w_f: wscale and fm->W say which) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, m, fm->wscale, dphi, lddphi, fm->W,
-                d, 0.0f, dX, d);
+    pf_mm(0, 0, n, d, m, fm->wscale, dphi, lddphi, fm->W, d, 0.0f, dX, d);
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     for (int i = 0; i < n; i++) {
         if (b[i] == 0) continue;
