@@ -8,10 +8,8 @@
  * A step of n tokens is cut at the multiples of the chunk C counted from position 0, exactly
  * where the full causal pass cuts its chunks. So steps whose sizes are multiples of C (the last
  * one may be shorter) run the very same chunk computations as pf_attn_favor and give the same
- * bits: the chunks' products (pf_mm) give a row the same bits whatever the rows beside it, and
- * so must the BLAS for the features' projection (OpenBLAS 0.3.21's AVX-512 kernels do from 4
- * rows up; its AVX2 "Haswell" ones do not on AMD Zen 5, where such steps equal the full pass to
- * float rounding; test_favor_state checks which), as long as the full pass scans each head as one
+ * bits, since every product (pf_mm) gives a row the same bits whatever the rows beside it, as
+ * long as the full pass scans each head as one
  * block (it cuts a head into scan blocks only when B*H is small and L long: pf_favor_scan_blocks;
  * then the blocks' starting states are sums in another order). Any other step sizes (1 for
  * decoding) split chunks, so sums are associated differently: equal to float rounding. */

@@ -5,10 +5,8 @@
  * - token by token, every kernel, per-head W: rows equal to 1e-6 (relative 2-norm over all rows;
  *   the sums are associated differently, so float rounding, ~1e-7, is all that may differ);
  * - steps that are multiples of the chunk C (the last one shorter): the same bits as the full
- *   pass, since they run the same chunk computations (default C and C = 7), where the BLAS's
- *   sgemm gives a row the same bits whatever the rows beside it (the contract's condition,
- *   checked here; OpenBLAS's AVX2 "Haswell" kernels do not on every CPU, and then these rows
- *   are held to 1e-6 like the others);
+ *   pass, since they run the same chunk computations (default C and C = 7), and pf_mm gives a
+ *   row the same bits whatever the rows beside it;
  * - mixed step sizes 1, 3, 16, 7, 2, 31: equal to 1e-6;
  * - rows of norm 30 and keys of norms 1..30, whose log factors span ~100 so that the running
  *   max grows and the state is rescaled: equal to the float64 formula to 1e-5;
@@ -16,8 +14,6 @@
  *   step leaves the state as it was). */
 #include <stdint.h>
 #include <string.h>
-
-#include <cblas.h>
 
 #include "check.h"
 #include "ref.h"
@@ -114,33 +110,8 @@ static size_t nout(const problem *p) {
     return (size_t)p->H * p->L * p->dv;
 }
 
-/* 1 if cblas_sgemm gives every row of X W^T (150 x 32 x 16) the same bits in one product as in
- * products of 3, 6, 7 and 16 rows, the sizes of the aligned steps below. */
-static int blas_rows_independent(void) {
-    enum { N = 150, M = 32, D = 16 };
-    static float X[N * D], W[M * D], all[N * M], part[N * M];
-    for (int i = 0; i < N * D; i++) X[i] = (float)((i * 37 % 101) - 50) / 17.0f;
-    for (int i = 0; i < M * D; i++) W[i] = (float)((i * 53 % 89) - 44) / 13.0f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, M, D, 1.0f, X, D, W, D, 0.0f, all, M);
-    const int sizes[4] = {3, 6, 7, 16};
-    for (int k = 0; k < 4; k++) {
-        for (int i0 = 0; i0 < N; i0 += sizes[k]) {
-            const int n = N - i0 < sizes[k] ? N - i0 : sizes[k];
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, M, D, 1.0f, X + i0 * D, D, W,
-                        D, 0.0f, part + i0 * M, M);
-        }
-        if (memcmp(all, part, sizeof all) != 0) return 0;
-    }
-    return 1;
-}
-
 /* 1-3: token by token, aligned chunks, mixed steps; every kernel; reset. */
 static void test_against_full_pass(void) {
-    const int same_bits = blas_rows_independent();
-    if (!same_bits)
-        printf("this BLAS's sgemm rows depend on the rows beside them (kernels %s): aligned "
-               "steps are held to 1e-6, not to the bit\n",
-               pf_blas_core());
     const int H = 3, L = 150, d = 16, dv = 24, m = 32; /* 150 = 9 x 16 + 6 */
     const int one[1] = {1}, mixed[6] = {1, 3, 16, 7, 2, 31};
     double worst_tok = 0, worst_mix = 0;
@@ -170,14 +141,9 @@ static void test_against_full_pass(void) {
                 CHECK(pf_favor_state_position(st) == 0, "reset position");
                 const int step[1] = {mult * C};
                 CHECK_STATUS(stream(&p, st, step, 1), PF_OK);
-                if (same_bits)
-                    CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
-                          "%s: steps of %d (C = %d) differ from the full pass",
-                          pf_kernel_name(f.kernel), mult * C, C);
-                else
-                    CHECK(rel_err(p.out, p.full, nout(&p)) <= 1e-6,
-                          "%s: steps of %d (C = %d): rel err %.3g", pf_kernel_name(f.kernel),
-                          mult * C, C, rel_err(p.out, p.full, nout(&p)));
+                CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
+                      "%s: steps of %d (C = %d) differ from the full pass",
+                      pf_kernel_name(f.kernel), mult * C, C);
             }
 
             /* mixed step sizes */
@@ -198,8 +164,8 @@ static void test_against_full_pass(void) {
         problem_free(&p);
     }
     printf("vs the causal full pass: token by token worst rel err %.3g, mixed steps %.3g; "
-           "aligned steps %s\n",
-           worst_tok, worst_mix, same_bits ? "bit-identical" : "within 1e-6");
+           "aligned steps bit-identical\n",
+           worst_tok, worst_mix);
 }
 
 /* 4. norm 30: queries of norm 30, keys of norms 1..30 (and all 30), so the key log factors

@@ -529,6 +529,23 @@ if [ "$(uname -m)" = x86_64 ]; then
             fail "--version with OPENBLAS_CORETYPE=$core: $(OPENBLAS_CORETYPE=$core "$P" --version)"
     done
 fi
+# FAVOR+ runs every product in the library's own kernels (pf_mm): its outputs and gradients have
+# the same bits whichever OpenBLAS kernel set is loaded
+if [ "$(uname -m)" = x86_64 ] && grep -q '\<avx512f\>' /proc/cpuinfo; then
+    mk "$T/fdo.npy" '<f4' 17 1 2 3 9 8
+    for mode in "" "--causal"; do
+        for core in Haswell SkylakeX; do
+            # shellcheck disable=SC2086
+            OPENBLAS_CORETYPE=$core "$P" attn $mode --q "$T/fq.npy" --k "$T/fk.npy" \
+                --v "$T/fv.npy" --out "$T/bk$core.o.npy" --grad-out "$T/fdo.npy" \
+                --grad-prefix "$T/bk$core" 2>"$T/err" || fail "favor $mode on $core: $(cat "$T/err")"
+        done
+        for f in o dq dk dv; do
+            cmp -s "$T/bkHaswell.$f.npy" "$T/bkSkylakeX.$f.npy" && pass ||
+                fail "favor $mode: $f differs between OpenBLAS's Haswell and SkylakeX kernels"
+        done
+    done
+fi
 "$P" frobnicate 2>"$T/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "unknown command 'frobnicate'" "$T/err" && pass ||
     fail "unknown command: exit $rc, $(cat "$T/err")"
