@@ -4,7 +4,8 @@
  *   VMASK         a lane mask type; v_mask(n) enables lanes [0, n), 1 <= n <= VW
  *   v_zero(), v_set1(x), v_load(p), v_loadm(p, m) (masked-off lanes read as 0, not touched),
  *   v_store(p, v), v_storem(p, v, m), v_fma(a, b, c) = a b + c, v_mul(a, b), v_sum(v) (the sum
- *   of the lanes, in a fixed order)
+ *   of the lanes, in a fixed order); optionally v_sums_tile(acc, alpha, beta, C, ldc), which
+ *   finishes a whole DOT_MI x DOT_NJ tile of dot products with the very bits of v_sum
  *   GEMM_MR x GEMM_NB  the register tile of the broadcast kernel: GEMM_MR rows of C by GEMM_NB
  *                      vectors of columns
  *   DOT_MI x DOT_NJ    the register tile of the dot kernel
@@ -195,6 +196,12 @@ static inline __attribute__((always_inline)) void GT(dots)(int MI, int NJ, int k
 #pragma GCC unroll 8
             for (int j = 0; j < NJ; j++) acc[i][j] = v_fma(a[i], b[j], acc[i][j]);
     }
+#ifdef v_sums_tile
+    if (MI == DOT_MI && NJ == DOT_NJ) { /* all the tile's sums at once, bits as v_sum's */
+        v_sums_tile(acc, alpha, beta, C, ldc);
+        return;
+    }
+#endif
 #pragma GCC unroll 8
     for (int i = 0; i < MI; i++)
 #pragma GCC unroll 8

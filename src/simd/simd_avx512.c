@@ -140,6 +140,45 @@ static void stream_rows_avx512(float *dst, const float *src, size_t lds, size_t 
     _mm_sfence();
 }
 
+/* The 16 sums of a 4 x 4 tile of dot products at once: a transposing tree of 15 vector adds
+ * instead of 16 reductions. It pairs lanes as _mm512_reduce_add_ps does (i with i + 8, then
+ * i + 4, i + 2, i + 1; float addition commutes), so each sum has v_sum's bits, and ends with
+ * C(i, j) in lane 4 i + j. Then alpha and beta as finish1 does, lane by lane. */
+static inline __attribute__((always_inline)) void sums4x4(__m512 acc[4][4], float alpha, float beta,
+                                                          float *C, size_t ldc) {
+    __m512 u[8], w[4], z[2];
+    /* element e = 4 j + i (column-major), so that the tree leaves row-major lanes */
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) { /* elements 2t, 2t + 1: lanes i + (i + 8) */
+        const __m512 a = acc[(2 * t) % 4][(2 * t) / 4], b = acc[(2 * t + 1) % 4][(2 * t + 1) / 4];
+        u[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < 4; s++) /* quarter k of w[s]: element 4 s + k, lanes i + (i + 4) */
+        w[s] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * s], u[2 * s + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(u[2 * s], u[2 * s + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 8
+    for (int q = 0; q < 2; q++) /* lanes i + (i + 2) */
+        z[q] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * q], w[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * q], w[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lanes i + (i + 1): lane 4 k + j holds element 4 j + k, C(k, j) */
+    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    if (alpha != 1.0f) f = _mm512_mul_ps(_mm512_set1_ps(alpha), f);
+    if (beta != 0.0f) {
+        __m512 old = _mm512_castps128_ps512(_mm_loadu_ps(C));
+        old = _mm512_insertf32x4(old, _mm_loadu_ps(C + ldc), 1);
+        old = _mm512_insertf32x4(old, _mm_loadu_ps(C + 2 * ldc), 2);
+        old = _mm512_insertf32x4(old, _mm_loadu_ps(C + 3 * ldc), 3);
+        f = _mm512_fmadd_ps(_mm512_set1_ps(beta), old, f);
+    }
+    _mm_storeu_ps(C, _mm512_castps512_ps128(f));
+    _mm_storeu_ps(C + ldc, _mm512_extractf32x4_ps(f, 1));
+    _mm_storeu_ps(C + 2 * ldc, _mm512_extractf32x4_ps(f, 2));
+    _mm_storeu_ps(C + 3 * ldc, _mm512_extractf32x4_ps(f, 3));
+}
+
 /* the small products (gemm_tmpl.h): tiles of 6 rows x 64 columns (24 of the 32 registers
  * accumulate), 4 x 4 dot products */
 #define VF __m512
@@ -155,6 +194,7 @@ static void stream_rows_avx512(float *dst, const float *src, size_t lds, size_t 
 #define v_fma(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define v_mul(a, b) _mm512_mul_ps((a), (b))
 #define v_sum(v) _mm512_reduce_add_ps(v)
+#define v_sums_tile(acc, alpha, beta, C, ldc) sums4x4((acc), (alpha), (beta), (C), (ldc))
 #define GEMM_MR 6
 #define GEMM_NB 4
 #define DOT_MI 4
