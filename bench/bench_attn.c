@@ -401,11 +401,13 @@ int main(int argc, char **argv) {
     double sg = sgemm_gflops(threads, reps);
     float *sgbuf = sgemm_buffer(threads);
     char cpu[192];
-    printf("performer %s on %s, %d threads, OpenBLAS kernels %s\n"
-           "machine sgemm: %.1f GFLOP/s (median of %d, %d x 1024^3; \"of sgemm\" is the median\n"
-           "over repeats of the forward's GFLOP/s over that of the same probe run right after it,\n"
-           "as this shared machine's speed drifts)\n",
-           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_blas_core(), sg, reps, threads);
+    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
+           "machine sgemm: %.1f GFLOP/s (OpenBLAS, median of %d, %d x 1024^3; \"of sgemm\" is the\n"
+           "median over repeats of the forward's GFLOP/s over that of the same probe run right\n"
+           "after it, as this shared machine's speed drifts; exact attention's products run in\n"
+           "OpenBLAS, FAVOR+'s in the library's own vector kernels)\n",
+           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(), pf_blas_core(), sg,
+           reps, threads);
     printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
            "the peak resident size of a process running one call, less that of one only holding\n"
            "the same tensors (the method's own working memory)\n\n",

@@ -65,10 +65,15 @@ PF_API const char *pf_status_str(pf_status status);
 /* The library version as "MAJOR.MINOR.PATCH"; static storage. */
 PF_API const char *pf_version(void);
 
-/* The kernel set the linked OpenBLAS runs every matrix product on, as it names it ("Haswell",
- * "SkylakeX", ...; chosen for the CPU when OpenBLAS loads, or by the environment variable
- * OPENBLAS_CORETYPE); static storage. Timings depend on it (README, Speed). */
+/* The kernel set the linked OpenBLAS runs the exact, RA and LARA products on, as it names it
+ * ("Haswell", "SkylakeX", ...; chosen for the CPU when OpenBLAS loads, or by the environment
+ * variable OPENBLAS_CORETYPE); static storage. Timings depend on it (README, Speed). */
 PF_API const char *pf_blas_core(void);
+
+/* The vector path of the library's own kernels: "avx512", "avx2" or "ref" (portable C), the
+ * widest this CPU runs unless the environment variable PF_SIMD names another it runs. They make
+ * the features (exp, sin, cos) and run every FAVOR+ matrix product; static storage. */
+PF_API const char *pf_simd_path(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Randomness (SPEC §3): Philox4x32-10, counter based.

@@ -23,6 +23,10 @@
 
 #include "internal.h"
 
+const char *pf_simd_path(void) {
+    return pf_simd()->name;
+}
+
 const char *pf_blas_core(void) {
     const char *core = openblas_get_corename();
     return core ? core : "unknown";

@@ -9,7 +9,7 @@
  * inputs summed in float agree with float64 to k * 2^-24 relative to the sum of |terms|; the
  * bound used is 1e-6 * (k + 1) of it. The own products must also give each row the same bits
  * alone as among others (what makes a decoding step equal the full pass). pf_blas_core names a
- * kernel set. */
+ * kernel set, pf_simd_path the vector path in use. */
 #include <math.h>
 #include <string.h>
 
@@ -122,6 +122,9 @@ int main(void) {
                         check_case(t, 0, ab == 1, ab == 2, gm[mi], gn[ni], gk[ki],
                                    betas[(mi + ni + ki) % 3]);
     }
+    const char *path = pf_simd_path();
+    CHECK(path && strcmp(path, pf_simd()->name) == 0, "pf_simd_path %s, the table in use %s",
+          path ? path : "(null)", pf_simd()->name);
     const char *core = pf_blas_core();
     CHECK(core && core[0], "pf_blas_core: empty");
     printf("OpenBLAS kernels: %s\n", core);

@@ -522,13 +522,16 @@ for word in exact favor positive hyperbolic trig relu orthogonal iid chi sqrtd q
 done
 grep -q '\[256\]' "$T/ahelp" && pass || fail "attn --help does not give the default m"
 "$P" --version | grep -q "^performer [0-9]" && pass || fail "--version"
-# --version names the OpenBLAS kernels, which follow OPENBLAS_CORETYPE (x86-64 builds know these)
+# --version names the OpenBLAS kernels, which follow OPENBLAS_CORETYPE (x86-64 builds know these),
+# and the library's vector path, which follows PF_SIMD (ref runs anywhere)
 if [ "$(uname -m)" = x86_64 ]; then
     for core in Haswell SkylakeX; do
-        OPENBLAS_CORETYPE=$core "$P" --version | grep -q "(OpenBLAS kernels: $core)" && pass ||
+        OPENBLAS_CORETYPE=$core "$P" --version | grep -q "; OpenBLAS kernels: $core)" && pass ||
             fail "--version with OPENBLAS_CORETYPE=$core: $(OPENBLAS_CORETYPE=$core "$P" --version)"
     done
 fi
+PF_SIMD=ref "$P" --version | grep -q "(vector kernels: ref;" && pass ||
+    fail "--version with PF_SIMD=ref: $(PF_SIMD=ref "$P" --version)"
 # FAVOR+ runs every product in the library's own kernels (pf_mm): its outputs and gradients have
 # the same bits whichever OpenBLAS kernel set is loaded
 if [ "$(uname -m)" = x86_64 ] && grep -q '\<avx512f\>' /proc/cpuinfo; then

@@ -328,7 +328,8 @@ int main(int argc, char **argv) {
         return TOOL_EXIT_OK;
     }
     if (strcmp(name, "--version") == 0) {
-        printf("performer %s (OpenBLAS kernels: %s)\n", pf_version(), pf_blas_core());
+        printf("performer %s (vector kernels: %s; OpenBLAS kernels: %s)\n", pf_version(),
+               pf_simd_path(), pf_blas_core());
         return TOOL_EXIT_OK;
     }
     if (strcmp(name, "help") == 0) {
