@@ -3,9 +3,9 @@
  * One (b, h) pair is one unit of work, done by one thread, so the arithmetic (and the result,
  * bit for bit) does not depend on the thread count. Within a head, rows go in blocks that stay
  * in cache: a block of inputs becomes stabilised features (features.c) and goes straight into
- * an sgemm (bidirectional) or into the causal chunks' few-row products, which run in the
- * library's own kernels (pf_mm: without sgemm's packing, and with the same bits for a row
- * whatever the rows beside it); no L x r matrix is ever formed.
+ * the products with the state, bidirectional or in causal chunks; no L x r matrix is ever
+ * formed. Every product runs in the library's own kernels (pf_mm, blas.c: no packing, and the
+ * same bits for a row whatever the rows beside it).
  *
  * Values are augmented with a ones column, [V | 1] (Lk, dv+1), so one product gives numerator
  * (columns 0..dv-1) and denominator (column dv).
@@ -289,7 +289,7 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
  *   n_i = e^(M - P_i) q~_i S + sum_{t0 <= j <= i} (q~_i.k~_j) e^(P_j - P_i) e^(c_j - P_j) [v_j|1]
  * Every factor is <= 1. Then S = e^(M - M') S + sum_j k~_j e^(c_j - M') [v_j|1], M' = P_last.
  *
- * Features are made a block of whole chunks at a time (so sgemm packs W once per block). The
+ * Features are made a block of whole chunks at a time (one projection product per block). The
  * two terms of n_i are one product: [e^(M - P) Q~ | A] (C x (r + C)) times [S ; [V|1]_w]
  * ((r + C) x dv1); the scores A sit in C spare columns after each Q~ row, the weighted values
  * in C spare rows below S. Rows j > i of A are exact zeros, so later keys and values change no

@@ -23,8 +23,7 @@ typedef struct pf_fmap {
     const float *W;  /* (m,d): the projection the block path multiplies by: the drawn W, or
                         for SDERF its rows times B (B w_f) */
     const float *W0; /* (m,d): the drawn W (the float64 path's) */
-    const float *Wt; /* (d,m): W transposed (pf_fmap_bind), for the projection by pf_mm; NULL:
-                        by sgemm with W */
+    const float *Wt; /* (d,m): W transposed, for the projection by pf_mm (pf_fmap_bind) */
     int m, d, r;     /* r = pf_kernel_width(kernel, m) */
     float sqrt_s;    /* x' = x sqrt(s) */
     double s;        /* the effective scale s */
@@ -39,8 +38,8 @@ typedef struct pf_fmap {
     const float *sderf_B; /* SDERF: B (d,d) */
 } pf_fmap;
 
-/* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). OPRF and
- * SDERF maps need pf_fmap_bind (or pf_favor_bind) before use; the others may have it (for Wt). */
+/* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). Every map
+ * needs pf_fmap_bind (or pf_favor_bind) before use. */
 PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale,
                                  float eps);
 
@@ -97,8 +96,8 @@ PF_INTERNAL int pf_favor_chunk(const pf_favor_opts *favor, int L);
 PF_INTERNAL int pf_favor_block(int causal, int C);
 
 /* The width of the augmented values [V | 1] in the forward: dv + 1 rounded up to a multiple of
- * 16, zeros after the ones column (OpenBLAS runs products 65 columns wide at 60% of the speed of
- * 64 or 80 columns). */
+ * 16, zeros after the ones column (whole vectors per row; the products use the dv + 1 columns
+ * that matter). */
 PF_INTERNAL int pf_favor_dw(int dv);
 
 /* dst (n, dw >= dv+1) row j = w_j [v_j | 1 | 0...], w_j = exp(c_j - ref_j), ref_j = ref[j] if

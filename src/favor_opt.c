@@ -4,7 +4,7 @@
  * scaled (SDERF) projection: phi(x) = D/sqrt(m) exp(u_f - |x'|^2/2), u_f = w_f^T B x' + w_f^T A w_f
  * (OPRF: A, B scalars times I). Binding a map to its parameters precomputes what depends on W
  * only: the bias w_f^T A w_f (in double), and for SDERF the rows B w_f, so that the block path is
- * one sgemm plus a bias per column, exactly as the positive map.
+ * one product plus a bias per column, exactly as the positive map.
  *
  * The statistics come from the inputs scaled once, x' = x sqrt(s), each side averaged over its
  * own rows (the caller passes only valid ones), and one A serves both sides: the three flaws of

@@ -1,10 +1,12 @@
 /* features.c: the random feature maps of SPEC §2 and their stabilised block form.
  *
  * Each map is phi(x) with exp(x'.y') ~ phi(x).phi(y) for x' = x sqrt(s). The block form used by
- * the attention (pf_fmap_rows) projects a block of rows with one sgemm, U = sqrt(s) X W^T, and
+ * the attention (pf_fmap_rows) projects a block of rows with one product, U = sqrt(s) X W^T (by
+ * pf_mm, with the W^T that pf_fmap_bind makes), and
  * then turns each row of U into features in place, removing a per-row log factor c so that the
  * largest feature is O(1) whatever the input norm: exp(u - h) overflows (trig: exp(+h)) or
  * underflows for |x'| ~ 10, while u - max u never does. */
+#include <assert.h>
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -128,10 +130,8 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
     const pf_simd_table *vk = pf_simd();
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
      * SDERF: rows B w_f, then the bias). */
-    if (fm->Wt)
-        pf_mm(0, 0, n, m, d, fm->wscale, X, d, fm->Wt, m, 0.0f, phi, ldphi);
-    else
-        pf_gemm(0, 1, n, m, d, fm->wscale, X, d, fm->W, d, 0.0f, phi, ldphi);
+    assert(fm->Wt); /* (pf_fmap_bind) */
+    pf_mm(0, 0, n, m, d, fm->wscale, X, d, fm->Wt, m, 0.0f, phi, ldphi);
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     const float eps = fm->eps;
@@ -144,7 +144,7 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
         const float *x = X + (size_t)i * (size_t)d;
         const double sq = sumsq_f64(x, d);
         const double h = 0.5 * s2 * sq;
-        /* |u_f| and every partial sum of the sgemm are <= |x'| max|w| (Cauchy-Schwarz): only
+        /* |u_f| and every partial sum of the product are <= |x'| max|w| (Cauchy-Schwarz): only
          * rows near that bound, or with a NaN or Inf in x (then sq and every u_f are NaN or
          * Inf too), need the full test */
         if (!(s2 * sq * wmax2 <= 1e76) && pf_nonfinite_f32(p, (size_t)m)) {
@@ -416,6 +416,8 @@ pf_status pf_features_ex(float *phi, float *logscale, const float *X, int n, int
         st = pf_fmap_bind(&fm, &kw, params->oprf_a, NULL, NULL, 0.0);
     else if (kernel == PF_KERNEL_SDERF)
         st = pf_fmap_bind(&fm, &kw, 0.0f, params->sderf_A, params->sderf_B, params->sderf_log_D);
+    else
+        st = pf_fmap_bind(&fm, &kw, 0.0f, NULL, NULL, 0.0);
     if (st == PF_OK) st = features_rows(&fm, phi, logscale, X, n);
     pf_kernel_ws_free(&kw);
     return st;

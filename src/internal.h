@@ -23,20 +23,9 @@ PF_INTERNAL int pf_any_nonfinite(const float *x, size_t n);
 /* The effective logit scale: s if s > 0, else 1/sqrt(d). */
 PF_INTERNAL float pf_effective_scale(float s, int d);
 
-/* cblas_sgemm (row-major; ta, tb 0 or 1 for op = transpose), or cblas_sgemv for a product of one
- * row (m == 1) when OpenBLAS's kernels would copy whole operands for it (blas.c). The same bits
- * for the same arguments, whatever the thread. */
-PF_INTERNAL void pf_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
-                         const float *B, int ldb, float beta, float *C, int ldc);
-
-/* pf_gemm's one-row product, always by cblas_sgemv: c (1 x n) = alpha op(A) op(B) + beta c, op(A)
- * 1 x k (A's row, or with ta its column of stride lda). beta == 0 sets c whatever it held. */
-PF_INTERNAL void pf_gemm_row(int ta, int tb, int n, int k, float alpha, const float *A, int lda,
-                             const float *B, int ldb, float beta, float *C);
-
-/* pf_simd()->gemm with BLAS's arguments (ta, tb 0 or 1; not both 1): the library's own product
- * for the few-row products where sgemm's packing costs more than the arithmetic, and whose bits
- * must not depend on the number of rows. */
+/* pf_simd()->gemm with BLAS's arguments (ta, tb 0 or 1; not both 1): the library's own product,
+ * for every FAVOR+ product: narrow ones (a side of d or dv + 1), where sgemm's packing costs
+ * about as much as the arithmetic, whose bits must not depend on the number of rows (blas.c). */
 PF_INTERNAL void pf_mm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc);
 
