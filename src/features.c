@@ -7,7 +7,6 @@
  * largest feature is O(1) whatever the input norm: exp(u - h) overflows (trig: exp(+h)) or
  * underflows for |x'| ~ 10, while u - max u never does. */
 #include <assert.h>
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
