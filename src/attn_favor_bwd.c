@@ -334,22 +334,14 @@ static void bidir_combine_kv(bwd_job *j, int bh) {
         pf_favor_combine(P, &M[0], P + (size_t)kb * nkv, M[kb], nkv);
 }
 
-/* The first dv + 1 columns of a state X (r, dw) transposed into T (dv + 1, r): the products
- * with X^T then take rows of T, at the speed of pf_mm's tiles. Returns T. */
-static const float *transpose_state(float *T, const float *X, int r, int dv, int dw) {
-    for (int f = 0; f < r; f++)
-        for (int c = 0; c <= dv; c++)
-            T[(size_t)c * (size_t)r + (size_t)f] = X[(size_t)f * (size_t)dw + (size_t)c];
-    return T;
-}
-
 /* Phase 3: queries of block qb: dN~, dQ, partial dKV~ = Q~^T dN~. */
 static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     const pf_shape *s = j->s;
     const pf_fmap *fm = &j->fm[bh];
     const int r = j->r, d = s->d, dv = s->dv, dw = j->dw;
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
-    const float *KV = head_kv(j, bh), *KVt = transpose_state(ws->state, KV, r, dv, dw);
+    const float *KV = head_kv(j, bh), *KVt = ws->state; /* KV^T, (dv + 1, r) */
+    pf_transpose(ws->state, KV, r, dv + 1, dw);
     float *dKV = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
     const int i0 = qb * j->qbl, L = s->Lq - i0 < j->qbl ? s->Lq - i0 : j->qbl;
     pf_status st = PF_OK;
@@ -414,7 +406,8 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
     n = n > j->kbl ? j->kbl : n;
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
     const float *dKV = j->dpart + g * (size_t)j->nqb * nkv;
-    const float *dKVt = transpose_state(ws->state, dKV, r, dv, dw);
+    const float *dKVt = ws->state; /* dKV^T, (dv + 1, r) */
+    pf_transpose(ws->state, dKV, r, dv + 1, dw);
     const double M = head_kvm(j, bh);
     for (int b0 = 0; b0 < n; b0 += BWD_BLOCK) {
         const int nb = n - b0 < BWD_BLOCK ? n - b0 : BWD_BLOCK;

@@ -25,6 +25,12 @@ const char *pf_blas_core(void) {
     return core ? core : "unknown";
 }
 
+void pf_transpose(float *dst, const float *src, int rows, int cols, int lds) {
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < cols; c++)
+            dst[(size_t)c * (size_t)rows + (size_t)i] = src[(size_t)i * (size_t)lds + (size_t)c];
+}
+
 void pf_mm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
            const float *B, int ldb, float beta, float *C, int ldc) {
     assert(!(ta && tb));

@@ -215,8 +215,7 @@ pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float 
         fm->logd = log_d;
     }
     /* W^T, for the projection U = X W^T as a product with W^T's rows (pf_mm) */
-    for (int f = 0; f < m; f++)
-        for (int k = 0; k < d; k++) kw->wt[(size_t)k * (size_t)m + f] = fm->W[(size_t)f * D + k];
+    pf_transpose(kw->wt, fm->W, m, d, d);
     fm->Wt = kw->wt;
     if (fm->kernel != PF_KERNEL_OPRF && fm->kernel != PF_KERNEL_SDERF) return PF_OK;
     fm->bias = kw->bias;

@@ -29,6 +29,10 @@ PF_INTERNAL float pf_effective_scale(float s, int d);
 PF_INTERNAL void pf_mm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc);
 
+/* dst (cols, rows) = the first cols columns of src (rows, row stride lds) transposed: products
+ * with src^T then take dst's rows, at the speed of pf_mm's tiles. */
+PF_INTERNAL void pf_transpose(float *dst, const float *src, int rows, int cols, int lds);
+
 /* ---- vector kernels (src/simd/): chosen once at run time from the CPU's features ---------- */
 
 typedef struct pf_simd_table {

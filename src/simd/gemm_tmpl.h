@@ -28,6 +28,10 @@
  * alpha is applied to the finished sum (not when 1), then beta C is added (C not read when
  * beta is 0). */
 
+#if GEMM_MR < 4 || GEMM_MR > 6 || GEMM_NB < 2 || GEMM_NB > 4
+#error "gemm_tmpl.h: tiles of 4 to 6 rows and 2 to 4 vectors (the dispatch switches below)"
+#endif
+
 #define GT_CAT2(a, b) a##b
 #define GT_CAT(a, b) GT_CAT2(a, b)
 #define GT(name) GT_CAT(GEMM_NAME, _##name)
@@ -99,24 +103,22 @@ static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k,
     const int nb = (left + VW - 1) / VW;
     const VMASK last = v_mask(left - VW * (nb - 1));
     /* (a switch, so that each tile has constant sizes) */
+#define GT_TAIL(NB)                                                                                \
+    case NB:                                                                                       \
+        GT(tile)(MR, NB, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);              \
+        break
     switch (nb) {
 #if GEMM_NB > 3
-    case 4:
-        GT(tile)(MR, 4, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
-        break;
+        GT_TAIL(4);
 #endif
 #if GEMM_NB > 2
-    case 3:
-        GT(tile)(MR, 3, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
-        break;
+        GT_TAIL(3);
 #endif
-    case 2:
-        GT(tile)(MR, 2, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
-        break;
+        GT_TAIL(2);
     default:
         GT(tile)(MR, 1, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
-        break;
     }
+#undef GT_TAIL
 }
 
 /* One column of C apart (see the head of this file): column j of B (stride ldb) and of C. */
@@ -211,30 +213,29 @@ static inline __attribute__((always_inline)) void GT(dots)(int MI, int NJ, int k
         }
 }
 
+/* MI rows of C by dot products (op(B) = B^T): NJ columns a tile, then one at a time. */
+static inline __attribute__((always_inline)) void GT(dot_rows)(int MI, int n, int k, const float *A,
+                                                               size_t lda, const float *B,
+                                                               size_t ldb, float alpha, float beta,
+                                                               float *C, size_t ldc) {
+    int j = 0;
+    for (; j + DOT_NJ <= n; j += DOT_NJ)
+        GT(dots)(MI, DOT_NJ, k, A, lda, B + (size_t)j * ldb, ldb, alpha, beta, C + j, ldc);
+    for (; j < n; j++)
+        GT(dots)(MI, 1, k, A, lda, B + (size_t)j * ldb, ldb, alpha, beta, C + j, ldc);
+}
+
 static void GEMM_NAME(int tb, int m, int n, int k, float alpha, const float *A, size_t rs,
                       size_t cs, const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     if (m <= 0 || n <= 0) return;
     if (tb) { /* (cs == 1) */
         int i = 0;
-        for (; i + DOT_MI <= m; i += DOT_MI) {
-            const float *a = A + (size_t)i * rs;
-            float *c = C + (size_t)i * ldc;
-            int j = 0;
-            for (; j + DOT_NJ <= n; j += DOT_NJ)
-                GT(dots)
-                (DOT_MI, DOT_NJ, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
-            for (; j < n; j++)
-                GT(dots)(DOT_MI, 1, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
-        }
-        for (; i < m; i++) {
-            const float *a = A + (size_t)i * rs;
-            float *c = C + (size_t)i * ldc;
-            int j = 0;
-            for (; j + DOT_NJ <= n; j += DOT_NJ)
-                GT(dots)(1, DOT_NJ, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
-            for (; j < n; j++)
-                GT(dots)(1, 1, k, a, rs, B + (size_t)j * ldb, ldb, alpha, beta, c + j, ldc);
-        }
+        for (; i + DOT_MI <= m; i += DOT_MI)
+            GT(dot_rows)
+            (DOT_MI, n, k, A + (size_t)i * rs, rs, B, ldb, alpha, beta, C + (size_t)i * ldc, ldc);
+        for (; i < m; i++)
+            GT(dot_rows)
+            (1, n, k, A + (size_t)i * rs, rs, B, ldb, alpha, beta, C + (size_t)i * ldc, ldc);
         return;
     }
     const int lone = n % VW <= 2 && n > VW ? n % VW : 0; /* columns done apart */
@@ -243,36 +244,23 @@ static void GEMM_NAME(int tb, int m, int n, int k, float alpha, const float *A, 
         const int mr = m - i < GEMM_MR ? m - i : GEMM_MR;
         const float *a = A + (size_t)i * rs;
         float *c = C + (size_t)i * ldc;
+        /* (a switch, so that each tile has constant sizes) */
+#define GT_ROWS(MR)                                                                                \
+    case MR:                                                                                       \
+        GT(rows)(MR, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);                               \
+        break
         switch (mr) {
-#if GEMM_MR > 7
-        case 8:
-            GT(rows)(8, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
-        case 7:
-            GT(rows)(7, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
-#endif
 #if GEMM_MR > 5
-        case 6:
-            GT(rows)(6, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
-        case 5:
-            GT(rows)(5, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
+            GT_ROWS(6);
+            GT_ROWS(5);
 #endif
-        case 4:
-            GT(rows)(4, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
-        case 3:
-            GT(rows)(3, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
-        case 2:
-            GT(rows)(2, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
+            GT_ROWS(4);
+            GT_ROWS(3);
+            GT_ROWS(2);
         default:
             GT(rows)(1, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
-            break;
         }
+#undef GT_ROWS
     }
     for (int j = nv; j < n; j++) GT(column)(m, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
 }
