@@ -5,6 +5,8 @@
 #   make demo       the one-minute answer: exact vs FAVOR+ time, memory and error against L
 #   make bench      the benchmarks (medians, ratios to this machine's sgemm)
 #   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
+#   make install    header, libraries, tool, performer.pc and man page under PREFIX (/usr/local);
+#                   DESTDIR stages them elsewhere; make uninstall removes them
 #
 # Out-of-tree: objects go to $(BUILD) (default build/). Sources are found by wildcard, so a new
 # file in src/, tools/, tests/ or bench/ needs no edit here.
@@ -36,12 +38,21 @@ TOOL_OBJ  = $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TESTS     = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES   = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
+# The version is the header's PF_VERSION_MAJOR.MINOR.PATCH, read from it (one place). The shared
+# library's soname carries the major number: a program linked against 0.1 runs on any later 0.x.
+VERSION  := $(shell sed -n 's/^.define PF_VERSION_[A-Z]* *\([0-9][0-9]*\).*/\1/p' \
+              include/performer.h | paste -sd. -)
+SOVERSION = $(firstword $(subst ., ,$(VERSION)))
+SONAME    = libperformer.so.$(SOVERSION)
+
 STATIC = $(BUILD)/libperformer.a
 SHARED = $(BUILD)/libperformer.so
+SHARED_REAL = $(BUILD)/libperformer.so.$(VERSION)
 TOOL   = $(BUILD)/performer
+MAN    = $(BUILD)/performer.1
 
-.PHONY: all setup test test-fast asan demo bench clean format
-all: $(STATIC) $(SHARED) $(TOOL)
+.PHONY: all setup test test-fast asan demo bench clean format install uninstall
+all: $(STATIC) $(SHARED) $(TOOL) $(MAN)
 
 setup:
 	@sh scripts/setup.sh
@@ -63,8 +74,20 @@ $(STATIC): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+# libperformer.so.X.Y.Z, named by its soname libperformer.so.X (what a program records and the
+# dynamic linker looks for), and libperformer.so (what -lperformer finds): two links.
+$(SHARED_REAL): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/$(SONAME): $(SHARED_REAL)
+	ln -sf $(notdir $<) $@
+
+$(SHARED): $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+# The man page is the tool's --help and every command's, in roff.
+$(MAN): $(TOOL) scripts/make_man.py
+	/usr/bin/python3 scripts/make_man.py $(TOOL) >$@.tmp && mv $@.tmp $@
 
 $(TOOL): $(TOOL_OBJ) $(STATIC)
 	$(CC) -o $@ $(TOOL_OBJ) $(STATIC) $(LDLIBS)
@@ -108,6 +131,47 @@ bench: setup all $(BENCHES)
 	  $(BUILD)/bench/bench_decode --csv $(BUILD)/bench/decode.csv; fi
 	/usr/bin/python3 scripts/plot_bench.py $(BUILD)/bench/attn.csv $(BUILD)/bench/decode.csv \
 	  $(BUILD)/bench
+
+# make install [PREFIX=/usr/local] [DESTDIR=stage]: PREFIX is where the files will live (it is
+# written into performer.pc); DESTDIR, if given, is prepended to every path, for packaging. Run
+# as root without DESTDIR it also runs ldconfig, so that the dynamic linker finds
+# libperformer.so.0 at once (LIBDIR must be on its path: /usr/local/lib is, on Debian).
+PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+MANDIR       ?= $(PREFIX)/share/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+LDCONFIG     ?= ldconfig
+# performer.pc: Libs for the shared library (it records its own BLAS, OpenMP, zlib and libm);
+# Libs.private what the static one needs on top, from LDLIBS (-fopenmp as the library it adds).
+PC_LIBS_PRIVATE = $(strip $(patsubst -fopenmp,-lgomp,$(LDLIBS)))
+PC_DIR = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+INSTALLED = $(BINDIR)/performer $(INCLUDEDIR)/performer.h $(LIBDIR)/libperformer.a \
+            $(LIBDIR)/libperformer.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libperformer.so \
+            $(PKGCONFIGDIR)/performer.pc $(MANDIR)/man1/performer.1
+
+install: all
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call PC_DIR,$(LIBDIR))' \
+	  'includedir=$(call PC_DIR,$(INCLUDEDIR))' '' 'Name: performer' \
+	  'Description: fast attention over long sequences with random features (FAVOR+)' \
+	  'Version: $(VERSION)' 'Libs: -L$${libdir} -lperformer' \
+	  'Libs.private: $(PC_LIBS_PRIVATE)' 'Cflags: -I$${includedir}' >$(BUILD)/performer.pc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) \
+	  $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(MANDIR)/man1
+	install -m 755 $(TOOL) $(DESTDIR)$(BINDIR)/performer
+	install -m 644 include/performer.h $(DESTDIR)$(INCLUDEDIR)/performer.h
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/libperformer.a
+	install -m 644 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/libperformer.so.$(VERSION)
+	ln -sf libperformer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libperformer.so
+	install -m 644 $(BUILD)/performer.pc $(DESTDIR)$(PKGCONFIGDIR)/performer.pc
+	install -m 644 $(MAN) $(DESTDIR)$(MANDIR)/man1/performer.1
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h \

@@ -8,10 +8,13 @@
 #   python3-matplotlib  plots of benchmarks and experiments
 #   mmseqs2-examples  20,000 UniProt protein sequences (DB.fasta.gz): the language model's data
 #   bible-kjv         the King James Bible and its `bible` program: the language model's text
+#   pkg-config        the install test builds programs with performer.pc's flags
+#   g++               the install test compiles a C++ program against the installed header
+#   groff-base, man-db  the install test formats the man page with warnings on (groff, man)
 set -e
 need=""
 for p in gcc make libc6-dev libopenblas-pthread-dev zlib1g-dev python3-numpy python3-matplotlib \
-         mmseqs2-examples bible-kjv; do
+         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0

@@ -24,8 +24,12 @@ const char *pf_status_str(pf_status status) {
     return "unknown status";
 }
 
+/* The header's PF_VERSION_* (the Makefile names the shared library from them too). */
+#define PF_STR_(x) #x
+#define PF_STR(x) PF_STR_(x)
+
 const char *pf_version(void) {
-    return "0.1.0";
+    return PF_STR(PF_VERSION_MAJOR) "." PF_STR(PF_VERSION_MINOR) "." PF_STR(PF_VERSION_PATCH);
 }
 
 void *pf_alloc(size_t count, size_t size) {

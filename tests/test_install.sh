@@ -1,0 +1,278 @@
+#!/bin/sh
+# test_install.sh: `make install` and `make uninstall`, and programs built against what they
+# install, run without LD_LIBRARY_PATH.
+#
+#   PERFORMER=build/performer BUILD=build sh tests/test_install.sh
+#
+# - make install DESTDIR=stage PREFIX=/usr/local puts exactly the files the README lists there
+#   (modes, links, soname libperformer.so.MAJOR, the version of the header and of pf_version()),
+#   runs no ldconfig, and does it again over its own files; make uninstall removes exactly those
+#   files and leaves others in the same folders;
+# - the README's example.c, taken from README.md, built with the README's command line and the
+#   flags of the staged performer.pc (PKG_CONFIG_SYSROOT_DIR), plus an rpath to the staged lib
+#   (the one thing /usr/local/lib and ldconfig give a real install), starts and prints FAVOR+'s
+#   error against exact attention; the program needs libperformer.so.MAJOR, not the static lib;
+# - make install PREFIX=tmp/prefix (a real install, no DESTDIR): ldconfig runs if root; the same
+#   program linked shared (+ rpath) and -static with `pkg-config --static` (Libs.private) runs;
+# - a C++ program (g++ -std=c++11 -pedantic -Werror) includes the installed header and calls the
+#   library: exact attention with Q = 0 gives the mean of V's rows;
+# - the README's two link lines for build/ without installing give programs that start;
+# - the installed tool runs, and its man page formats without a warning and names every option
+#   of every command's --help.
+# Under a sanitizer build (BUILD=build-asan) the programs are linked with the same sanitizers,
+# and the -static link is left out (the sanitizers do not link statically).
+set -eu
+
+BUILD=${BUILD:-build}
+P=${PERFORMER:-$BUILD/performer}
+root=$(pwd)
+case "$BUILD" in /*) build=$BUILD ;; *) build=$root/$BUILD ;; esac
+case "$P" in /*) ;; *) P="$root/$P" ;; esac
+unset LD_LIBRARY_PATH PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_LIBDIR 2>/dev/null || true
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_install.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+trap 'exit 1' INT TERM
+
+fails=0
+checks=0
+ok() { checks=$((checks + 1)); }
+fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+check() { # check "what" command...: the command must succeed
+    what=$1; shift
+    if "$@"; then ok; else fail "$what"; fi
+}
+same() { # same "what" expected got
+    if [ "$2" = "$3" ]; then ok; else fail "$1: expected '$2', got '$3'"; fi
+}
+
+# The sub-make installs the objects already built in BUILD (with the flags they were built with:
+# MAKEFLAGS carries a parent make's command-line variables).
+mk() { make -s --no-print-directory BUILD="$BUILD" "$@"; }
+
+version=$(sed -n 's/^#define PF_VERSION_[A-Z]* *\([0-9][0-9]*\).*/\1/p' include/performer.h |
+          paste -sd. -)
+major=${version%%.*}
+same "pf_version() (performer --version) is the header's version" \
+    "$version" "$("$P" --version | sed -n '1s/^performer \([^ ]*\).*/\1/p')"
+
+# Sanitizer builds: every program linked against the library needs the same runtime.
+san=""
+if nm "$build/libperformer.a" 2>/dev/null | grep -q '__asan_\|__ubsan_'; then
+    san="-fsanitize=address,undefined"
+    echo "note: sanitizer build: programs linked with $san; no -static link"
+fi
+
+# The README's example program and its build line, as the README has them.
+sed -n '/^\/\* example\.c:/,/^```$/p' README.md | sed '$d' >"$T/example.c"
+check "README has the example program" grep -q 'pf_attn_favor' "$T/example.c"
+check "README has the example program" grep -q '^}$' "$T/example.c"
+build_line=$(grep '^cc .* example\.c \$(pkg-config --cflags --libs performer)' README.md | head -1)
+same "README has the example's build line" \
+    'cc -O2 -o example example.c $(pkg-config --cflags --libs performer) -lm' "$build_line"
+
+# check_example NAME: runs $T/NAME (no LD_LIBRARY_PATH) and checks what it prints.
+check_example() {
+    if ! out=$(env -u LD_LIBRARY_PATH "$T/$1" 2>"$T/$1.err"); then
+        fail "$1 did not run: $(cat "$T/$1.err")"
+        return
+    fi
+    echo "  $1: $out"
+    case "$out" in
+    "performer $version: FAVOR+ (m = 256) vs exact attention, L = 1024, d = 64: relative error "*)
+        ok ;;
+    *) fail "$1 printed '$out'" ;;
+    esac
+    # FAVOR+ with m = 256 at this input scale: about 0.37 (the README's run); a broken library
+    # gives 1 (zeros) or nonsense.
+    err=${out##* }
+    check "$1: relative error $err in [0.25, 0.5]" \
+        awk -v e="$err" 'BEGIN { exit !(e >= 0.25 && e <= 0.5) }'
+}
+
+# build_example NAME EXTRA...: the README's build line in $T, output NAME, extra flags after.
+build_example() {
+    name=$1; shift
+    line=$(printf '%s' "$build_line" | sed "s/-o example /-o $name /")
+    if (cd "$T" && eval "$line $san $*") >"$T/$name.log" 2>&1; then ok; else
+        fail "building $name: $line $san $*"; cat "$T/$name.log"; return 1
+    fi
+}
+
+# 1. A staged install: DESTDIR=stage, PREFIX=/usr/local.
+S=$T/stage
+mkdir -p "$S/usr/local/lib" "$S/usr/local/share/man/man1"
+echo other >"$S/usr/local/lib/libother.so"                 # not ours: must survive uninstall
+echo other >"$S/usr/local/share/man/man1/other.1"
+mk install DESTDIR="$S" PREFIX=/usr/local LDCONFIG="echo ldconfig ran" >"$T/install.log" 2>&1 ||
+    { cat "$T/install.log"; fail "make install DESTDIR"; exit 1; }
+check "no ldconfig with DESTDIR" sh -c "! grep -q 'ldconfig ran' '$T/install.log'"
+mk install DESTDIR="$S" PREFIX=/usr/local LDCONFIG=true >"$T/install2.log" 2>&1 ||
+    { cat "$T/install2.log"; fail "make install DESTDIR, a second time over the first"; }
+
+expected="./usr/local/bin/performer 755 f
+./usr/local/include/performer.h 644 f
+./usr/local/lib/libother.so 644 f
+./usr/local/lib/libperformer.a 644 f
+./usr/local/lib/libperformer.so 777 l libperformer.so.$major
+./usr/local/lib/libperformer.so.$major 777 l libperformer.so.$version
+./usr/local/lib/libperformer.so.$version 644 f
+./usr/local/lib/pkgconfig/performer.pc 644 f
+./usr/local/share/man/man1/other.1 644 f
+./usr/local/share/man/man1/performer.1 644 f"
+got=$(cd "$S" && find . ! -type d -printf '%p %m %y %l\n' | sed 's/ $//' | sort)
+same "the installed files, modes and links" "$expected" "$got"
+
+L=$S/usr/local/lib
+same "soname" "libperformer.so.$major" \
+    "$(readelf -d "$L/libperformer.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+same "the installed header is the source's" "" \
+    "$(cmp "$S/usr/local/include/performer.h" include/performer.h 2>&1)"
+
+# pkg-config on the staged tree: the sysroot is prepended to the .pc's /usr/local paths.
+export PKG_CONFIG_PATH="$L/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$S"
+same "pkg-config --modversion" "$version" "$(pkg-config --modversion performer)"
+same "pkg-config --cflags" "-I$S/usr/local/include" "$(pkg-config --cflags performer | xargs)"
+same "pkg-config --libs" "-L$L -lperformer" "$(pkg-config --libs performer | xargs)"
+same "the .pc names its libdir" "$S/usr/local/lib" "$(pkg-config --variable=libdir performer)"
+if build_example example_staged -Wl,-rpath,"$L"; then
+    check_example example_staged
+    check "example_staged needs libperformer.so.$major" \
+        sh -c "readelf -d '$T/example_staged' | grep -q 'NEEDED.*\[libperformer.so.$major\]'"
+    check "example_staged holds no copy of the library" \
+        sh -c "! nm '$T/example_staged' | grep -q ' T pf_attn_favor$'"
+fi
+unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
+
+# The installed tool: starts without LD_LIBRARY_PATH (the static library inside).
+tool_version=$(env -u LD_LIBRARY_PATH "$S/usr/local/bin/performer" --version |
+               sed -n '1s/^performer \([^ ]*\).*/\1/p')
+same "the installed tool's version" "$version" "$tool_version"
+check "the installed tool does not need libperformer.so" \
+    sh -c "! readelf -d '$S/usr/local/bin/performer' | grep -q 'NEEDED.*libperformer'"
+
+# The man page: no formatter warnings (-ww: all of them), and every option the help has.
+M=$S/usr/local/share/man/man1/performer.1
+same "groff -ww -man warnings" "" "$(groff -ww -man -Tutf8 "$M" 2>&1 >/dev/null)"
+if command -v man >/dev/null 2>&1; then
+    same "man --warnings -l warnings" "" "$(MANPAGER=cat man --warnings -l "$M" 2>&1 >/dev/null)"
+fi
+groff -man -Tascii -rLL=1000n -P-cbou "$M" 2>/dev/null >"$T/man.txt"
+check "the man page has a NAME line" grep -q "performer - fast attention" "$T/man.txt"
+commands=$("$P" --help | sed -n '/^commands:/,/^$/p' | awk 'NF && !/:$/ { print $1 }')
+check "--help lists commands" test -n "$commands"
+for c in $commands; do
+    check "man page: section for $c" grep -q "^PERFORMER $(echo "$c" | tr a-z A-Z)\$" "$T/man.txt"
+    for opt in $("$P" "$c" --help | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
+        check "man page: performer $c $opt" grep -q -- "$opt\\b" "$T/man.txt"
+    done
+done
+
+# make uninstall: the installed files go, the others stay.
+mk uninstall DESTDIR="$S" PREFIX=/usr/local LDCONFIG="echo ldconfig ran" >"$T/uninstall.log" 2>&1 ||
+    { cat "$T/uninstall.log"; fail "make uninstall DESTDIR"; }
+same "what is left after make uninstall" \
+    "./usr/local/lib/libother.so ./usr/local/share/man/man1/other.1" \
+    "$(cd "$S" && find . ! -type d | sort | xargs)"
+check "no ldconfig with DESTDIR (uninstall)" sh -c "! grep -q 'ldconfig ran' '$T/uninstall.log'"
+
+# 2. A real install into a temporary PREFIX: the .pc's paths are the real ones.
+R=$T/prefix
+mk install PREFIX="$R" LDCONFIG="echo ldconfig ran" >"$T/install3.log" 2>&1 ||
+    { cat "$T/install3.log"; fail "make install PREFIX"; exit 1; }
+if [ "$(id -u)" -eq 0 ]; then
+    check "ldconfig runs for a root install" grep -q 'ldconfig ran' "$T/install3.log"
+else
+    check "no ldconfig without root" sh -c "! grep -q 'ldconfig ran' '$T/install3.log'"
+fi
+export PKG_CONFIG_PATH="$R/lib/pkgconfig"
+libdir=$(pkg-config --variable=libdir performer)
+same "the .pc's libdir" "$R/lib" "$libdir"
+same "pkg-config --libs" "-L$R/lib -lperformer" "$(pkg-config --libs performer | xargs)"
+# $R/lib is not on the dynamic linker's path, as /usr/local/lib is (after ldconfig): an rpath.
+if build_example example_prefix -Wl,-rpath,"$libdir"; then
+    check_example example_prefix
+fi
+if [ -z "$san" ]; then
+    # pkg-config --static adds Libs.private: OpenBLAS, OpenMP, zlib, libm.
+    line=$(printf '%s' "$build_line" | sed 's/-o example /-static -o example_static /;
+                                            s/--cflags --libs/--cflags --libs --static/')
+    if (cd "$T" && eval "$line") >"$T/static.log" 2>&1; then
+        ok
+        check "example_static is static" sh -c "! readelf -d '$T/example_static' | grep -q NEEDED"
+        check_example example_static
+    else
+        fail "static link: $line"; cat "$T/static.log"
+    fi
+fi
+
+# 3. C++ against the installed header and library.
+cat >"$T/cxx.cc" <<'EOF'
+// Exact attention with Q = 0: every key gets the same weight, so each output row is the mean
+// of V's rows.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <performer.h>
+
+int main() {
+    const int L = 5, d = 3;
+    pf_shape shape = {1, 1, L, L, d, d};
+    std::vector<float> Q(L * d, 0.0f), K(L * d), V(L * d), out(L * d);
+    for (int i = 0; i < L * d; i++) {
+        K[i] = 0.1f * i;
+        V[i] = float(i % 7);
+    }
+    pf_attn_opts opts = pf_attn_opts_default();
+    pf_status st = pf_attn_exact(out.data(), nullptr, Q.data(), K.data(), V.data(), &shape, &opts);
+    if (st != PF_OK) {
+        std::printf("pf_attn_exact: %s\n", pf_status_str(st));
+        return 1;
+    }
+    for (int c = 0; c < d; c++) {
+        double mean = 0;
+        for (int j = 0; j < L; j++) mean += V[j * d + c] / double(L);
+        for (int i = 0; i < L; i++) {
+            if (std::fabs(out[i * d + c] - mean) > 1e-5 + 1e-5 * std::fabs(mean)) {
+                std::printf("out[%d][%d] = %g, expected %g\n", i, c, out[i * d + c], mean);
+                return 1;
+            }
+        }
+    }
+    std::printf("C++: performer %s: ok\n", pf_version());
+    return 0;
+}
+EOF
+if (cd "$T" && g++ -std=c++11 -Wall -Wextra -pedantic -Werror -o cxx cxx.cc \
+        $(pkg-config --cflags --libs performer) -Wl,-rpath,"$libdir" $san) >"$T/cxx.log" 2>&1; then
+    ok
+    same "the C++ program" "C++: performer $version: ok" \
+        "$(env -u LD_LIBRARY_PATH "$T/cxx" 2>&1 || true)"
+else
+    fail "g++ against the installed header"; cat "$T/cxx.log"
+fi
+unset PKG_CONFIG_PATH
+mk uninstall PREFIX="$R" LDCONFIG=true >/dev/null 2>&1 || fail "make uninstall PREFIX"
+same "nothing left after make uninstall PREFIX" "" "$(cd "$R" && find . ! -type d)"
+
+# 4. The README's link lines for build/ without installing (the section before Install).
+sed -n '/^Programs built against `build\/`/,/^## Install/p' README.md |
+    sed -n '/^```sh$/,/^```$/p' | sed '1d;$d' >"$T/intree.sh"
+check "README has the build/ link lines" grep -q -- '-Lbuild -lperformer' "$T/intree.sh"
+# In this test: BUILD for build/, files in $T; each cc writes its own program.
+sed -e "s#\"\$PWD/build\"#\"$build\"#g" -e "s#-Lbuild #-L$build #g" \
+    -e "s#build/libperformer#$build/libperformer#g" -e "s#-Iinclude#-I$root/include#g" \
+    -e "s# -lm\$# -lm $san#" "$T/intree.sh" |
+    awk '/-o example / { n++; sub(/-o example /, "-o example_intree" n " ") } { print }' \
+    >"$T/intree_run.sh"
+if (cd "$T" && sh -e intree_run.sh) >"$T/intree.log" 2>&1; then ok; else
+    fail "the README's build/ link lines"; cat "$T/intree_run.sh" "$T/intree.log"
+fi
+for n in 1 2; do
+    if [ -x "$T/example_intree$n" ]; then check_example "example_intree$n"; else
+        fail "no example_intree$n"; fi
+done
+
+echo "test_install: $checks checks, $fails failed"
+[ "$fails" -eq 0 ]
