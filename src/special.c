@@ -12,14 +12,75 @@
 
 #define GAMMA_MAX_ITER 100000
 #define GAMMA_EPS (DBL_EPSILON / 4)
+#define PF_PI 3.14159265358979323846
 
-/* log of the common prefactor x^a e^-x / Gamma(a). */
-static double gamma_log_prefactor(double a, double x) {
-    return a * log(x) - x - lgamma(a);
+/* log(1 + t) - t, accurate also where the two nearly cancel (|t| small). */
+static double log1pmx(double t) {
+    if (fabs(t) > 0.25) return log1p(t) - t;
+    /* -t^2/2 + t^3/3 - ... = -sum_{n>=2} (-t)^n / n: terms fall by at least 4x */
+    double term = -t, sum = 0;
+    for (int n = 2; n < 60; n++) {
+        term *= -t;
+        double add = -term / n;
+        sum += add;
+        if (fabs(add) <= fabs(sum) * GAMMA_EPS) break;
+    }
+    return sum;
 }
 
-/* P and Q at a > 0, x > 0 (finite). */
+/* log of the common prefactor x^a e^-x / Gamma(a). For large a the three terms are each
+ * about a log a and cancel near x = a: there it is written a (log(1+t) - t) + log(a/2pi)/2
+ * - S(a), with t = (x - a)/a and S Stirling's correction lgamma(a) - (a - 1/2) log a + a -
+ * log(2 pi)/2, whose series is exact to double precision from a = 100 on. */
+static double gamma_log_prefactor(double a, double x) {
+    /* elsewhere the plain form is accurate (small a), or the result underflows anyway */
+    if (a < 100 || fabs(x - a) > 0.5 * a) return a * log(x) - x - lgamma(a);
+    double r = 1.0 / a, r2 = r * r;
+    double S = r * (1.0 / 12 - r2 * (1.0 / 360 - r2 * (1.0 / 1260 - r2 / 1680)));
+    return a * log1pmx((x - a) / a) + 0.5 * log(a / (2 * PF_PI)) - S;
+}
+
+/* Beyond this a, the series and continued fraction below need O(sqrt a) terms near x = a. */
+#define GAMMA_TEMME_A 1e8
+
+/* P and Q for large a by Temme's uniform asymptotic expansion (DLMF 8.12.3-8.12.8): with
+ * lambda = x/a and eta = sign(lambda - 1) sqrt(2 (lambda - 1 - log lambda)),
+ * Q = erfc(eta sqrt(a/2)) / 2 + exp(-a eta^2 / 2) / sqrt(2 pi a) (c0(eta) + O(1/a)),
+ * c0 = 1/(lambda - 1) - 1/eta. The dropped terms are below 1e-14 for a > 1e8. */
+static void gamma_pq_temme(double a, double x, double *P, double *Q) {
+    double mu = (x - a) / a; /* lambda - 1 */
+    double eta2 = -2.0 * log1pmx(mu);
+    double eta = mu < 0 ? -sqrt(eta2) : sqrt(eta2);
+    double c0;
+    if (fabs(mu) < 1e-3) /* 1/(lambda-1) - 1/eta cancels: its series in eta (DLMF 8.12.9) */
+        c0 = -1.0 / 3 + eta * (1.0 / 12 + eta * (-2.0 / 135 + eta / 864));
+    else
+        c0 = 1.0 / mu - 1.0 / eta;
+    double r = exp(-0.5 * a * eta2) / sqrt(2 * PF_PI * a) * c0;
+    double z = eta * sqrt(0.5 * a);
+    if (eta >= 0) { /* Q is the small side */
+        *Q = 0.5 * erfc(z) + r;
+        *P = 1.0 - *Q;
+    } else {
+        *P = 0.5 * erfc(-z) - r;
+        *Q = 1.0 - *P;
+    }
+}
+
+/* P and Q by the power series or the continued fraction. */
+static void gamma_pq_sums(double a, double x, double *P, double *Q);
+
+/* P and Q at a > 0, x > 0 (finite), each in [0, 1] (rounding can take a sum just past 1). */
 static void gamma_pq(double a, double x, double *P, double *Q) {
+    if (a > GAMMA_TEMME_A)
+        gamma_pq_temme(a, x, P, Q);
+    else
+        gamma_pq_sums(a, x, P, Q);
+    *P = fmin(fmax(*P, 0.0), 1.0);
+    *Q = fmin(fmax(*Q, 0.0), 1.0);
+}
+
+static void gamma_pq_sums(double a, double x, double *P, double *Q) {
     double lpre = gamma_log_prefactor(a, x);
     if (x < a + 1.0) {
         /* P = x^a e^-x / Gamma(a+1) * sum_{n>=0} x^n / ((a+1)...(a+n)): all terms positive,

@@ -181,6 +181,37 @@ static void test_monotone(void) {
     }
 }
 
+/* Large a, where the sums need O(sqrt a) terms and the prefactor's logarithms cancel: P(a, a +
+ * z sqrt a) against its Edgeworth expansion Phi(z) - (z^2 - 1) phi(z) / (3 sqrt a) (the
+ * gamma's skewness 2/sqrt(a)), whose error is O(1/a); and P is a probability everywhere in the
+ * domain, from 1e-300 to 1e300 in both arguments (P(1e30, 1e30) was NaN). */
+static void test_large_a(void) {
+    static const double as[] = {1e4, 1e6, 1e8, 1.5e8, 1e10, 1e14, 1e20, 1e30, 1e100};
+    double worst = 0;
+    for (int i = 0; i < (int)(sizeof(as) / sizeof(as[0])); i++) {
+        double a = as[i];
+        for (double z0 = -4; z0 <= 4; z0 += 0.5) {
+            double x = a + z0 * sqrt(a);
+            double z = (x - a) / sqrt(a); /* x is rounded to a's ulp: the z it really is */
+            double phi = exp(-0.5 * z * z) / sqrt(2 * 3.14159265358979323846);
+            double ref = 0.5 * erfc(-z / sqrt(2.0)) - (z * z - 1) * phi / (3 * sqrt(a));
+            double got = pf_gamma_p(a, x);
+            CHECK_CLOSE(got, ref, 10.0 / a + 1e-13, 0);
+            worst = fmax(worst, fabs(got - ref));
+        }
+    }
+    printf("gamma_p at large a vs its Edgeworth expansion: max |diff| %.2e\n", worst);
+    CHECK_CLOSE(pf_gamma_p(1e30, 1e30), 0.5, 1e-13, 0);
+    int bad = 0;
+    for (double a = 1e-300; a < 1e300; a *= 1e10) {
+        for (double x = 1e-300; x < 1e300; x *= 1e10) {
+            double p = pf_gamma_p(a, x);
+            bad += !(p >= 0 && p <= 1);
+        }
+    }
+    CHECK(bad == 0, "%d of the (a, x) grid give P outside [0, 1] or NaN", bad);
+}
+
 int main(void) {
     test_closed_forms();
     test_tabulated();
@@ -188,5 +219,6 @@ int main(void) {
     test_round_trip();
     test_domain();
     test_monotone();
+    test_large_a();
     TEST_MAIN_END();
 }
