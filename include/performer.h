@@ -453,6 +453,12 @@ PF_API void pf_array_free(pf_array *a);
 
 #define PF_LM_VOCAB 256
 
+/* The largest configuration pf_model_create accepts (and checkpoints may claim). */
+#define PF_LM_MAX_CONTEXT (1 << 20)
+#define PF_LM_MAX_LAYERS 1024
+#define PF_LM_MAX_D_MODEL 65536
+#define PF_LM_MAX_FEATURES 65536
+
 typedef enum pf_lm_attention {
     PF_LM_EXACT = 0,   /* exact causal softmax attention */
     PF_LM_FAVOR = 1,   /* causal FAVOR+ with config.kernel and a fresh W every config.redraw */

@@ -9,12 +9,14 @@
  *   lie inside the split;
  * - bad input: missing file, folder, empty, white space only, binary, a stray byte in a
  *   sequence (line and column named), data before the first header, headers only, damaged
- *   and truncated gzip: each a clear error;
+ *   and truncated gzip, data after the last gzip member, a FIFO, /dev/zero: each a clear
+ *   error (concatenated gzip members read as one);
  * - the real protein set (Debian's mmseqs2-examples): 20,000 sequences. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -240,8 +242,43 @@ static void test_errors(void) {
     for (size_t i = 20; i < 60 && i < gn; i++) gz[i] ^= 0x5a;
     write_file(tpath("bad.gz"), gz, gn);
     expect_error(tpath("bad.gz"), PF_CORPUS_AUTO, PF_EFORMAT, "damaged gzip");
+
+    /* gzip members in a row read as one stream (as gzip itself does); anything else after
+     * the last member is an error, not silently dropped */
+    char *two = xmalloc(2 * gn + 16);
+    memcpy(two, gz, gn); /* gz is damaged by now: write it again */
+    write_gz(tpath("g2.gz"), s, n);
+    fp = fopen(tpath("g2.gz"), "rb");
+    gn = fread(two, 1, gn + 64, fp);
+    fclose(fp);
+    memcpy(two + gn, two, gn);
+    write_file(tpath("twice.gz"), two, 2 * gn);
+    char msg[512];
+    uint8_t *raw = NULL;
+    size_t rn = 0;
+    CHECK_STATUS(pf_file_read(tpath("twice.gz"), &raw, &rn, msg, sizeof(msg)), PF_OK);
+    CHECK(rn == 2 * n && raw && memcmp(raw, s, n) == 0 && memcmp(raw + n, s, n) == 0,
+          "two gzip members: %zu bytes, expected %zu", rn, 2 * n);
+    free(raw);
+    memcpy(two + gn, "trailing garbage\n", 17);
+    write_file(tpath("trail.gz"), two, gn + 17);
+    expect_error(tpath("trail.gz"), PF_CORPUS_AUTO, PF_EFORMAT, "17 bytes after the end of");
+    memset(two + gn, 0, 8); /* zero padding is not a member either */
+    write_file(tpath("zeros.gz"), two, gn + 8);
+    expect_error(tpath("zeros.gz"), PF_CORPUS_AUTO, PF_EFORMAT, "after the end of the gzip");
+    free(two);
     free(gz);
     free(s);
+
+    /* streams are refused at once, before a blocking open: a FIFO with no writer would hang,
+     * /dev/zero never ends */
+    CHECK(mkfifo(tpath("fifo"), 0600) == 0, "mkfifo");
+    expect_error(tpath("fifo"), PF_CORPUS_AUTO, PF_EIO, "FIFO");
+    unlink(tpath("fifo"));
+    pf_corpus zc;
+    pf_status zs = pf_corpus_load(&zc, "/dev/zero", PF_CORPUS_AUTO, 0.1, msg, sizeof(msg));
+    CHECK(zs == PF_EIO && strstr(msg, "a device"), "/dev/zero: %s: %s", pf_status_str(zs), msg);
+    if (zs == PF_OK) pf_corpus_free(&zc);
 }
 
 static void test_proteins(void) {

@@ -495,6 +495,47 @@ static void test_io_errors(void) {
           (unsigned)(st.st_mode & 0777), (unsigned)(0666 & ~mask));
     CHECK(count_temp_files(dir) == 0, "temporary files left");
 
+    /* Only a regular file (or a new name) is replaced: a symbolic link, a FIFO or a device
+     * at the path is refused and left as it was (a rename would replace the node itself;
+     * as root, /dev/null). Reading a FIFO is refused at once instead of waiting for a
+     * writer. */
+    char target[1024], link[1024], fifo[1024];
+    path_in(target, sizeof(target), "target.npy");
+    path_in(link, sizeof(link), "link.npy");
+    path_in(fifo, sizeof(fifo), "fifo.npy");
+    CHECK_STATUS(pf_npy_write(target, &first, msg, sizeof(msg)), PF_OK);
+    CHECK(symlink("target.npy", link) == 0, "symlink");
+    CHECK_STATUS(pf_npy_write(link, &second, msg, sizeof(msg)), PF_EIO);
+    CHECK(strstr(msg, "symbolic link") && strstr(msg, link), "symlink message: %s", msg);
+    struct stat lst;
+    CHECK(lstat(link, &lst) == 0 && S_ISLNK(lst.st_mode), "the link was replaced");
+    CHECK_STATUS(pf_npy_read(target, &a, NULL, 0), PF_OK);
+    CHECK(a.shape[0] == 2, "the link's target was changed");
+    pf_array_free(&a);
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+    CHECK_STATUS(pf_npy_write(fifo, &second, msg, sizeof(msg)), PF_EIO);
+    CHECK(strstr(msg, "FIFO"), "fifo message: %s", msg);
+    CHECK(lstat(fifo, &lst) == 0 && S_ISFIFO(lst.st_mode), "the FIFO was replaced");
+    CHECK_STATUS(pf_npy_read(fifo, &a, msg, sizeof(msg)), PF_EIO);
+    CHECK(strstr(msg, "FIFO") && is_empty(&a), "fifo read: %s", msg);
+    CHECK_STATUS(pf_npy_write("/dev/null", &second, msg, sizeof(msg)), PF_EIO);
+    CHECK(lstat("/dev/null", &lst) == 0 && S_ISCHR(lst.st_mode), "/dev/null was replaced");
+    CHECK_STATUS(pf_npy_read("/dev/zero", &a, msg, sizeof(msg)), PF_EIO);
+    CHECK(strstr(msg, "device"), "/dev/zero read: %s", msg);
+    CHECK(count_temp_files(dir) == 0, "temporary files left");
+
+    /* A name of NAME_MAX (255) bytes is legal: its temporary name is shortened to fit. */
+    char longname[300], longpath[1400];
+    memset(longname, 'n', 251);
+    memcpy(longname + 251, ".npy", 5);
+    path_in(longpath, sizeof(longpath), longname);
+    CHECK_STATUS(pf_npy_write(longpath, &second, msg, sizeof(msg)), PF_OK);
+    CHECK_STATUS(pf_npy_write(longpath, &first, msg, sizeof(msg)), PF_OK);
+    CHECK_STATUS(pf_npy_read(longpath, &a, msg, sizeof(msg)), PF_OK);
+    CHECK(a.shape[0] == 2, "the long name was not replaced");
+    pf_array_free(&a);
+    CHECK(count_temp_files(dir) == 0, "temporary files left");
+
     /* A message that does not fit is cut, never overflows; NULL errmsg is fine. */
     char tiny[8];
     path_in(path, sizeof(path), "does_not_exist.npy");

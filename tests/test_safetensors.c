@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -221,6 +222,17 @@ static void test_damaged(void) {
     make_file(tpath("shape"), "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
               8);
     expect_bad(tpath("shape"), PF_EFORMAT, "do not hold 3");
+    /* 2^31 x 2^31 floats are 2^64 bytes, 0 in a wrapping size_t: must not pass as empty */
+    make_file(tpath("wrap"),
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648],"
+              "\"data_offsets\":[0,0]}}",
+              0);
+    expect_bad(tpath("wrap"), PF_EFORMAT, "shape too large");
+    make_file(tpath("wrap2"),
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,1073741824],"
+              "\"data_offsets\":[0,0]}}",
+              0);
+    expect_bad(tpath("wrap2"), PF_EFORMAT, "shape too large");
     make_file(tpath("gap"),
               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
               "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
@@ -349,11 +361,85 @@ static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos) {
     /* reserved metadata keys, and a failed save (no folder) leaves nothing behind */
     const char *bad[] = {"pf.step", "9", NULL};
     CHECK_STATUS(pf_model_save(m, tpath("bad.safetensors"), bad, 1, msg, sizeof(msg)), PF_EINVAL);
+    /* a key given twice would make a file the loader refuses: refused when saving */
+    const char *twice[] = {"note", "x", "other", "y", "note", "z", NULL};
+    CHECK_STATUS(pf_model_save(m, tpath("bad.safetensors"), twice, 1, msg, sizeof(msg)),
+                 PF_EINVAL);
+    CHECK(strstr(msg, "twice") && strstr(msg, "note"), "message '%s'", msg);
+    CHECK(access(tpath("bad.safetensors"), F_OK) != 0, "a refused save left a file");
     CHECK_STATUS(pf_model_save(m, tpath("nodir/m.safetensors"), NULL, 1, msg, sizeof(msg)), PF_EIO);
     pf_model_free(m);
 }
 
+/* Copies checkpoint src to dst with the first `from` of its JSON header replaced by `to`
+ * (the header length updated; data offsets are relative to the header's end). */
+static int edit_header(const char *src, const char *dst, const char *from, const char *to) {
+    size_t n = 0;
+    unsigned char *b = read_bytes(src, &n);
+    if (!b) return 0;
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+    char *h = xmalloc(hl + 1);
+    memcpy(h, b + 8, hl);
+    h[hl] = '\0';
+    char *p = strstr(h, from);
+    if (!p) {
+        free(h);
+        free(b);
+        return 0;
+    }
+    size_t nf = strlen(from), nt = strlen(to), nh = hl - nf + nt;
+    unsigned char *o = xmalloc(8 + nh + (n - 8 - hl));
+    for (int i = 0; i < 8; i++) o[i] = (unsigned char)((uint64_t)nh >> (8 * i));
+    size_t pre = (size_t)(p - h);
+    memcpy(o + 8, h, pre);
+    memcpy(o + 8 + pre, to, nt);
+    memcpy(o + 8 + pre + nt, p + nf, hl - pre - nf);
+    memcpy(o + 8 + nh, b + 8 + hl, n - 8 - hl);
+    write_bytes(dst, o, 8 + nh + (n - 8 - hl));
+    free(o);
+    free(h);
+    free(b);
+    return 1;
+}
+
+/* Loading `edited` fails with PF_EFORMAT, a message holding `needle`, no model, and without
+ * allocating what the edited metadata claims (the peak resident size grows by < 64 MB). */
+static void expect_refused_checkpoint(const char *from, const char *to, const char *needle) {
+    char msg[512];
+    const char *path = tpath("edited.safetensors");
+    CHECK(edit_header(tpath("model.safetensors"), path, from, to), "'%s' not in the header", from);
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_load(&m, path, msg, sizeof(msg)), PF_EFORMAT);
+    getrusage(RUSAGE_SELF, &r1);
+    CHECK(m == NULL, "%s: a model was returned", to);
+    pf_model_free(m);
+    CHECK(strstr(msg, needle) != NULL, "%s: message '%s' lacks '%s'", to, msg, needle);
+    CHECK(r1.ru_maxrss - r0.ru_maxrss < 64 * 1024, "%s: peak resident size grew by %ld kB", to,
+          r1.ru_maxrss - r0.ru_maxrss);
+}
+
 static void test_checkpoint_refusals(void) {
+    /* metadata claiming a model far larger than the file's tensors: refused from the shapes
+     * before anything is allocated (d_model 1024 and 16 layers once allocated 3.1 GB) */
+    expect_refused_checkpoint("\"pf.d_model\":\"16\"", "\"pf.d_model\":\"4096\"", "disagrees");
+    expect_refused_checkpoint("\"pf.layers\":\"2\"", "\"pf.layers\":\"1024\"", "disagrees");
+    expect_refused_checkpoint("\"pf.context\":\"16\"", "\"pf.context\":\"1048576\"",
+                              "disagrees");
+    expect_refused_checkpoint("\"pf.features\":\"8\"", "\"pf.features\":\"65536\"",
+                              "disagrees");
+    /* each pf.* value range-checked, the key named */
+    expect_refused_checkpoint("\"pf.layers\":\"2\"", "\"pf.layers\":\"0\"", "pf.layers");
+    expect_refused_checkpoint("\"pf.d_model\":\"16\"", "\"pf.d_model\":\"65537\"",
+                              "pf.d_model");
+    expect_refused_checkpoint("\"pf.heads\":\"2\"", "\"pf.heads\":\"3\"", "pf.heads");
+    expect_refused_checkpoint("\"pf.context\":\"16\"", "\"pf.context\":\"-1\"", "pf.context");
+    expect_refused_checkpoint("\"pf.redraw\":\"3\"", "\"pf.redraw\":\"x\"", "pf.redraw");
+    expect_refused_checkpoint("\"pf.step\":\"4\"", "\"pf.step\":\"-4\"", "pf.step");
+    expect_refused_checkpoint("\"pf.heads\"", "\"pf.hxads\"", "pf.heads");
+
     char msg[512];
     pf_model *r = NULL;
     /* a valid safetensors file that is not a model */

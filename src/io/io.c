@@ -1,13 +1,21 @@
 /* io.c: helpers shared by the .npy, safetensors and text readers and writers. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "io/io.h"
+
+#ifndef NAME_MAX
+#define NAME_MAX 255
+#endif
 
 pf_status pf_io_fail(pf_status st, char *errmsg, size_t errlen, const char *name,
                      const char *fmt, ...) {
@@ -37,26 +45,133 @@ int pf_io_write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
-int pf_io_create_temp(const char *path, char *tmp, size_t cap) {
+/* What a file of mode m is, in words, for messages. */
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a folder";
+    if (S_ISLNK(m)) return "a symbolic link";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+int pf_io_open_regular(const char *path, int64_t *size, pf_status *st, char *errmsg,
+                       size_t errlen) {
+    if (!path || !path[0]) {
+        *st = pf_io_fail(PF_EINVAL, errmsg, errlen, path ? "(empty path)" : path,
+                         "no file named");
+        return -1;
+    }
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        *st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        *st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot read: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        *st = pf_io_fail(PF_EIO, errmsg, errlen, path,
+                         "is %s; only regular files are read (a stream could block or never "
+                         "end)",
+                         file_kind(sb.st_mode));
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *size = (int64_t)sb.st_size;
+    *st = PF_OK;
+    return fd;
+}
+
+pf_status pf_io_check_dest(const char *path, char *errmsg, size_t errlen) {
+    if (!path || !path[0])
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path ? "(empty path)" : path,
+                          "no file named");
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT) return PF_OK;
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(errno));
+    }
+    if (S_ISREG(sb.st_mode)) return PF_OK;
+    return pf_io_fail(PF_EIO, errmsg, errlen, path,
+                      "is %s; refusing to replace it (only a regular file or a new name can be "
+                      "written)",
+                      file_kind(sb.st_mode));
+}
+
+pf_status pf_io_atomic_begin(pf_io_atomic *w, const char *path, char *errmsg, size_t errlen) {
     static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    static const char mid[] = ".tmp.";
+    enum { SUFFIX = 6 };
+    w->fd = -1;
+    w->tmp = NULL;
+    pf_status st = pf_io_check_dest(path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t dirlen = (size_t)(base - path), baselen = strlen(base);
+    if (baselen == 0) return pf_io_fail(PF_EIO, errmsg, errlen, path, "names a folder, not a file");
+    /* the temporary name must be a legal name too: shorten the destination's part */
+    size_t keep = baselen;
+    if (keep + sizeof(mid) - 1 + SUFFIX > NAME_MAX) keep = NAME_MAX - (sizeof(mid) - 1) - SUFFIX;
+    size_t cap = dirlen + keep + sizeof(mid) + SUFFIX;
+    w->tmp = malloc(cap);
+    if (!w->tmp) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t x = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 16 ^
-                 (uint64_t)(uintptr_t)tmp;
+                 (uint64_t)(uintptr_t)w->tmp;
     x |= 1; /* xorshift's one fixed point is 0 */
     for (int attempt = 0; attempt < 100; attempt++) {
-        char suffix[7];
-        for (int i = 0; i < 6; i++) {
+        char suffix[SUFFIX + 1];
+        for (int i = 0; i < SUFFIX; i++) {
             x ^= x << 13; /* xorshift64: only needs to make collisions unlikely */
             x ^= x >> 7;
             x ^= x << 17;
             suffix[i] = chars[x % (sizeof(chars) - 1)];
         }
-        suffix[6] = '\0';
-        snprintf(tmp, cap, "%s.tmp.%s", path, suffix);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd >= 0 || errno != EEXIST) return fd;
+        suffix[SUFFIX] = '\0';
+        snprintf(w->tmp, cap, "%.*s%.*s%s%s", (int)dirlen, path, (int)keep, base, mid, suffix);
+        /* 0666: the final file gets the caller's umask like any new file */
+        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (w->fd >= 0 || errno != EEXIST) break;
     }
-    errno = EEXIST;
-    return -1;
+    if (w->fd < 0) {
+        int e = errno;
+        free(w->tmp);
+        w->tmp = NULL;
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
+    }
+    return PF_OK;
+}
+
+pf_status pf_io_atomic_finish(pf_io_atomic *w, const char *path, int err, char *errmsg,
+                              size_t errlen) {
+    int e = err;
+    /* fsync before rename: otherwise a crash soon after can leave an empty file at path on
+     * file systems that delay allocation */
+    if (!e && fsync(w->fd) != 0 && errno != EINVAL && errno != EROFS) e = errno;
+    if (close(w->fd) != 0 && !e) e = errno;
+    w->fd = -1;
+    pf_status st = PF_OK;
+    if (!e) {
+        /* path may have become something else while the file was written */
+        st = pf_io_check_dest(path, errmsg, errlen);
+        if (st == PF_OK && rename(w->tmp, path) != 0) e = errno;
+    }
+    if (e || st != PF_OK) {
+        unlink(w->tmp);
+        if (e > 0) st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
+        else if (st == PF_OK) st = PF_EIO;
+    }
+    free(w->tmp);
+    w->tmp = NULL;
+    return st;
 }

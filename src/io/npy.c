@@ -416,9 +416,16 @@ pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen
     if (errmsg && errlen > 0) errmsg[0] = '\0';
     if (a) array_clear(a);
     if (!path || !a) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f) return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
-    pf_status st = npy_read_file(f, path, a, errmsg, errlen);
+    int64_t size;
+    pf_status st;
+    int fd = pf_io_open_regular(path, &size, &st, errmsg, errlen);
+    if (fd < 0) return st;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
+    }
+    st = npy_read_file(f, path, a, errmsg, errlen);
     fclose(f);
     return st;
 }
@@ -495,29 +502,11 @@ pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg, size_t
                                         (unsigned char)(hlen & 0xff),
                                         (unsigned char)(hlen >> 8)};
 
-    size_t cap = strlen(path) + 16;
-    char *tmp = malloc(cap);
-    if (!tmp) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
-    int fd = pf_io_create_temp(path, tmp, cap);
-    if (fd < 0) {
-        int e = errno;
-        pf_status st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
-        free(tmp);
-        return st;
-    }
-    int e = pf_io_write_all(fd, pre, sizeof(pre));
-    if (!e) e = pf_io_write_all(fd, header, hlen);
-    if (!e) e = write_data(fd, a, (size_t)count);
-    /* fsync before rename: otherwise a crash soon after can leave an empty file at path on
-     * file systems that delay allocation. */
-    if (!e && fsync(fd) != 0 && errno != EINVAL && errno != EROFS) e = errno;
-    if (close(fd) != 0 && !e) e = errno;
-    if (!e && rename(tmp, path) != 0) e = errno;
-    if (e) {
-        unlink(tmp);
-        free(tmp);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
-    }
-    free(tmp);
-    return PF_OK;
+    pf_io_atomic w;
+    pf_status st = pf_io_atomic_begin(&w, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    int e = pf_io_write_all(w.fd, pre, sizeof(pre));
+    if (!e) e = pf_io_write_all(w.fd, header, hlen);
+    if (!e) e = write_data(w.fd, a, (size_t)count);
+    return pf_io_atomic_finish(&w, path, e, errmsg, errlen);
 }

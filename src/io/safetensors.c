@@ -363,25 +363,37 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
     if (!path) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
     if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
 
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(fp);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "not a regular file");
+    int64_t fsize;
+    pf_status st;
+    int fd = pf_io_open_regular(path, &fsize, &st, errmsg, errlen);
+    if (fd < 0) return st;
+    if ((uint64_t)fsize > SIZE_MAX / 2) {
+        close(fd);
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "too large (%lld bytes)",
+                          (long long)fsize);
     }
-    size_t size = (size_t)sb.st_size;
+    size_t size = (size_t)fsize;
     unsigned char *buf = malloc(size ? size : 1);
     if (!buf) {
-        fclose(fp);
+        close(fd);
         return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", size);
     }
-    size_t got = fread(buf, 1, size, fp);
-    int rerr = ferror(fp);
-    fclose(fp);
-    if (rerr || got != size) {
+    size_t got = 0;
+    int rerr = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got > (1u << 30) ? (1u << 30) : size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            rerr = r < 0 ? errno : 0;
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
         free(buf);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error");
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error%s%s", rerr ? ": " : "",
+                          rerr ? strerror(rerr) : " (the file shrank while it was read)");
     }
     f->buf = buf;
     f->size = size;
@@ -448,10 +460,11 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
             }
             ok = parse_tensor(&j, t, &range[f->n - 1][0], &range[f->n - 1][1]);
             if (!ok) break;
-            /* element count, checked against overflow */
+            /* element count, at most 2^61 so that count * 4 cannot wrap (a shape
+             * [2^31, 2^31] would make it 2^64, 0 in size_t, and match an empty range) */
             size_t count = 1;
             for (int d = 0; d < t->ndim && ok; d++) {
-                if (t->shape[d] != 0 && count > ((size_t)1 << 62) / (size_t)t->shape[d]) {
+                if (t->shape[d] != 0 && count > ((size_t)1 << 61) / (size_t)t->shape[d]) {
                     snprintf(j.why, sizeof(j.why), "tensor '%.60s': shape too large", name);
                     ok = 0;
                 }
@@ -612,6 +625,14 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
                 return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
                             meta[i]);
             }
+            for (int k = 0; k < i; k += 2) {
+                if (strcmp(meta[k], meta[i]) == 0) { /* pf_st_read refuses such a file */
+                    free(counts);
+                    free(b.s);
+                    return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
+                                      "metadata key '%s' given twice", meta[i]);
+                }
+            }
             if (i) sb_put(&b, ",", 1);
             sb_json_string(&b, meta[i]);
             sb_put(&b, ":", 1);
@@ -641,38 +662,27 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
         free(b.s);
         return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
     }
+    if (b.n > ST_MAX_HEADER) {
+        free(counts);
+        free(b.s);
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
+                          "a header of %zu bytes is more than readers accept (%u)", b.n,
+                          ST_MAX_HEADER);
+    }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
 
-    size_t cap = strlen(path) + 16;
-    char *tmp = malloc(cap);
-    if (!tmp) {
+    pf_io_atomic w;
+    pf_status st = pf_io_atomic_begin(&w, path, errmsg, errlen);
+    if (st != PF_OK) {
         free(counts);
         free(b.s);
-        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+        return st;
     }
-    int fd = pf_io_create_temp(path, tmp, cap);
-    if (fd < 0) {
-        int e = errno;
-        free(counts);
-        free(b.s);
-        free(tmp);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
-    }
-    int e = pf_io_write_all(fd, len8, 8);
-    if (!e) e = pf_io_write_all(fd, b.s, b.n);
-    for (int i = 0; i < n && !e; i++) e = pf_io_write_all(fd, t[i].data, counts[i] * 4);
-    /* fsync before rename, or a crash soon after could leave an empty file at path */
-    if (!e && fsync(fd) != 0 && errno != EINVAL && errno != EROFS) e = errno;
-    if (close(fd) != 0 && !e) e = errno;
-    if (!e && rename(tmp, path) != 0) e = errno;
+    int e = pf_io_write_all(w.fd, len8, 8);
+    if (!e) e = pf_io_write_all(w.fd, b.s, b.n);
+    for (int i = 0; i < n && !e; i++) e = pf_io_write_all(w.fd, t[i].data, counts[i] * 4);
     free(counts);
     free(b.s);
-    if (e) {
-        unlink(tmp);
-        free(tmp);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));
-    }
-    free(tmp);
-    return PF_OK;
+    return pf_io_atomic_finish(&w, path, e, errmsg, errlen);
 }

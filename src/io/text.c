@@ -6,66 +6,123 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "io/io.h"
 #include "model/data.h"
 
-
+/* Inflates the gzip members in[0, n) into a growing buffer of at most PF_FILE_MAX bytes.
+ * Members may follow one another (as `cat a.gz b.gz` makes, which gzip reads as one); any
+ * other byte after the last member is an error (zlib's gzread would ignore it silently). */
+static pf_status gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *len, const char *path,
+                        char *errmsg, size_t errlen) {
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
+        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    size_t cap = n < (1u << 20) ? (1u << 20) : n, used = 0, pos = 0;
+    uint8_t *buf = malloc(cap);
+    pf_status st = buf ? PF_OK : pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    while (st == PF_OK) {
+        if (used == cap) {
+            if (cap >= PF_FILE_MAX) {
+                st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                                "inflates to more than %llu bytes, the limit for a corpus",
+                                (unsigned long long)PF_FILE_MAX);
+                break;
+            }
+            size_t ncap = cap * 2 > PF_FILE_MAX ? PF_FILE_MAX : cap * 2;
+            uint8_t *nb = realloc(buf, ncap);
+            if (!nb) {
+                st = pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t in_now = n - pos > (1u << 30) ? (1u << 30) : n - pos;
+        size_t out_now = cap - used > (1u << 30) ? (1u << 30) : cap - used;
+        z.next_in = (Bytef *)(uintptr_t)(in + pos);
+        z.avail_in = (uInt)in_now;
+        z.next_out = buf + used;
+        z.avail_out = (uInt)out_now;
+        int r = inflate(&z, Z_NO_FLUSH);
+        pos += in_now - z.avail_in;
+        used += out_now - z.avail_out;
+        if (r == Z_STREAM_END) {
+            if (pos == n) break;
+            if (n - pos >= 2 && in[pos] == 0x1f && in[pos + 1] == 0x8b) {
+                inflateReset(&z); /* the next member */
+                continue;
+            }
+            st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                            "%zu bytes after the end of the gzip data (at byte %zu) that are "
+                            "not another gzip member",
+                            n - pos, pos);
+        } else if (r == Z_BUF_ERROR && pos == n) {
+            st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                            "damaged gzip data: unexpected end of file");
+        } else if (r != Z_OK && r != Z_BUF_ERROR) {
+            st = pf_io_fail(r == Z_MEM_ERROR ? PF_ENOMEM : PF_EFORMAT, errmsg, errlen, path,
+                            "damaged gzip data: %s", z.msg ? z.msg : "inflate failed");
+        }
+    }
+    inflateEnd(&z);
+    if (st != PF_OK) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *len = used;
+    return PF_OK;
+}
 
 pf_status pf_file_read(const char *path, uint8_t **data, size_t *n, char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
     if (!path || !data || !n) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
     *data = NULL;
     *n = 0;
-    struct stat sb;
-    if (stat(path, &sb) != 0) return pf_io_fail(PF_EIO, errmsg, errlen, path, "%s", strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return pf_io_fail(PF_EIO, errmsg, errlen, path, "is a folder");
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
-    size_t cap = 1 << 20, len = 0;
-    uint8_t *buf = malloc(cap);
-    pf_status st = buf ? PF_OK : PF_ENOMEM;
-    while (st == PF_OK) {
-        if (cap - len < (1u << 20)) {
-            if (cap > ((size_t)1 << 40)) {
-                st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "larger than 1 TiB");
-                break;
-            }
-            uint8_t *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                st = PF_ENOMEM;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        int got = gzread(gz, buf + len, 1u << 20);
-        if (got < 0) {
-            int zerr;
-            const char *why = gzerror(gz, &zerr);
-            st = pf_io_fail(zerr == Z_ERRNO ? PF_EIO : PF_EFORMAT, errmsg, errlen, path,
-                      "damaged gzip data: %s", zerr == Z_ERRNO ? strerror(errno) : why);
+    int64_t size;
+    pf_status st;
+    int fd = pf_io_open_regular(path, &size, &st, errmsg, errlen);
+    if (fd < 0) return st;
+    if ((uint64_t)size > PF_FILE_MAX) {
+        close(fd);
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                          "%lld bytes, more than %llu, the limit for a corpus", (long long)size,
+                          (unsigned long long)PF_FILE_MAX);
+    }
+    uint8_t *raw = malloc(size ? (size_t)size : 1);
+    if (!raw) {
+        close(fd);
+        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    }
+    size_t got = 0;
+    int rerr = 0;
+    while (got < (size_t)size) {
+        size_t want = (size_t)size - got;
+        ssize_t r = read(fd, raw + got, want > (1u << 30) ? (1u << 30) : want);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            rerr = r < 0 ? errno : 0;
             break;
         }
-        if (got == 0) break;
-        len += (size_t)got;
+        got += (size_t)r;
     }
-    if (st == PF_OK) {
-        /* a stream cut short reads to its end and then reports the error */
-        int zerr;
-        const char *why = gzerror(gz, &zerr);
-        if (zerr != Z_OK && zerr != Z_STREAM_END)
-            st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "damaged gzip data: %s", why);
+    close(fd);
+    if (got != (size_t)size) {
+        free(raw);
+        return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error%s%s", rerr ? ": " : "",
+                          rerr ? strerror(rerr) : " (the file shrank while it was read)");
     }
-    gzclose(gz);
-    if (st == PF_ENOMEM) pf_io_fail(st, errmsg, errlen, path, "out of memory");
-    if (st != PF_OK) {
-        free(buf);
+    if (got >= 2 && raw[0] == 0x1f && raw[1] == 0x8b) {
+        st = gunzip(raw, got, data, n, path, errmsg, errlen);
+        free(raw);
         return st;
     }
-    *data = buf;
-    *n = len;
+    *data = raw;
+    *n = got;
     return PF_OK;
 }
 

@@ -68,6 +68,11 @@ pf_status pf_model_save(const pf_model *m, const char *path, const char *const *
     for (int i = 0; meta && meta[i]; i += 2) {
         if (!meta[i + 1] || strncmp(meta[i], "pf.", 3) == 0 || strcmp(meta[i], "format") == 0)
             return fail(PF_EINVAL, errmsg, errlen, path, "bad or reserved metadata key: ", meta[i]);
+        for (int j = 0; j < i; j += 2) {
+            if (strcmp(meta[j], meta[i]) == 0) /* the loader would refuse the file */
+                return fail(PF_EINVAL, errmsg, errlen, path, "metadata key given twice: ",
+                            meta[i]);
+        }
         if (k + 2 > 2 * MAX_META)
             return fail(PF_EINVAL, errmsg, errlen, path, "too many metadata pairs", "");
         kv[k++] = meta[i];
@@ -116,21 +121,32 @@ pf_status pf_model_save(const pf_model *m, const char *path, const char *const *
  * Loading
  * ------------------------------------------------------------------------------------------ */
 
-/* A metadata integer in [lo, hi]; 0 if missing or malformed. */
-static int meta_int(const pf_st_file *f, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+/* A metadata integer in [lo, hi], or PF_EFORMAT with a message naming the key and its value
+ * (the limits are the command line's and pf_model_create's). */
+static pf_status meta_int(const pf_st_file *f, const char *key, int64_t lo, int64_t hi,
+                          int64_t *out, const char *path, char *errmsg, size_t errlen) {
     const char *s = pf_st_meta(f, key);
-    if (!s || !*s) return 0;
+    if (!s) return fail(PF_EFORMAT, errmsg, errlen, path, "missing in __metadata__: ", key);
     char *end;
     errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (*end || errno || v < lo || v > hi || s[0] == ' ') return 0;
+    long long v = s[0] == '-' || (s[0] >= '0' && s[0] <= '9') ? strtoll(s, &end, 10) : 0;
+    if (!(s[0] == '-' || (s[0] >= '0' && s[0] <= '9')) || *end || errno || v < lo || v > hi) {
+        if (errmsg && errlen > 0)
+            snprintf(errmsg, errlen, "%s: %s = '%.40s' is not an integer in [%lld, %lld]", path,
+                     key, s, (long long)lo, (long long)hi);
+        return PF_EFORMAT;
+    }
     *out = v;
-    return 1;
+    return PF_OK;
 }
 
-/* Copies tensor `name` of the expected shape into dst; an error message otherwise. */
-static pf_status load_tensor(const pf_st_file *f, const char *name, int ndim, const int64_t *shape,
-                             float *dst, const char *path, char *errmsg, size_t errlen) {
+/* Tensor `name` is there with this shape; else PF_EFORMAT naming it. Shapes are checked
+ * before the model is made: the file's tensors lie within its bytes, so a configuration
+ * that agrees with them cannot ask for more memory than the file's size (a 97 KB file
+ * claiming d_model 4096 is refused before anything is allocated). */
+static pf_status check_tensor(const pf_st_file *f, const char *name, int ndim,
+                              const int64_t *shape, const char *path, char *errmsg,
+                              size_t errlen) {
     const pf_st_tensor *t = pf_st_find(f, name);
     if (!t) return fail(PF_EFORMAT, errmsg, errlen, path, "missing tensor ", name);
     int same = t->ndim == ndim;
@@ -138,6 +154,40 @@ static pf_status load_tensor(const pf_st_file *f, const char *name, int ndim, co
     if (!same)
         return fail(PF_EFORMAT, errmsg, errlen, path,
                     "shape disagrees with the configuration: tensor ", name);
+    return PF_OK;
+}
+
+/* Every tensor config c needs (with_opt: the AdamW moments too), by check_tensor. */
+static pf_status check_tensors(const pf_st_file *f, const pf_model_config *c, int with_opt,
+                               const char *path, char *errmsg, size_t errlen) {
+    pf_status st = PF_OK;
+    for (int i = 0; i < LM_NUM_PARAMS && st == PF_OK; i++) {
+        const char *name;
+        int64_t shape[3];
+        int nd = lm_param_shape(c, i, &name, shape);
+        int64_t n = 1;
+        for (int j = 0; j < nd; j++) n *= shape[j];
+        if (n == 0) continue; /* wpe with rotary positions */
+        st = check_tensor(f, name, nd, shape, path, errmsg, errlen);
+        for (int pass = 1; pass <= 2 && with_opt && st == PF_OK; pass++) {
+            char oname[80];
+            snprintf(oname, sizeof(oname), "adamw.%s.%s", pass == 1 ? "m" : "v", name);
+            st = check_tensor(f, oname, nd, shape, path, errmsg, errlen);
+        }
+    }
+    if (st == PF_OK && c->attention != PF_LM_EXACT) {
+        int64_t ws[3] = {c->layers, c->features, c->d_model / c->heads}, rs[1] = {c->layers};
+        st = check_tensor(f, "favor.W", 3, ws, path, errmsg, errlen);
+        if (st == PF_OK) st = check_tensor(f, "favorpp.rho", 1, rs, path, errmsg, errlen);
+    }
+    return st;
+}
+
+/* Copies tensor `name` (its shape checked by check_tensors) into dst; refuses NaN and Inf. */
+static pf_status load_tensor(const pf_st_file *f, const char *name, float *dst, const char *path,
+                             char *errmsg, size_t errlen) {
+    const pf_st_tensor *t = pf_st_find(f, name);
+    if (!t) return fail(PF_EFORMAT, errmsg, errlen, path, "missing tensor ", name);
     memcpy(dst, t->data, sizeof(float) * t->count);
     if (pf_any_nonfinite(dst, t->count))
         return fail(PF_EFORMAT, errmsg, errlen, path, "NaN or Inf in tensor ", name);
@@ -152,22 +202,29 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
             PF_EFORMAT, errmsg, errlen, path,
             "not a performer language-model checkpoint (no format=" FORMAT " in __metadata__)", "");
     pf_model_config c = pf_model_config_default();
-    int64_t v[8], step, w_stream, rho_count;
-    int ok = meta_int(f, "pf.context", 1, INT32_MAX, &v[0]) &&
-             meta_int(f, "pf.layers", 1, INT32_MAX, &v[1]) &&
-             meta_int(f, "pf.d_model", 1, INT32_MAX, &v[2]) &&
-             meta_int(f, "pf.heads", 1, INT32_MAX, &v[3]) &&
-             meta_int(f, "pf.features", 0, INT32_MAX, &v[4]) &&
-             meta_int(f, "pf.redraw", 0, INT32_MAX, &v[5]) &&
-             meta_int(f, "pf.step", 0, INT64_MAX, &step) &&
-             meta_int(f, "pf.w_stream", -1, INT64_MAX, &w_stream) &&
-             meta_int(f, "pf.rho_count", 0, INT64_MAX, &rho_count);
+    int64_t v[6], step = 0, w_stream = 0, rho_count = 0;
+    static const struct {
+        const char *key;
+        int64_t lo, hi;
+    } ints[] = {{"pf.context", 1, PF_LM_MAX_CONTEXT},   {"pf.layers", 1, PF_LM_MAX_LAYERS},
+                {"pf.d_model", 1, PF_LM_MAX_D_MODEL},   {"pf.heads", 1, PF_LM_MAX_D_MODEL},
+                {"pf.features", 0, PF_LM_MAX_FEATURES}, {"pf.redraw", 0, INT32_MAX}};
+    pf_status st = PF_OK;
+    for (int i = 0; i < 6 && st == PF_OK; i++)
+        st = meta_int(f, ints[i].key, ints[i].lo, ints[i].hi, &v[i], path, errmsg, errlen);
+    if (st == PF_OK) st = meta_int(f, "pf.step", 0, INT64_MAX, &step, path, errmsg, errlen);
+    if (st == PF_OK)
+        st = meta_int(f, "pf.w_stream", -1, INT64_MAX, &w_stream, path, errmsg, errlen);
+    if (st == PF_OK)
+        st = meta_int(f, "pf.rho_count", 0, INT64_MAX, &rho_count, path, errmsg, errlen);
+    if (st != PF_OK) return st;
     const char *seed = pf_st_meta(f, "pf.seed");
     const char *att = pf_st_meta(f, "pf.attention"), *pos = pf_st_meta(f, "pf.positions");
     const char *kern = pf_st_meta(f, "pf.kernel");
-    if (!ok || !seed || !att || !pos || !kern)
-        return fail(PF_EFORMAT, errmsg, errlen, path,
-                    "missing or malformed configuration in __metadata__", "");
+    const char *absent = !seed ? "pf.seed" : !att ? "pf.attention" : !pos ? "pf.positions"
+                                                                        : !kern ? "pf.kernel"
+                                                                                : NULL;
+    if (absent) return fail(PF_EFORMAT, errmsg, errlen, path, "missing in __metadata__: ", absent);
     char *end;
     errno = 0;
     c.seed = strtoull(seed, &end, 10);
@@ -179,6 +236,12 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
     c.heads = (int)v[3];
     c.features = (int)v[4];
     c.redraw = (int)v[5];
+    if (c.d_model % c.heads != 0) {
+        if (errmsg && errlen > 0)
+            snprintf(errmsg, errlen, "%s: pf.d_model %d is not a multiple of pf.heads %d", path,
+                     c.d_model, c.heads);
+        return PF_EFORMAT;
+    }
     if (strcmp(att, "exact") == 0)
         c.attention = PF_LM_EXACT;
     else if (strcmp(att, "favor") == 0)
@@ -197,36 +260,47 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
         return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.kernel: ", kern);
     if (c.attention == PF_LM_EXACT && c.features < 1) c.features = 1;
 
-    pf_status st = lm_config_check(&c);
+    if (c.positions == PF_LM_ROTARY && (c.d_model / c.heads) % 2)
+        return fail(PF_EFORMAT, errmsg, errlen, path,
+                    "rotary positions need an even head width (pf.d_model / pf.heads)", "");
+    if (c.attention != PF_LM_EXACT && c.features < 1)
+        return fail(PF_EFORMAT, errmsg, errlen, path, "pf.features must be >= 1 with ",
+                    "FAVOR attention");
+    if (c.attention == PF_LM_FAVOR && pf_kernel_parse(kern, &c.kernel) == PF_OK &&
+        c.kernel != PF_KERNEL_POSITIVE && c.kernel != PF_KERNEL_HYPERBOLIC &&
+        c.kernel != PF_KERNEL_TRIG && c.kernel != PF_KERNEL_RELU)
+        return fail(PF_EFORMAT, errmsg, errlen, path, "pf.kernel is not a FAVOR+ map: ", kern);
+    st = lm_config_check(&c);
     if (st == PF_ENOTSUP)
         return fail(st, errmsg, errlen, path, "this build cannot run attention ", att);
     if (st != PF_OK) return fail(PF_EFORMAT, errmsg, errlen, path, "invalid configuration", "");
+    int with_opt = pf_st_find(f, "adamw.m.wte") != NULL;
+    st = check_tensors(f, &c, with_opt, path, errmsg, errlen);
+    if (st != PF_OK) return st;
     pf_model *m = NULL;
     st = pf_model_create(&m, &c);
     if (st != PF_OK)
         return fail(st, errmsg, errlen, path, "cannot create the model: ", pf_status_str(st));
 
-    int with_opt = pf_st_find(f, "adamw.m.wte") != NULL;
     size_t off = 0;
     for (int i = 0; i < LM_NUM_PARAMS && st == PF_OK; i++) {
         const char *name;
         int64_t shape[3];
-        int nd = lm_param_shape(&c, i, &name, shape);
+        lm_param_shape(&c, i, &name, shape);
         if (m->param_sizes[i] > 0) {
-            st = load_tensor(f, name, nd, shape, m->params_memory + off, path, errmsg, errlen);
+            st = load_tensor(f, name, m->params_memory + off, path, errmsg, errlen);
             for (int pass = 1; pass <= 2 && with_opt && st == PF_OK; pass++) {
                 char oname[80];
                 snprintf(oname, sizeof(oname), "adamw.%s.%s", pass == 1 ? "m" : "v", name);
-                st = load_tensor(f, oname, nd, shape, (pass == 1 ? m->m_memory : m->v_memory) + off,
-                                 path, errmsg, errlen);
+                st = load_tensor(f, oname, (pass == 1 ? m->m_memory : m->v_memory) + off, path,
+                                 errmsg, errlen);
             }
         }
         off += m->param_sizes[i];
     }
     if (st == PF_OK && c.attention != PF_LM_EXACT) {
-        int64_t ws[3] = {c.layers, c.features, c.d_model / c.heads}, rs[1] = {c.layers};
-        st = load_tensor(f, "favor.W", 3, ws, m->W, path, errmsg, errlen);
-        if (st == PF_OK) st = load_tensor(f, "favorpp.rho", 1, rs, m->rho, path, errmsg, errlen);
+        st = load_tensor(f, "favor.W", m->W, path, errmsg, errlen);
+        if (st == PF_OK) st = load_tensor(f, "favorpp.rho", m->rho, path, errmsg, errlen);
         m->w_stream = w_stream;
     }
     m->step = step;

@@ -23,9 +23,14 @@ typedef struct pf_docs {
     size_t count;
 } pf_docs;
 
-/* Reads a whole file into *data (malloc'd, *n bytes), through zlib, so gzip files are inflated
- * and plain files read as they are. PF_EIO if it cannot be opened or read, PF_EFORMAT for a
- * damaged or truncated gzip stream; errmsg names the file. */
+/* The largest corpus read: 2 GiB, before and after inflating (a gzip bomb stops there). */
+#define PF_FILE_MAX ((size_t)1 << 31)
+
+/* Reads a whole regular file into *data (malloc'd, *n bytes); gzip files (one member or
+ * several in a row) are inflated, plain files read as they are. PF_EIO if it cannot be opened
+ * or read or is not a regular file (a FIFO or /dev/zero is refused at once); PF_EFORMAT for a
+ * damaged or truncated gzip stream, bytes after its last member, or more than PF_FILE_MAX
+ * bytes; errmsg names the file. */
 PF_INTERNAL pf_status pf_file_read(const char *path, uint8_t **data, size_t *n, char *errmsg,
                                    size_t errlen);
 

@@ -115,10 +115,10 @@ int64_t pf_decoder_position(const pf_decoder *d) {
 }
 
 /* Rotates the pairs of each head row of x (H, hd) by position t (as rope_forward). */
-static void rope_row(float *x, int64_t t, int H, int hd, const float *table, int context) {
+static void rope_row(float *x, int64_t t, int H, int hd, const float *table, int len) {
     for (int i = 0; i < hd / 2; i++) {
         float c, s;
-        if (t < context) {
+        if (t < len) { /* the table holds what rope_angle gives */
             c = table[((size_t)t * (hd / 2) + i) * 2];
             s = table[((size_t)t * (hd / 2) + i) * 2 + 1];
         } else {
@@ -152,9 +152,9 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
         matmul_forward(d->qkv, d->ln, p->qkvw + (size_t)l * 3 * C * C, p->qkvb + (size_t)l * 3 * C,
                        1, C, 3 * C);
         float *q = d->qkv, *k = d->qkv + C, *v = d->qkv + 2 * C; // each (H, 1, hd)
-        if (m->rope) {
-            rope_row(q, t, H, hd, m->rope, c->context);
-            rope_row(k, t, H, hd, m->rope, c->context);
+        if (c->positions == PF_LM_ROTARY) {
+            rope_row(q, t, H, hd, m->rope, m->rope_len);
+            rope_row(k, t, H, hd, m->rope, m->rope_len);
         }
         pf_status st;
         if (c->attention == PF_LM_EXACT) {

@@ -27,9 +27,10 @@ pf_model_config pf_model_config_default(void) {
 
 pf_status lm_config_check(const pf_model_config *c) {
     if (!c) return PF_EINVAL;
-    if (c->context < 1 || c->context > (1 << 20)) return PF_EINVAL;
-    if (c->layers < 1 || c->layers > 1024) return PF_EINVAL;
-    if (c->d_model < 1 || c->d_model > 65536 || c->heads < 1 || c->d_model % c->heads != 0)
+    if (c->context < 1 || c->context > PF_LM_MAX_CONTEXT) return PF_EINVAL;
+    if (c->layers < 1 || c->layers > PF_LM_MAX_LAYERS) return PF_EINVAL;
+    if (c->d_model < 1 || c->d_model > PF_LM_MAX_D_MODEL || c->heads < 1 ||
+        c->d_model % c->heads != 0)
         return PF_EINVAL;
     int hd = c->d_model / c->heads;
     if (c->positions != PF_LM_LEARNED && c->positions != PF_LM_ROTARY) return PF_EINVAL;
@@ -42,7 +43,7 @@ pf_status lm_config_check(const pf_model_config *c) {
             c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
             c->kernel != PF_KERNEL_RELU)
             return PF_EINVAL;
-        if (c->features < 1 || c->features > 65536) return PF_EINVAL;
+        if (c->features < 1 || c->features > PF_LM_MAX_FEATURES) return PF_EINVAL;
         if (c->redraw < 0) return PF_EINVAL;
     }
     return PF_OK;
@@ -247,10 +248,8 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
         m->A = pf_alloc((size_t)c->layers, sizeof(float));
         m->saved = calloc((size_t)c->layers, sizeof(pf_favor_saved *));
     }
-    if (c->positions == PF_LM_ROTARY) m->rope = pf_alloc((size_t)c->context * hd, sizeof(float));
     if (!m->params_memory || !m->grads_memory || !m->m_memory || !m->v_memory ||
-        (c->attention != PF_LM_EXACT && (!m->W || !m->rho || !m->A || !m->saved)) ||
-        (c->positions == PF_LM_ROTARY && !m->rope)) {
+        (c->attention != PF_LM_EXACT && (!m->W || !m->rho || !m->A || !m->saved))) {
         pf_model_free(m);
         return PF_ENOMEM;
     }
@@ -264,7 +263,6 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
     m->favor_eps = c->attention == PF_LM_FAVOR && c->kernel == PF_KERNEL_RELU ? 1e-3f : 0.0f;
     if (m->rho) memset(m->rho, 0, sizeof(float) * (size_t)c->layers);
     if (m->A) memset(m->A, 0, sizeof(float) * (size_t)c->layers);
-    if (m->rope) rope_table(m->rope, c->context, hd);
 
     st = init_params(m);
     if (st == PF_OK) st = lm_draw_projections(m, 0);
@@ -437,6 +435,21 @@ static pf_status ensure_acts(pf_model *m, int B, int T) {
  * Forward and backward
  * ------------------------------------------------------------------------------------------ */
 
+/* The rotary table for positions [0, T): made as long sequences first come, not at creation,
+ * so that a model's memory follows what it runs (a context of 2^20 would otherwise cost
+ * 2^20 hd floats at once, even for a checkpoint that is only loaded). */
+static pf_status ensure_rope(pf_model *m, int T) {
+    if (m->config.positions != PF_LM_ROTARY || T <= m->rope_len) return PF_OK;
+    const int hd = m->config.d_model / m->config.heads;
+    float *r = pf_alloc((size_t)T * hd, sizeof(float));
+    if (!r) return PF_ENOMEM;
+    rope_table(r, T, hd);
+    pf_free(m->rope);
+    m->rope = r;
+    m->rope_len = T;
+    return PF_OK;
+}
+
 pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_t *tokens,
                            const int32_t *targets, int B, int T) {
     if (!m || !tokens || B < 1 || T < 1 || T > m->config.context) return PF_EINVAL;
@@ -451,6 +464,7 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         if (targets && (targets[i] < -1 || targets[i] >= V)) return PF_EINVAL;
     }
     pf_status st = ensure_acts(m, B, T);
+    if (st == PF_OK) st = ensure_rope(m, T);
     if (st != PF_OK) return st;
     m->counted = -1; /* until this forward succeeds */
 

@@ -215,7 +215,8 @@ struct pf_model {
     pf_favor_saved **saved; /* (L) FAVOR: what each layer's training forward keeps */
     int training;
 
-    float *rope; /* (context, hd/2, 2) cos, sin; NULL with learned positions */
+    float *rope;  /* (rope_len, hd/2, 2) cos, sin, grown by forwards; NULL before the first */
+    int rope_len; /* positions in rope */
 
     /* activations for the current (B, T); reallocated when B*T grows */
     int B, T;
