@@ -218,11 +218,16 @@ typedef struct pf_shape {
     int d, dv;   /* query/key width, value width */
 } pf_shape;
 
+/* The most threads a call may ask for (pf_attn_opts.threads); more is PF_EINVAL, and
+ * OpenMP's default (threads 0) is capped here too. */
+#define PF_MAX_THREADS 1024
+
 typedef struct pf_attn_opts {
     float scale;              /* logit scale s; 0 means 1/sqrt(d) */
     int causal;               /* 1: query i sees keys j <= i only; needs Lq == Lk */
     const int32_t *key_len;   /* B valid key lengths in [1, Lk], or NULL for all Lk */
-    int threads;              /* 0: OpenMP's default; results never depend on it */
+    int threads;              /* 0: OpenMP's default; 1..PF_MAX_THREADS; results never
+                                 depend on it */
 } pf_attn_opts;
 
 typedef struct pf_favor_opts {

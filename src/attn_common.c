@@ -22,7 +22,7 @@ pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts) {
     if (s->B < 1 || s->H < 1 || s->Lq < 1 || s->Lk < 1 || s->d < 1 || s->dv < 1) return PF_EINVAL;
     if (opts->causal != 0 && opts->causal != 1) return PF_EINVAL;
     if (opts->causal && s->Lq != s->Lk) return PF_EINVAL;
-    if (opts->threads < 0) return PF_EINVAL;
+    if (opts->threads < 0 || opts->threads > PF_MAX_THREADS) return PF_EINVAL;
     if (!isfinite(opts->scale) || opts->scale < 0) return PF_EINVAL;
 
     /* Every tensor's byte count (and so every element offset) must fit in size_t; the

@@ -54,9 +54,10 @@ int pf_threads(int t) {
         openblas_set_num_threads(1);
         blas_pinned = 1;
     }
-    if (t > 0) return t;
+    if (t > 0) return t < PF_MAX_THREADS ? t : PF_MAX_THREADS;
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    int n = omp_get_max_threads(); /* OMP_NUM_THREADS=100000 would overflow the stack */
+    return n < PF_MAX_THREADS ? n : PF_MAX_THREADS;
 #else
     return 1;
 #endif

@@ -452,6 +452,22 @@ static void test_errors(void) {
         pf_attn_opts ob = o;
         ob.threads = -1;
         CHECK_STATUS(pf_attn_check(&sh, &ob), PF_EINVAL);
+        /* 100000 threads overflowed the stack inside OpenMP, INT_MAX made libgomp exit(1) */
+        static const int too_many[] = {PF_MAX_THREADS + 1, 100000, INT_MAX};
+        for (int k = 0; k < 3; k++) {
+            ob.threads = too_many[k];
+            CHECK_STATUS(pf_attn_check(&sh, &ob), PF_EINVAL);
+            CHECK_STATUS(pf_attn_exact(out, lse, t.Q, t.K, t.V, &sh, &ob), PF_EINVAL);
+            pf_favor_opts fo = pf_favor_opts_default();
+            float Wt[4 * 64];
+            for (int i = 0; i < 4 * sh.d && i < 4 * 64; i++) Wt[i] = 0.1f * (float)(i % 7) - 0.3f;
+            fo.W = Wt;
+            fo.m = 4;
+            CHECK_STATUS(pf_attn_favor(out, t.Q, t.K, t.V, &sh, &ob, &fo), PF_EINVAL);
+        }
+        ob.threads = PF_MAX_THREADS; /* the most allowed still works (on 2 cores: slowly) */
+        CHECK_STATUS(pf_attn_exact(out, lse, t.Q, t.K, t.V, &sh, &ob), PF_OK);
+        ob = o;
         ob = o;
         ob.scale = -1.0f;
         CHECK_STATUS(pf_attn_check(&sh, &ob), PF_EINVAL);
