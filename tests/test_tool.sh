@@ -455,7 +455,7 @@ refuse "deterministic with samples" 2 "--samples must be 1" $Q2 $K2 $V2 $OUT --m
     --deterministic --samples 2
 refuse "samples with exact" 2 "ra or lara only" $Q2 $K2 $V2 $OUT --method exact --samples 4
 refuse "proposals with ra" 2 "lara only" $Q2 $K2 $V2 $OUT --method ra --proposals 2
-refuse "deterministic with favor" 2 "ra or lara only" $Q2 $K2 $V2 $OUT --deterministic
+refuse "deterministic with favor" 2 "lara only" $Q2 $K2 $V2 $OUT --deterministic
 refuse "--samples 0" 2 "expected a positive integer, got '0'" $Q2 $K2 $V2 $OUT --method ra \
     --samples 0
 refuse "--proposals x" 2 "--proposals" $Q2 $K2 $V2 $OUT --method lara --proposals x

@@ -870,13 +870,12 @@ static void fmt_num(char *buf, size_t cap, double v) {
         snprintf(buf, cap, "%.6g", v);
 }
 
-/* DIR/NAME.csv through a temporary file and rename. 0 or -1 after a message. */
+/* DIR/NAME.csv, atomically (tool_text). 0 or -1 after a message. */
 static int write_csv(const lab *lb, const char *dir, char *path, size_t cap) {
-    char tmp[4200];
     snprintf(path, cap, "%s/%s.csv", dir, lb->name);
-    snprintf(tmp, sizeof(tmp), "%s/.%s.csv.tmp.%ld", dir, lb->name, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return tool_fail(CMD, "%s: cannot write: %s", tmp, strerror(errno)), -1;
+    tool_text t;
+    if (tool_text_begin(&t, CMD, path) != 0) return -1;
+    FILE *f = t.f;
     fprintf(f, "panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse\n");
     for (int i = 0; i < lb->n; i++) {
         const row *r = &lb->rows[i];
@@ -888,14 +887,7 @@ static int write_csv(const lab *lb, const char *dir, char *path, size_t cap) {
         fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s\n", r->panel, r->series, r->xvar, r->x, r->draws,
                 r->failed, a, b, c, e);
     }
-    int bad = ferror(f);
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return tool_fail(CMD, "%s: write failed: %s", path, strerror(e)), -1;
-    }
-    return 0;
+    return tool_text_end(&t, path, 1) == 0 ? 0 : -1;
 }
 
 /* The table: per panel, x down and series across, mean MSE (and the failed draws, if any). */
@@ -999,7 +991,7 @@ static int parse_args(approx_cfg *c, int argc, char **argv) {
         } else if (tool_opt(&a, "--draws", &v)) {
             if (v) tool_parse_int(&a, "--draws", v, 2, 100000, &c->draws);
         } else if (tool_opt(&a, "--threads", &v)) {
-            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
+            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c->threads);
         } else if (tool_flag(&a, "--all")) {
             all = 1;
         } else if (tool_flag(&a, "--quick")) {
@@ -1031,13 +1023,16 @@ static int parse_args(approx_cfg *c, int argc, char **argv) {
     return TOOL_EXIT_OK;
 }
 
-/* The output folder: created if missing (one level), else it must be a writable folder. */
-static int prepare_dir(const char *dir) {
+/* The output folder: created if missing (one level; *made says so), else it must be a
+ * writable folder. */
+static int prepare_dir(const char *dir, int *made) {
     struct stat st;
     if (stat(dir, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) return tool_fail(CMD, "--out %s: not a folder", dir);
     } else if (mkdir(dir, 0777) != 0) {
         return tool_fail(CMD, "--out %s: cannot create the folder: %s", dir, strerror(errno));
+    } else {
+        *made = 1;
     }
     if (access(dir, W_OK | X_OK) != 0)
         return tool_fail(CMD, "--out %s: cannot write there: %s", dir, strerror(errno));
@@ -1050,7 +1045,20 @@ int cmd_approx(int argc, char **argv) {
     c.out = "approx-out";
     int rc = parse_args(&c, argc, argv);
     if (rc) return rc;
-    if ((rc = prepare_dir(c.out))) return rc;
+    int made = 0;
+    if ((rc = prepare_dir(c.out, &made))) return rc;
+    /* every CSV and plot this run writes must be a regular file or new: checked now, so a
+     * link or a device there stops the run before its work, not after */
+    for (int e = 0; e < N_EXP; e++) {
+        for (int k = 0; k < 2 && c.want[e]; k++) {
+            char p[4200], msg[1024];
+            snprintf(p, sizeof(p), "%s/%s.%s", c.out, experiments[e].name, k ? "png" : "csv");
+            if (pf_io_check_dest(p, msg, sizeof(msg)) != PF_OK) {
+                if (made) rmdir(c.out);
+                return tool_fail(CMD, "%s", msg);
+            }
+        }
+    }
     double t_all = tool_now_ms();
     int failed = 0, plotted = 0;
     for (int e = 0; e < N_EXP; e++) {
@@ -1089,6 +1097,7 @@ int cmd_approx(int argc, char **argv) {
         fflush(stdout);
         free(lb.rows);
     }
+    if (made) rmdir(c.out); /* only if this run made it and wrote nothing there */
     fprintf(stderr, "approx: done in %.1f s\n", (tool_now_ms() - t_all) / 1e3);
     return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
 }

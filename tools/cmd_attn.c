@@ -2,9 +2,9 @@
  * (exact, FAVOR+) with the gradients of sum(out * dO).
  *
  * Everything is checked before any computing (files, dtypes, ranks, shapes, NaN/Inf, key
- * lengths, W, output folders), and outputs are written only after every result is ready, each
- * atomically (pf_npy_write); if one write fails the ones this run already wrote are removed,
- * so a failed run leaves no output behind. */
+ * lengths, W, the outputs: tool_outputs), every flag must apply to the chosen method, and the
+ * outputs are written to temporary names once every result is ready and renamed into place
+ * together, so a failed run leaves every file that was there before as it was. */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -92,12 +92,58 @@ typedef struct attn_cfg {
     double eps;
     int threads;
     int chunk;
+    unsigned given; /* bit i: method_flags[i] was given */
 } attn_cfg;
 
 /* ---- command line -------------------------------------------------------------------------- */
 
+static const char *const method_names[] = {"exact", "favor", "ra", "lara", NULL};
+
+/* The flags that apply to some methods only, and which (bit i: method_names[i]). A flag given
+ * with a method that does not use it is refused, never silently ignored. */
+enum { M_EXACT = 1, M_FAVOR = 2, M_RA = 4, M_LARA = 8 };
+static const struct {
+    const char *flag;
+    unsigned methods;
+} method_flags[] = {
+    {"--kernel", M_FAVOR},           {"--features", M_FAVOR},      {"--proj", M_FAVOR},
+    {"--norm", M_FAVOR},             {"--eps", M_FAVOR},           {"--chunk", M_FAVOR},
+    {"--w", M_FAVOR},                {"--save-w", M_FAVOR},        {"--seed", M_FAVOR | M_RA | M_LARA},
+    {"--samples", M_RA | M_LARA},    {"--proposals", M_LARA},      {"--deterministic", M_LARA},
+    {"--grad-out", M_EXACT | M_FAVOR}, {"--grad-prefix", M_EXACT | M_FAVOR},
+};
+enum { N_METHOD_FLAGS = (int)(sizeof(method_flags) / sizeof(method_flags[0])) };
+
+/* Records that argument `arg` ("--kernel" or "--kernel=trig") was given, if it is one of
+ * method_flags. */
+static void note_flag(attn_cfg *c, const char *arg) {
+    for (int i = 0; i < N_METHOD_FLAGS; i++) {
+        size_t n = strlen(method_flags[i].flag);
+        if (strncmp(arg, method_flags[i].flag, n) == 0 && (arg[n] == '\0' || arg[n] == '='))
+            c->given |= 1u << i;
+    }
+}
+
+/* 0, or a usage error naming the first flag the chosen method does not use. */
+static int check_flags_apply(const attn_cfg *c) {
+    for (int i = 0; i < N_METHOD_FLAGS; i++) {
+        if (!(c->given >> i & 1) || (method_flags[i].methods >> c->method & 1)) continue;
+        char users[64] = "";
+        for (int m = 0; method_names[m]; m++) {
+            if (!(method_flags[i].methods >> m & 1)) continue;
+            strcat(users, users[0] ? " or " : "");
+            strcat(users, method_names[m]);
+        }
+        if (strncmp(method_flags[i].flag, "--grad", 6) == 0)
+            return tool_usage(CMD, "--method %s has no backward pass: %s is for --method %s only",
+                              method_names[c->method], method_flags[i].flag, users);
+        return tool_usage(CMD, "%s is for --method %s only; --method %s does not use it",
+                          method_flags[i].flag, users, method_names[c->method]);
+    }
+    return 0;
+}
+
 static int parse_args(attn_cfg *c, int argc, char **argv) {
-    static const char *const methods[] = {"exact", "favor", "ra", "lara", NULL};
     static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
     static const char *const projs[] = {"orthogonal", "iid", NULL};
     static const char *const norms[] = {"chi", "sqrtd", "qmc", NULL};
@@ -106,28 +152,29 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
     while (tool_next(&a)) {
         const char *v = NULL;
         int idx;
-        if (tool_opt(&a, "--q", &v))
+        note_flag(c, a.argv[a.i]);
+        if (tool_path_opt(&a, "--q", &v))
             c->q = v;
-        else if (tool_opt(&a, "--k", &v))
+        else if (tool_path_opt(&a, "--k", &v))
             c->k = v;
-        else if (tool_opt(&a, "--v", &v))
+        else if (tool_path_opt(&a, "--v", &v))
             c->v = v;
-        else if (tool_opt(&a, "--out", &v))
+        else if (tool_path_opt(&a, "--out", &v))
             c->out = v;
-        else if (tool_opt(&a, "--w", &v))
+        else if (tool_path_opt(&a, "--w", &v))
             c->w = v;
-        else if (tool_opt(&a, "--save-w", &v))
+        else if (tool_path_opt(&a, "--save-w", &v))
             c->save_w = v;
-        else if (tool_opt(&a, "--key-lengths", &v))
+        else if (tool_path_opt(&a, "--key-lengths", &v))
             c->key_lengths = v;
-        else if (tool_opt(&a, "--grad-out", &v))
+        else if (tool_path_opt(&a, "--grad-out", &v))
             c->grad_out = v;
-        else if (tool_opt(&a, "--grad-prefix", &v))
+        else if (tool_path_opt(&a, "--grad-prefix", &v))
             c->grad_prefix = v;
         else if (tool_flag(&a, "--causal"))
             c->causal = 1;
         else if (tool_opt(&a, "--method", &v)) {
-            if (v && (idx = tool_parse_choice(&a, "--method", v, methods)) >= 0) {
+            if (v && (idx = tool_parse_choice(&a, "--method", v, method_names)) >= 0) {
                 c->method = idx;
                 c->favor = idx == 1;
             }
@@ -153,7 +200,7 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
         } else if (tool_opt(&a, "--eps", &v)) {
             if (v) tool_parse_double(&a, "--eps", v, 0, HUGE_VAL, 0, &c->eps);
         } else if (tool_opt(&a, "--threads", &v)) {
-            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
+            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c->threads);
         } else if (tool_opt(&a, "--chunk", &v)) {
             if (v) tool_parse_int(&a, "--chunk", v, 0, INT_MAX, &c->chunk);
         } else if (tool_opt(&a, "--samples", &v)) {
@@ -172,26 +219,13 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
     if (missing) return tool_usage(CMD, "missing %s", missing);
     if (!c->grad_out != !c->grad_prefix)
         return tool_usage(CMD, "--grad-out and --grad-prefix go together");
-    if (!c->favor && (c->w || c->save_w))
-        return tool_usage(CMD, "%s is for --method favor only", c->w ? "--w" : "--save-w");
+    int rc = check_flags_apply(c);
+    if (rc) return rc;
     const int sampler = c->method == 2 || c->method == 3;
-    if (!sampler && (c->samples || c->proposals || c->deterministic))
-        return tool_usage(CMD, "%s is for --method ra or lara only",
-                          c->samples     ? "--samples"
-                          : c->proposals ? "--proposals"
-                                         : "--deterministic");
-    if (c->method == 2 && (c->proposals || c->deterministic))
-        return tool_usage(CMD, "%s is for --method lara only (RA samples each query directly)",
-                          c->proposals ? "--proposals" : "--deterministic");
     if (sampler && c->causal)
         return tool_usage(CMD,
                           "--method %s is bidirectional only: --causal is not supported "
                           "(causal randomized attention is an open research question)",
-                          c->method == 2 ? "ra" : "lara");
-    if (sampler && c->grad_out)
-        return tool_usage(CMD,
-                          "--method %s has no backward pass: --grad-out is for exact and "
-                          "favor",
                           c->method == 2 ? "ra" : "lara");
     if (c->deterministic && c->samples > 1)
         return tool_usage(CMD,
@@ -401,22 +435,38 @@ static int load_dout(const attn_cfg *c, attn_inputs *in, const int64_t *oshape) 
 
 /* ---- outputs ------------------------------------------------------------------------------- */
 
-#define MAX_OUTPUTS 5
-
-typedef struct output {
-    char path[4096];
-    pf_array a; /* data borrowed, not owned */
-} output;
-
-/* Writes every output; on a failure removes the ones already written. 0 or an exit code. */
-static int write_outputs(output *outs, int n) {
-    char msg[1024];
-    for (int i = 0; i < n; i++) {
-        if (pf_npy_write(outs[i].path, &outs[i].a, msg, sizeof(msg)) != PF_OK) {
-            for (int j = 0; j < i; j++) unlink(outs[j].path);
-            return tool_fail(CMD, "%s", msg);
+/* The outputs, checked before any input is read (tool_outputs_add), and no input among them.
+ * 0 or an exit code. */
+static int plan_outputs(const attn_cfg *c, tool_outputs *outs) {
+    int rc;
+    tool_outputs_init(outs, CMD);
+    if ((rc = tool_outputs_add(outs, "--out", c->out))) return rc;
+    if (c->save_w && (rc = tool_outputs_add(outs, "--save-w", c->save_w))) return rc;
+    if (c->grad_prefix) {
+        static const char *const ext[3] = {"dq", "dk", "dv"};
+        for (int t = 0; t < 3; t++) {
+            char path[4096];
+            int n = snprintf(path, sizeof(path), "%s.%s.npy", c->grad_prefix, ext[t]);
+            if (n < 0 || (size_t)n >= sizeof(path))
+                return tool_usage(CMD, "--grad-prefix: path too long");
+            if ((rc = tool_outputs_add(outs, "--grad-prefix", path))) return rc;
         }
     }
+    const char *flag[6] = {"--q", "--k", "--v", "--w", "--key-lengths", "--grad-out"};
+    const char *path[6] = {c->q, c->k, c->v, c->w, c->key_lengths, c->grad_out};
+    for (int i = 0; i < 6; i++) {
+        if ((rc = tool_outputs_check_input(outs, flag[i], path[i]))) return rc;
+    }
+    return 0;
+}
+
+/* Writes outs->o[i] from a to its temporary name. 0 or an exit code. */
+static int stage_npy(tool_outputs *outs, int i, const pf_array *a) {
+    char msg[1024];
+    const char *tmp = tool_outputs_stage(outs, i);
+    if (!tmp) return TOOL_EXIT_FAIL;
+    if (pf_npy_write(tmp, a, msg, sizeof(msg)) != PF_OK)
+        return tool_fail(CMD, "%s: %s", outs->o[i].path, msg);
     return 0;
 }
 
@@ -443,12 +493,13 @@ static int run(const attn_cfg *c) {
     memset(&in, 0, sizeof(in));
     float *out = NULL, *lse = NULL, *W = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     pf_favor_saved *saved = NULL;
-    output *outs = calloc(MAX_OUTPUTS, sizeof(output));
+    tool_outputs *outs = malloc(sizeof(tool_outputs));
     int rc = outs ? 0 : tool_fail(CMD, "out of memory");
-    char msg[1024];
-    if (rc) goto done;
+    if (rc) return rc;
+    tool_outputs_init(outs, CMD);
 
-    /* 1. inputs, all checked before any computing */
+    /* 1. the outputs, then the inputs, all checked before any computing */
+    if ((rc = plan_outputs(c, outs))) goto done;
     if ((rc = load_qkv(c, &in))) goto done;
     pf_shape *sh = &in.shape;
     if (c->key_lengths && (rc = load_key_lengths(c, &in))) goto done;
@@ -486,28 +537,6 @@ static int run(const attn_cfg *c) {
                            "--proposals %d: LARA needs every chunk to hold a query and a valid "
                            "key, so at most %d here (Lq = %d, shortest key length %d)",
                            samp.proposals, fit, sh->Lq, fit);
-            goto done;
-        }
-    }
-
-    /* 2. the output paths, before the work */
-    int nout = 0;
-    snprintf(outs[nout++].path, sizeof(outs[0].path), "%s", c->out);
-    if (c->save_w) snprintf(outs[nout++].path, sizeof(outs[0].path), "%s", c->save_w);
-    if (c->grad_prefix) {
-        static const char *const ext[3] = {"dq", "dk", "dv"};
-        for (int t = 0; t < 3; t++) {
-            int n = snprintf(outs[nout++].path, sizeof(outs[0].path), "%s.%s.npy", c->grad_prefix,
-                             ext[t]);
-            if (n < 0 || (size_t)n >= sizeof(outs[0].path)) {
-                rc = tool_fail(CMD, "--grad-prefix: path too long");
-                goto done;
-            }
-        }
-    }
-    for (int i = 0; i < nout; i++) {
-        if (tool_check_writable(outs[i].path, msg, sizeof(msg)) != 0) {
-            rc = tool_fail(CMD, "%s", msg);
             goto done;
         }
     }
@@ -610,25 +639,29 @@ static int run(const attn_cfg *c) {
         }
     }
 
-    /* 5. the outputs, all or none */
+    /* 5. the outputs, all or none: each to its temporary name, then all renamed */
+    pf_array a = {.dtype = PF_F32, .ndim = r, .data = out};
+    memcpy(a.shape, oshape, sizeof(int64_t) * (size_t)r);
     int i = 0;
-    outs[i].a = (pf_array){.dtype = PF_F32, .ndim = r, .data = out};
-    memcpy(outs[i++].a.shape, oshape, sizeof(int64_t) * (size_t)r);
-    if (c->save_w) {
-        outs[i].a = (pf_array){.dtype = PF_F32, .ndim = wrank, .data = (void *)fav.W};
-        memcpy(outs[i++].a.shape, wshape, sizeof(int64_t) * (size_t)wrank);
+    rc = stage_npy(outs, i++, &a);
+    if (!rc && c->save_w) {
+        a = (pf_array){.dtype = PF_F32, .ndim = wrank, .data = (void *)fav.W};
+        memcpy(a.shape, wshape, sizeof(int64_t) * (size_t)wrank);
+        rc = stage_npy(outs, i++, &a);
     }
     if (c->grad_prefix) {
         const pf_array *src[3] = {&in.q, &in.k, &in.v};
         float *g[3] = {dq, dk, dv};
-        for (int t = 0; t < 3; t++) {
-            outs[i].a = *src[t];
-            outs[i++].a.data = g[t];
+        for (int t = 0; t < 3 && !rc; t++) {
+            a = *src[t];
+            a.data = g[t];
+            rc = stage_npy(outs, i++, &a);
         }
     }
-    rc = write_outputs(outs, nout);
+    if (!rc) rc = tool_outputs_commit(outs);
 
 done:
+    tool_outputs_discard(outs);
     free_inputs(&in);
     free(out);
     free(lse);

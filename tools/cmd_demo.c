@@ -407,7 +407,7 @@ int cmd_demo(int argc, char **argv) {
         } else if (tool_opt(&a, "--sigma", &v)) {
             if (v) tool_parse_double(&a, "--sigma", v, 0, 1e3, 1, &c.sigma);
         } else if (tool_opt(&a, "--threads", &v)) {
-            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c.threads);
+            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c.threads);
         } else if (tool_opt(&a, "--seed", &v)) {
             if (v) tool_parse_u64(&a, "--seed", v, &c.seed);
         } else if (tool_flag(&a, "--quick")) {

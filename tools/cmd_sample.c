@@ -48,7 +48,7 @@ int cmd_sample(int argc, char **argv) {
     tool_args_init(&a, CMD, argc, argv);
     while (tool_next(&a)) {
         const char *v = NULL;
-        if (tool_opt(&a, "--checkpoint", &v)) {
+        if (tool_path_opt(&a, "--checkpoint", &v)) {
             ckpt = v;
         } else if (tool_opt(&a, "--prompt", &v)) {
             if (v) prompt = v;
@@ -61,7 +61,7 @@ int cmd_sample(int argc, char **argv) {
         } else if (tool_opt(&a, "--seed", &v)) {
             if (v) tool_parse_u64(&a, "--seed", v, &seed);
         } else if (tool_opt(&a, "--threads", &v)) {
-            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &threads);
+            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &threads);
         } else {
             return tool_unknown(&a);
         }

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include <omp.h>
 #endif
 
+#include "io/io.h"
 #include "model/data.h"
 #include "tool.h"
 
@@ -103,6 +105,41 @@ typedef struct train_cfg {
 
 /* ---- command line -------------------------------------------------------------------------- */
 
+/* The run's numeric settings: one flag and one checkpoint key each, and one range for both, so
+ * a resumed run checks what it reads exactly as the command line would have. */
+typedef struct run_setting {
+    const char *flag, *key;
+    int is_int;
+    double lo, hi;
+    int lo_open;
+    size_t off; /* of the int or double in train_cfg */
+} run_setting;
+
+static const run_setting settings[] = {
+    {"--steps", "run.steps", 1, 1, INT_MAX, 0, offsetof(train_cfg, steps)},
+    {"--batch", "run.batch", 1, 1, 1 << 20, 0, offsetof(train_cfg, batch)},
+    {"--warmup", "run.warmup", 1, 0, INT_MAX, 0, offsetof(train_cfg, warmup)},
+    {"--eval-every", "run.eval_every", 1, 1, INT_MAX, 0, offsetof(train_cfg, eval_every)},
+    {"--eval-batches", "run.eval_batches", 1, 1, 1 << 20, 0, offsetof(train_cfg, eval_batches)},
+    {"--checkpoint-every", "run.checkpoint_every", 1, 1, INT_MAX, 0,
+     offsetof(train_cfg, checkpoint_every)},
+    {"--val-fraction", "run.val_fraction", 0, 0, 0.5, 1, offsetof(train_cfg, val_fraction)},
+    {"--lr", "run.lr", 0, 0, 10, 1, offsetof(train_cfg, lr)},
+    {"--lr-min", "run.lr_min", 0, 0, 10, 0, offsetof(train_cfg, lr_min)},
+    {"--weight-decay", "run.weight_decay", 0, 0, 10, 0, offsetof(train_cfg, weight_decay)},
+    {"--clip", "run.clip", 0, 0, 1e30, 0, offsetof(train_cfg, clip)},
+};
+enum { N_SETTINGS = (int)(sizeof(settings) / sizeof(settings[0])) };
+
+/* Parses s into c's field for setting k; as name in messages. 1 on success. */
+static int parse_setting(tool_args *a, train_cfg *c, int k, const char *name, const char *s) {
+    const run_setting *t = &settings[k];
+    char *field = (char *)c + t->off;
+    if (t->is_int)
+        return tool_parse_int(a, name, s, (long)t->lo, (long)t->hi, (int *)(void *)field);
+    return tool_parse_double(a, name, s, t->lo, t->hi, t->lo_open, (double *)(void *)field);
+}
+
 static int parse_args(train_cfg *c, int argc, char **argv) {
     static const char *const atts[] = {"exact", "favor", "favor++", NULL};
     static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
@@ -115,23 +152,27 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
         const char *v = NULL;
         int idx, setting = 1;
         pf_model_config *m = &c->model;
-        if (tool_opt(&a, "--out", &v)) {
+        int k = 0;
+        while (k < N_SETTINGS && !tool_opt(&a, settings[k].flag, &v)) k++;
+        if (k < N_SETTINGS) {
+            if (v) parse_setting(&a, c, k, settings[k].flag, v);
+            lr_min_given |= strcmp(settings[k].flag, "--lr-min") == 0;
+            ckpt_given |= strcmp(settings[k].flag, "--checkpoint-every") == 0;
+        } else if (tool_path_opt(&a, "--out", &v)) {
             c->out = v;
             setting = 0;
-        } else if (tool_opt(&a, "--data", &v)) {
+        } else if (tool_path_opt(&a, "--data", &v)) {
             c->data = v;
         } else if (tool_opt(&a, "--format", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--format", v, formats)) >= 0) c->format = idx;
-        } else if (tool_opt(&a, "--val-fraction", &v)) {
-            if (v) tool_parse_double(&a, "--val-fraction", v, 0, 0.5, 1, &c->val_fraction);
         } else if (tool_opt(&a, "--layers", &v)) {
-            if (v) tool_parse_int(&a, "--layers", v, 1, 1024, &m->layers);
+            if (v) tool_parse_int(&a, "--layers", v, 1, PF_LM_MAX_LAYERS, &m->layers);
         } else if (tool_opt(&a, "--d-model", &v)) {
-            if (v) tool_parse_int(&a, "--d-model", v, 1, 65536, &m->d_model);
+            if (v) tool_parse_int(&a, "--d-model", v, 1, PF_LM_MAX_D_MODEL, &m->d_model);
         } else if (tool_opt(&a, "--heads", &v)) {
-            if (v) tool_parse_int(&a, "--heads", v, 1, 65536, &m->heads);
+            if (v) tool_parse_int(&a, "--heads", v, 1, PF_LM_MAX_D_MODEL, &m->heads);
         } else if (tool_opt(&a, "--context", &v)) {
-            if (v) tool_parse_int(&a, "--context", v, 1, 1 << 20, &m->context);
+            if (v) tool_parse_int(&a, "--context", v, 1, PF_LM_MAX_CONTEXT, &m->context);
         } else if (tool_opt(&a, "--attention", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--attention", v, atts)) >= 0)
                 m->attention = idx == 0 ? PF_LM_EXACT : idx == 1 ? PF_LM_FAVOR : PF_LM_FAVORPP;
@@ -142,38 +183,16 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
                 a.failed = 1;
             }
         } else if (tool_opt(&a, "--features", &v)) {
-            if (v) tool_parse_int(&a, "--features", v, 1, 65536, &m->features);
+            if (v) tool_parse_int(&a, "--features", v, 1, PF_LM_MAX_FEATURES, &m->features);
         } else if (tool_opt(&a, "--redraw", &v)) {
             if (v) tool_parse_int(&a, "--redraw", v, 0, INT_MAX, &m->redraw);
         } else if (tool_opt(&a, "--positions", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--positions", v, poss)) >= 0)
                 m->positions = idx == 0 ? PF_LM_LEARNED : PF_LM_ROTARY;
-        } else if (tool_opt(&a, "--steps", &v)) {
-            if (v) tool_parse_int(&a, "--steps", v, 1, INT_MAX, &c->steps);
-        } else if (tool_opt(&a, "--batch", &v)) {
-            if (v) tool_parse_int(&a, "--batch", v, 1, 1 << 20, &c->batch);
-        } else if (tool_opt(&a, "--lr", &v)) {
-            if (v) tool_parse_double(&a, "--lr", v, 0, 10, 1, &c->lr);
-        } else if (tool_opt(&a, "--lr-min", &v)) {
-            if (v) tool_parse_double(&a, "--lr-min", v, 0, 10, 0, &c->lr_min);
-            lr_min_given = 1;
-        } else if (tool_opt(&a, "--warmup", &v)) {
-            if (v) tool_parse_int(&a, "--warmup", v, 0, INT_MAX, &c->warmup);
-        } else if (tool_opt(&a, "--weight-decay", &v)) {
-            if (v) tool_parse_double(&a, "--weight-decay", v, 0, 10, 0, &c->weight_decay);
-        } else if (tool_opt(&a, "--clip", &v)) {
-            if (v) tool_parse_double(&a, "--clip", v, 0, 1e30, 0, &c->clip);
-        } else if (tool_opt(&a, "--eval-every", &v)) {
-            if (v) tool_parse_int(&a, "--eval-every", v, 1, INT_MAX, &c->eval_every);
-        } else if (tool_opt(&a, "--eval-batches", &v)) {
-            if (v) tool_parse_int(&a, "--eval-batches", v, 1, 1 << 20, &c->eval_batches);
-        } else if (tool_opt(&a, "--checkpoint-every", &v)) {
-            if (v) tool_parse_int(&a, "--checkpoint-every", v, 1, INT_MAX, &c->checkpoint_every);
-            ckpt_given = 1;
         } else if (tool_opt(&a, "--seed", &v)) {
             if (v) tool_parse_u64(&a, "--seed", v, &m->seed);
         } else if (tool_opt(&a, "--threads", &v)) {
-            if (v) tool_parse_int(&a, "--threads", v, 0, 4096, &c->threads);
+            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c->threads);
             setting = 0;
         } else if (tool_opt(&a, "--log-every", &v)) {
             if (v) tool_parse_int(&a, "--log-every", v, 1, INT_MAX, &c->log_every);
@@ -251,62 +270,72 @@ static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, doubl
     meta_set(r, i++, "run.tokens", "%lld", (long long)tokens);
 }
 
-static int get_int(const pf_model *m, const char *key, int *out) {
-    const char *s = pf_model_meta(m, key);
-    char *end;
-    if (!s) return 0;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*end || errno || v < INT_MIN || v > INT_MAX) return 0;
-    *out = (int)v;
-    return 1;
-}
-
-static int get_double(const pf_model *m, const char *key, double *out) {
-    const char *s = pf_model_meta(m, key);
-    char *end;
-    if (!s) return 0;
-    *out = strtod(s, &end);
-    return *end == '\0' && isfinite(*out);
-}
-
-/* Restores the settings of a resumed run; 0 if the metadata is incomplete. */
-static int settings_from_meta(train_cfg *c, const pf_model *m, uint64_t *data_hash, double *elapsed,
-                              int64_t *tokens) {
+/* Restores the settings of a resumed run from the checkpoint at path, each checked as its
+ * flag would be (settings[]), the key named in any message. 0 or an exit code. */
+static int settings_from_meta(train_cfg *c, const pf_model *m, const char *path,
+                              uint64_t *data_hash, double *elapsed, int64_t *tokens) {
     static char data[4096];
-    const char *d = pf_model_meta(m, "run.data"), *h = pf_model_meta(m, "run.data_hash");
-    const char *t = pf_model_meta(m, "run.tokens");
-    if (!d || !h || !t) return 0;
-    snprintf(data, sizeof(data), "%s", d);
+    const char *keys[] = {"run.data", "run.data_hash", "run.tokens", "run.format", "run.elapsed"};
+    const char *val[5];
+    for (int i = 0; i < 5; i++) {
+        val[i] = pf_model_meta(m, keys[i]);
+        if (!val[i])
+            return tool_fail(CMD,
+                             "%s: %s missing: not a checkpoint of `performer train` (run.* "
+                             "settings missing)",
+                             path, keys[i]);
+    }
+    char name[4400];
+    tool_args a;
+    tool_args_init(&a, CMD, 0, NULL);
+    for (int k = 0; k < N_SETTINGS; k++) {
+        const char *s = pf_model_meta(m, settings[k].key);
+        snprintf(name, sizeof(name), "%s: %s (as %s)", path, settings[k].key, settings[k].flag);
+        if (!s) return tool_fail(CMD, "%s: %s missing", path, settings[k].key);
+        if (!parse_setting(&a, c, k, name, s)) return TOOL_EXIT_FAIL;
+    }
+    uint64_t hash = 0;
+    const char *h = val[1];
+    int hex = strlen(h) == 16;
+    for (int i = 0; hex && i < 16; i++) {
+        int d = h[i] >= '0' && h[i] <= '9' ? h[i] - '0' : h[i] >= 'a' && h[i] <= 'f' ? h[i] - 'a' + 10 : -1;
+        hex = d >= 0;
+        hash = hash << 4 | (uint64_t)(d & 15);
+    }
+    if (!hex) return tool_fail(CMD, "%s: run.data_hash '%s' is not 16 hex digits", path, h);
+    uint64_t ntok;
+    int fmt;
+    snprintf(name, sizeof(name), "%s: run.tokens", path);
+    if (!tool_parse_u64(&a, name, val[2], &ntok) || ntok > INT64_MAX) return TOOL_EXIT_FAIL;
+    snprintf(name, sizeof(name), "%s: run.format", path);
+    if (!tool_parse_int(&a, name, val[3], PF_CORPUS_AUTO, PF_CORPUS_TEXT, &fmt))
+        return TOOL_EXIT_FAIL;
+    snprintf(name, sizeof(name), "%s: run.elapsed", path);
+    if (!tool_parse_double(&a, name, val[4], 0, HUGE_VAL, 0, elapsed)) return TOOL_EXIT_FAIL;
+    if (!val[0][0] || strlen(val[0]) >= sizeof(data))
+        return tool_fail(CMD, "%s: run.data is empty or too long", path);
+    if (c->lr_min > c->lr)
+        return tool_fail(CMD, "%s: run.lr_min %g exceeds run.lr %g", path, c->lr_min, c->lr);
+    snprintf(data, sizeof(data), "%s", val[0]);
     c->data = data;
-    *data_hash = strtoull(h, NULL, 16);
-    *tokens = strtoll(t, NULL, 10);
+    c->format = fmt;
+    *data_hash = hash;
+    *tokens = (int64_t)ntok;
     c->model = pf_model_get_config(m);
-    return get_int(m, "run.format", &c->format) &&
-           get_double(m, "run.val_fraction", &c->val_fraction) &&
-           get_int(m, "run.steps", &c->steps) && get_int(m, "run.batch", &c->batch) &&
-           get_double(m, "run.lr", &c->lr) && get_double(m, "run.lr_min", &c->lr_min) &&
-           get_int(m, "run.warmup", &c->warmup) &&
-           get_double(m, "run.weight_decay", &c->weight_decay) &&
-           get_double(m, "run.clip", &c->clip) && get_int(m, "run.eval_every", &c->eval_every) &&
-           get_int(m, "run.eval_batches", &c->eval_batches) &&
-           get_int(m, "run.checkpoint_every", &c->checkpoint_every) &&
-           get_double(m, "run.elapsed", elapsed);
+    return 0;
 }
 
 /* ---- data -------------------------------------------------------------------------------- */
 
 /* Exports the Bible with `bible` into path (verse text only, one verse per line), atomically. */
 static int export_bible(const char *path) {
-    char tmp[4300];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
-    if (!out) return tool_fail(CMD, "%s: cannot write: %s", tmp, strerror(errno));
+    tool_text t;
+    int rc = tool_text_begin(&t, CMD, path);
+    if (rc) return rc;
     /* -f turns pretty-printing off: one verse per line, "Ge1:1 In the beginning..." */
     FILE *in = popen("bible -f Ge1:1-Re22:21 2>/dev/null", "r");
     if (!in) {
-        fclose(out);
-        unlink(tmp);
+        tool_text_end(&t, path, 0);
         return tool_fail(CMD, "cannot run the bible program: %s", strerror(errno));
     }
     char line[65536];
@@ -314,25 +343,17 @@ static int export_bible(const char *path) {
     while (fgets(line, sizeof(line), in)) {
         char *sp = strchr(line, ' ');
         if (!sp) continue;
-        fputs(sp + 1, out);
+        fputs(sp + 1, t.f);
         verses++;
     }
-    int rc = pclose(in);
-    int werr = ferror(out);
-    if (fclose(out) != 0) werr = 1;
-    if (rc != 0 || verses < 30000 || werr) {
-        unlink(tmp);
-        if (werr) return tool_fail(CMD, "%s: write error", tmp);
+    int ok = pclose(in) == 0 && verses >= 30000;
+    rc = tool_text_end(&t, path, ok);
+    if (!ok)
         return tool_fail(CMD,
                          "exporting the Bible failed (%ld verses): is the bible program "
                          "installed? (Debian package bible-kjv; scripts/setup.sh)",
                          verses);
-    }
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        return tool_fail(CMD, "%s: %s", path, strerror(errno));
-    }
-    return 0;
+    return rc;
 }
 
 /* The file for --data; may export the Bible. 0 or an exit code. */
@@ -369,27 +390,27 @@ static const char log_header[] =
 /* Keeps the header and the rows of steps <= step (a resumed run rewrites what came after the
  * checkpoint), atomically. 0 or an exit code. */
 static int truncate_log(const char *path, int64_t step) {
-    FILE *in = fopen(path, "r");
-    char tmp[4300];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
+    char msg[1024];
+    int64_t size;
+    pf_status st;
+    int fd = pf_io_open_regular(path, &size, &st, msg, sizeof(msg));
+    FILE *in = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (fd >= 0 && !in) close(fd);
+    tool_text t;
+    int rc = tool_text_begin(&t, CMD, path);
+    if (rc) {
         if (in) fclose(in);
-        return tool_fail(CMD, "%s: %s", tmp, strerror(errno));
+        return rc;
     }
-    fputs(log_header, out);
+    fputs(log_header, t.f);
     char line[1024];
     while (in && fgets(line, sizeof(line), in)) {
         char *end;
         long long s = strtoll(line, &end, 10);
-        if (end != line && *end == ',' && s <= step) fputs(line, out);
+        if (end != line && *end == ',' && s <= step) fputs(line, t.f);
     }
     if (in) fclose(in);
-    if (fclose(out) != 0 || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return tool_fail(CMD, "%s: %s", path, strerror(errno));
-    }
-    return 0;
+    return tool_text_end(&t, path, 1);
 }
 
 /* ---- evaluation -------------------------------------------------------------------------- */
@@ -474,15 +495,24 @@ static void plot(const train_cfg *c, const char *log_path) {
         printf("curves: %s\n", png);
 }
 
-/* Removes temporary checkpoint files a killed run may have left ("checkpoint.safetensors.tmp.*",
- * see pf_model_save): they are never complete. */
+/* The files a run writes in DIR. */
+static const char *const run_files[] = {"checkpoint.safetensors", "log.csv", "curves.png",
+                                        "bible-kjv.txt"};
+enum { N_RUN_FILES = (int)(sizeof(run_files) / sizeof(run_files[0])) };
+
+/* Removes the temporary files a killed run may have left ("checkpoint.safetensors.tmp.*" and
+ * the like, see pf_io_atomic_begin): they are never complete. */
 static void remove_stale_temps(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
-    const char *pre = "checkpoint.safetensors.tmp.";
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, pre, strlen(pre)) != 0) continue;
+        int ours = 0;
+        for (int i = 0; i < N_RUN_FILES; i++) {
+            size_t n = strlen(run_files[i]);
+            ours |= strncmp(e->d_name, run_files[i], n) == 0 && strncmp(e->d_name + n, ".tmp.", 5) == 0;
+        }
+        if (!ours) continue;
         char p[4400];
         snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
         unlink(p);
@@ -519,19 +549,47 @@ static int save(const run_state *r, const train_cfg *c, const char *path, uint64
     return 0;
 }
 
+static int train_in(train_cfg *c, int *saved);
+
+/* Runs train_in in DIR, made here if missing; a run that fails before its first checkpoint
+ * takes away the folder it made, with what it put there, so nothing but a message is left. */
 static int train(train_cfg *c) {
-    char ckpt[4200], log_path[4200], data[4200], msg[1024];
     struct stat sb;
+    int made = 0;
     if (stat(c->out, &sb) != 0) {
         if (c->resume) return tool_fail(CMD, "cannot resume: %s: %s", c->out, strerror(errno));
         if (mkdir(c->out, 0777) != 0)
             return tool_fail(CMD, "%s: cannot create: %s", c->out, strerror(errno));
+        made = 1;
     } else if (!S_ISDIR(sb.st_mode)) {
         return tool_fail(CMD, "%s: not a folder", c->out);
     }
+    int saved = 0;
+    int rc = train_in(c, &saved);
+    if (rc && made && !saved) {
+        for (int i = 0; i < N_RUN_FILES; i++) {
+            char p[4400];
+            snprintf(p, sizeof(p), "%s/%s", c->out, run_files[i]);
+            unlink(p);
+        }
+        remove_stale_temps(c->out);
+        rmdir(c->out);
+    }
+    return rc;
+}
+
+static int train_in(train_cfg *c, int *saved) {
+    char ckpt[4200], log_path[4200], data[4200], msg[1024];
     snprintf(ckpt, sizeof(ckpt), "%s/checkpoint.safetensors", c->out);
     remove_stale_temps(c->out);
     snprintf(log_path, sizeof(log_path), "%s/log.csv", c->out);
+    /* what the run will replace must be regular files: a link or a device there is refused
+     * now, not replaced later */
+    for (int i = 0; i < N_RUN_FILES; i++) {
+        char p[4400];
+        snprintf(p, sizeof(p), "%s/%s", c->out, run_files[i]);
+        if (pf_io_check_dest(p, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    }
 
     run_state r;
     memset(&r, 0, sizeof(r));
@@ -542,12 +600,9 @@ static int train(train_cfg *c) {
     if (c->resume) {
         if (pf_model_load(&r.model, ckpt, msg, sizeof(msg)) != PF_OK)
             return tool_fail(CMD, "cannot resume: %s", msg);
-        if (!settings_from_meta(c, r.model, &want_hash, &elapsed, &tokens)) {
+        if ((rc = settings_from_meta(c, r.model, ckpt, &want_hash, &elapsed, &tokens))) {
             run_free(&r);
-            return tool_fail(CMD,
-                             "%s: not a checkpoint of `performer train` (run.* settings "
-                             "missing)",
-                             ckpt);
+            return rc;
         }
     } else if (access(ckpt, F_OK) == 0) {
         return tool_fail(CMD, "%s exists: use --resume to continue that run, or another --out",
@@ -684,6 +739,7 @@ static int train(train_cfg *c) {
             fflush(r.log);
             rc = save(&r, c, ckpt, hash, elapsed, tokens);
             if (rc) break;
+            *saved = 1;
         }
         if (stop) break;
     }

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io/io.h"
 #include "tool.h"
 
 /* ---- messages ----------------------------------------------------------------------------- */
@@ -71,6 +72,16 @@ int tool_opt(tool_args *a, const char *name, const char **value) {
         return 1;
     }
     *value = a->argv[++a->i];
+    return 1;
+}
+
+int tool_path_opt(tool_args *a, const char *name, const char **value) {
+    if (!tool_opt(a, name, value)) return 0;
+    if (*value && !**value) {
+        tool_usage(a->cmd, "%s: empty file name", name);
+        a->failed = 1;
+        *value = NULL;
+    }
     return 1;
 }
 
@@ -241,8 +252,10 @@ tool_plot_status tool_plot(const char *name, const char *in, const char *png, co
     const char *py = "/usr/bin/python3";
     if (access(py, X_OK) != 0) return TOOL_PLOT_NO_PYTHON;
     if (!tool_find_script(script, cap, name)) return TOOL_PLOT_NO_SCRIPT;
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", png, (long)getpid());
+    pf_io_atomic w; /* a fresh file beside png (png itself must be a regular file or new) */
+    if (pf_io_atomic_begin(&w, png, NULL, 0) != PF_OK) return TOOL_PLOT_FAILED;
+    close(w.fd);
+    const char *tmp = w.tmp;
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
@@ -256,9 +269,11 @@ tool_plot_status tool_plot(const char *name, const char *in, const char *png, co
         st = TOOL_PLOT_FAILED;
     else if (WEXITSTATUS(status) == 3) /* the scripts' code for "no matplotlib / numpy" */
         st = TOOL_PLOT_NO_MATPLOTLIB;
-    else if (WEXITSTATUS(status) != 0 || rename(tmp, png) != 0)
+    else if (WEXITSTATUS(status) != 0 || pf_io_check_dest(png, NULL, 0) != PF_OK ||
+             rename(tmp, png) != 0)
         st = TOOL_PLOT_FAILED;
     if (st != TOOL_PLOT_OK) unlink(tmp);
+    free(w.tmp);
     return st;
 }
 

@@ -9,7 +9,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "io/io.h"
 #include "performer.h"
 
 #define TOOL_EXIT_OK 0
@@ -88,6 +90,72 @@ int tool_parse_double(tool_args *a, const char *flag, const char *s, double lo, 
 int tool_parse_choice(tool_args *a, const char *flag, const char *s, const char *const *names);
 
 /* ---- files ------------------------------------------------------------------------------- */
+
+/* Like tool_opt for a flag that names a file: an empty value is a usage error ("--out: empty
+ * file name") instead of a path the system cannot open. */
+int tool_path_opt(tool_args *a, const char *name, const char **value);
+
+/* The files one run writes (tools/outputs.c). Each is checked before the work starts: its
+ * folder exists and is writable, it is absent or a regular file (a symbolic link, device,
+ * FIFO or folder is refused, never replaced), and no two outputs, nor an output and an input,
+ * are the same file. The results are written to temporary names beside them and renamed into
+ * place together at the end, so a run that fails leaves every file that was there before as
+ * it was. */
+#define TOOL_MAX_OUTPUTS 8
+
+typedef struct tool_output {
+    const char *flag; /* the flag that named it, for messages */
+    char path[4096];
+    char canon[4352]; /* its folder's real path and its name: equal files compare equal */
+    int exists;       /* a file was there when it was added: its device and inode */
+    unsigned long long dev, ino;
+    char *tmp; /* the staged file beside path, or NULL */
+} tool_output;
+
+typedef struct tool_outputs {
+    const char *cmd;
+    tool_output o[TOOL_MAX_OUTPUTS];
+    int n;
+} tool_outputs;
+
+void tool_outputs_init(tool_outputs *s, const char *cmd);
+
+/* Adds the output `path` named by `flag` after the checks above. 0, or an exit code after the
+ * message (TOOL_EXIT_USAGE when two outputs name one file). */
+int tool_outputs_add(tool_outputs *s, const char *flag, const char *path);
+
+/* 0 if the input `path` (named by `flag`) is none of the outputs, else TOOL_EXIT_USAGE after
+ * a message. */
+int tool_outputs_check_input(const tool_outputs *s, const char *flag, const char *path);
+
+/* Output i's temporary file (created empty, exclusively, beside it) for a writer that
+ * replaces it whole (pf_npy_write); NULL after a message. */
+const char *tool_outputs_stage(tool_outputs *s, int i);
+
+/* The same, opened for writing text; NULL after a message. */
+FILE *tool_outputs_open(tool_outputs *s, int i);
+
+/* Renames every staged file into place, after checking every destination again. 0, or an
+ * exit code after a message, with the staged files removed. */
+int tool_outputs_commit(tool_outputs *s);
+
+/* Removes the staged files (a failed run); the destinations are untouched. */
+void tool_outputs_discard(tool_outputs *s);
+
+/* One text file written atomically through stdio: to a temporary file beside path, renamed
+ * over it at the end (path must be a regular file or new). */
+typedef struct tool_text {
+    const char *cmd;
+    pf_io_atomic w;
+    FILE *f; /* write here */
+} tool_text;
+
+/* Starts writing path. 0, or an exit code after a message. */
+int tool_text_begin(tool_text *t, const char *cmd, const char *path);
+
+/* Ends it: with ok and every write done, renamed over path; otherwise removed (no message:
+ * the caller says why). 0, or an exit code. */
+int tool_text_end(tool_text *t, const char *path, int ok);
 
 /* Checks before any work that `path` can be created: its folder exists and is writable and
  * path is not a folder. 0 if fine, else writes why to msg (naming path) and returns -1. A
