@@ -201,6 +201,21 @@ cp "$T/good.safetensors" "$R/checkpoint.safetensors"
 if timeout 120 $P train --out "$R" --resume >/dev/null 2>"$T/err"; then pass
 else fail "resume of the good checkpoint: $(cat "$T/err")"; fi
 
+# ---- sample: bytes that are not printable are escaped on a terminal (or when asked) ----------
+prompt=$(printf 'ab\001c\303\251\033[2J')
+$P sample --checkpoint "$R/checkpoint.safetensors" --prompt "$prompt" --tokens 0 --escape yes \
+    >"$T/esc" 2>/dev/null
+[ "$(cat "$T/esc")" = 'ab\x01c\xc3\xa9\x1b[2J' ] && pass || fail "--escape yes: $(od -c "$T/esc")"
+$P sample --checkpoint "$R/checkpoint.safetensors" --prompt "$prompt" --tokens 0 >"$T/raw" 2>/dev/null
+[ "$(cat "$T/raw")" = "$prompt" ] && pass || fail "--escape auto on a pipe: $(od -c "$T/raw")"
+if command -v script >/dev/null 2>&1; then
+    script -qec "$P sample --checkpoint $R/checkpoint.safetensors --prompt '$prompt' --tokens 0" \
+        /dev/null >"$T/tty" 2>&1 </dev/null
+    grep -q 'ab\\x01c\\xc3\\xa9\\x1b\[2J' "$T/tty" && pass || fail "--escape auto on a terminal: $(od -c "$T/tty" | head)"
+fi
+expect "--escape maybe" 2 "unknown value 'maybe'" $P sample --checkpoint "$R/checkpoint.safetensors" \
+    --escape maybe
+
 # ---- flags that do not apply are errors --------------------------------------------------------
 for f in "--kernel trig" "--features 64" "--eps 0.1" "--chunk 16" "--proj iid" "--norm qmc" \
          "--seed 3" "--save-w w.npy" "--w q.npy" "--samples 4" "--proposals 2" "--deterministic"; do

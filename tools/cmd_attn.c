@@ -19,10 +19,11 @@
 
 const char cmd_attn_synopsis[] =
     "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor|ra|lara]\n"
-    "     [--causal] [--kernel positive|hyperbolic|trig|relu]              [--features M]\n"
-    "     [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S] [--scale S] [--eps E]\n"
-    "     [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy] [--threads N] [--chunk C]\n"
-    "     [--grad-out DO.npy --grad-prefix P] [--samples S] [--proposals C] [--deterministic]\n";
+    "     [--causal] [--kernel positive|hyperbolic|trig|relu|oprf|sderf] [--oprf-a A]\n"
+    "     [--features M] [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S]\n"
+    "     [--scale S] [--eps E] [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy]\n"
+    "     [--threads N] [--chunk C] [--grad-out DO.npy --grad-prefix P] [--samples S]\n"
+    "     [--proposals C] [--deterministic]\n";
 
 void cmd_attn_help(void) {
     printf("usage: %s\n"
@@ -45,8 +46,13 @@ void cmd_attn_help(void) {
            "                      [1, Lk]; the keys after them are padding        [all Lk]\n"
            "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
            "\n"
-           "FAVOR+ only (--method favor):\n"
-           "  --kernel NAME       positive | hyperbolic | trig | relu             [positive]\n"
+           "FAVOR+, FAVOR++ and FAVOR# (--method favor):\n"
+           "  --kernel NAME       positive | hyperbolic | trig | relu (FAVOR+ maps), or\n"
+           "                      oprf (FAVOR++, alias favor++) | sderf (FAVOR#, alias favor#):\n"
+           "                      positive features with a quadratic term in w fitted to\n"
+           "                      Q and K (Likhosherstov et al. 2022, 2023)       [positive]\n"
+           "  --oprf-a A          FAVOR++'s A, A < 1/8 (0 is FAVOR+); required with --causal\n"
+           "                      (a causal A must not look at the sequence)  [fitted per head]\n"
            "  --features M        random projections m (r = m features, 2m for hyperbolic\n"
            "                      and trig)                                       [256]\n"
            "  --proj NAME         orthogonal | iid: how W's rows are drawn        [orthogonal]\n"
@@ -93,6 +99,8 @@ typedef struct attn_cfg {
     int threads;
     int chunk;
     unsigned given; /* bit i: method_flags[i] was given */
+    int oprf_a_given;
+    double oprf_a;
 } attn_cfg;
 
 /* ---- command line -------------------------------------------------------------------------- */
@@ -107,6 +115,7 @@ static const struct {
     unsigned methods;
 } method_flags[] = {
     {"--kernel", M_FAVOR},           {"--features", M_FAVOR},      {"--proj", M_FAVOR},
+    {"--oprf-a", M_FAVOR},
     {"--norm", M_FAVOR},             {"--eps", M_FAVOR},           {"--chunk", M_FAVOR},
     {"--w", M_FAVOR},                {"--save-w", M_FAVOR},        {"--seed", M_FAVOR | M_RA | M_LARA},
     {"--samples", M_RA | M_LARA},    {"--proposals", M_LARA},      {"--deterministic", M_LARA},
@@ -144,7 +153,8 @@ static int check_flags_apply(const attn_cfg *c) {
 }
 
 static int parse_args(attn_cfg *c, int argc, char **argv) {
-    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
+    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", "oprf",
+                                          "sderf",    "favor++",    "favor#", NULL};
     static const char *const projs[] = {"orthogonal", "iid", NULL};
     static const char *const norms[] = {"chi", "sqrtd", "qmc", NULL};
     tool_args a;
@@ -185,6 +195,14 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
                 tool_fail(CMD, "--kernel: '%s' is not known to this library", v);
                 a.failed = 1;
             }
+        } else if (tool_opt(&a, "--oprf-a", &v)) {
+            if (v && tool_parse_double(&a, "--oprf-a", v, -1e6, 0.125, 0, &c->oprf_a)) {
+                if (c->oprf_a >= 0.125) { /* the range is [-1e6, 1/8): A = 1/8 has no B */
+                    tool_usage(CMD, "--oprf-a: A must be below 1/8, got '%s'", v);
+                    a.failed = 1;
+                }
+                c->oprf_a_given = 1;
+            }
         } else if (tool_opt(&a, "--proj", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--proj", v, projs)) >= 0)
                 c->proj = idx == 0 ? PF_PROJ_ORTHOGONAL : PF_PROJ_IID;
@@ -221,6 +239,16 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
         return tool_usage(CMD, "--grad-out and --grad-prefix go together");
     int rc = check_flags_apply(c);
     if (rc) return rc;
+    if (c->oprf_a_given && c->kernel != PF_KERNEL_OPRF)
+        return tool_usage(CMD, "--oprf-a is for --kernel oprf only");
+    if (c->favor && c->causal && c->kernel == PF_KERNEL_OPRF && !c->oprf_a_given)
+        return tool_usage(CMD, "--kernel oprf --causal needs --oprf-a A: a causal A must be fixed "
+                               "beforehand, not fitted to the sequence (whose later keys a query "
+                               "must not see)");
+    if (c->favor && c->causal && c->kernel == PF_KERNEL_SDERF)
+        return tool_usage(CMD, "--kernel sderf is bidirectional only: its A is fitted to the "
+                               "sequence's own queries and keys, which a causal query must not "
+                               "see; use --kernel oprf --oprf-a A");
     const int sampler = c->method == 2 || c->method == 3;
     if (sampler && c->causal)
         return tool_usage(CMD,
@@ -547,6 +575,8 @@ static int run(const attn_cfg *c) {
     int wrank = 2;
     if (c->favor) {
         fav.kernel = c->kernel;
+        fav.oprf_a_given = c->oprf_a_given;
+        fav.oprf_a = (float)c->oprf_a;
         fav.eps = (float)c->eps;
         fav.chunk = c->chunk;
         if (c->w) {

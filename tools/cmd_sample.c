@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -19,7 +20,7 @@
 
 const char cmd_sample_synopsis[] =
     "performer sample --checkpoint FILE [--prompt TEXT] [--tokens N] [--temperature T]\n"
-    "     [--top-k K] [--seed S] [--threads N]\n";
+    "     [--top-k K] [--seed S] [--threads N] [--escape auto|yes|no]\n";
 
 void cmd_sample_help(void) {
     printf("usage: %s\n"
@@ -34,9 +35,21 @@ void cmd_sample_help(void) {
            "  --seed S            the draws (same seed, same text)                [0]\n"
            "  --threads N         threads, 0 = OpenMP's default; one byte is too   [1]\n"
            "                      little work to share (threads only wait)\n"
+           "  --escape WHEN       write bytes other than printable ASCII, newline and tab\n"
+           "                      as \\xNN: yes, no (the raw bytes), or auto: yes when\n"
+           "                      stdout is a terminal (a model can emit control\n"
+           "                      sequences)                                      [auto]\n"
            "\n"
            "Exit status: 0 success, 1 bad checkpoint or failed decoding, 2 bad command line.\n",
            cmd_sample_synopsis);
+}
+
+/* Writes byte c, as \xNN when escaping and it is not printable ASCII, '\n' or '\t'. */
+static void put_byte(int c, int escape) {
+    if (escape && !(c >= 0x20 && c < 0x7f) && c != '\n' && c != '\t')
+        printf("\\x%02x", c);
+    else
+        fputc(c, stdout);
 }
 
 int cmd_sample(int argc, char **argv) {
@@ -44,6 +57,8 @@ int cmd_sample(int argc, char **argv) {
     int tokens = 200, top_k = 40, threads = 1;
     double temperature = 0.8;
     uint64_t seed = 0;
+    int escape = -1; /* -1: auto */
+    static const char *const whens[] = {"auto", "yes", "no", NULL};
     tool_args a;
     tool_args_init(&a, CMD, argc, argv);
     while (tool_next(&a)) {
@@ -60,6 +75,9 @@ int cmd_sample(int argc, char **argv) {
             if (v) tool_parse_int(&a, "--top-k", v, 0, PF_LM_VOCAB, &top_k);
         } else if (tool_opt(&a, "--seed", &v)) {
             if (v) tool_parse_u64(&a, "--seed", v, &seed);
+        } else if (tool_opt(&a, "--escape", &v)) {
+            int w = v ? tool_parse_choice(&a, "--escape", v, whens) : -1;
+            if (w >= 0) escape = w == 0 ? -1 : w == 1;
         } else if (tool_opt(&a, "--threads", &v)) {
             if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &threads);
         } else {
@@ -68,6 +86,7 @@ int cmd_sample(int argc, char **argv) {
     }
     if (a.failed) return TOOL_EXIT_USAGE;
     if (!ckpt) return tool_usage(CMD, "missing --checkpoint FILE");
+    if (escape < 0) escape = isatty(1);
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
@@ -96,7 +115,7 @@ int cmd_sample(int argc, char **argv) {
     size_t n = 0;
     if (plen == 0) text[n++] = '\n';
     for (size_t i = 0; i < plen; i++) text[n++] = (unsigned char)prompt[i];
-    fwrite(prompt, 1, plen, stdout);
+    for (size_t i = 0; i < plen; i++) put_byte((unsigned char)prompt[i], escape);
 
     float logits[PF_LM_VOCAB];
     pf_rng rng;
@@ -121,7 +140,7 @@ int cmd_sample(int argc, char **argv) {
         st = pf_sample_logits(&next, logits, PF_LM_VOCAB, (float)temperature, top_k, &rng);
         if (st != PF_OK) break;
         text[n++] = next;
-        fputc(next, stdout);
+        put_byte(next, escape);
         fflush(stdout);
     }
     double ms = tool_now_ms() - t0;
