@@ -296,7 +296,13 @@ PF_API void pf_favor_state_free(pf_favor_state *state);
 PF_API pf_status pf_favor_state_reset(pf_favor_state *state);
 
 /* Advances by n >= 1 tokens: q, k (H,n,d), v (H,n,dv) -> out (H,n,dv), each row attending to every
- * earlier token and itself. */
+ * earlier token and itself. Steps are cut into chunks at the multiples of C counted from
+ * position 0, where the causal pf_attn_favor cuts them, so steps whose sizes are multiples of C
+ * (the last may be shorter) give the same bits as pf_attn_favor on the (1, H, L) inputs when
+ * that pass scans each head in one piece: H >= 4, or L <= 4 feature blocks (1024 rows at the
+ * default C = 16). With fewer heads a longer pass cuts each head into scan blocks run in
+ * parallel, whose starting states are the same sums associated differently; the rows then
+ * agree to float rounding (relative 1e-6), as do steps of other sizes (1 when decoding). */
 PF_API pf_status pf_favor_state_step(pf_favor_state *state, float *out, const float *q,
                                      const float *k, const float *v, int n);
 

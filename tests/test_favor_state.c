@@ -6,7 +6,8 @@
  *   the sums are associated differently, so float rounding, ~1e-7, is all that may differ);
  * - steps that are multiples of the chunk C (the last one shorter): the same bits as the full
  *   pass, since they run the same chunk computations (default C and C = 7), and pf_mm gives a
- *   row the same bits whatever the rows beside it;
+ *   row the same bits whatever the rows beside it; for long sequences of few heads, which the
+ *   full pass scans in blocks, equal to 1e-6 (the stated limit, checked at L up to 4096);
  * - mixed step sizes 1, 3, 16, 7, 2, 31: equal to 1e-6;
  * - rows of norm 30 and keys of norms 1..30, whose log factors span ~100 so that the running
  *   max grows and the state is rescaled: equal to the float64 formula to 1e-5;
@@ -350,8 +351,46 @@ static void test_errors(void) {
     problem_free(&p);
 }
 
+/* The stated limit of the bit-for-bit claim (performer.h, pf_favor_state_step): aligned steps
+ * give the full pass's bits when it scans each head in one piece, that is H >= 4 (B = 1) or
+ * L <= 4 feature blocks (1024 rows at C = 16); a longer pass over fewer heads is cut into scan
+ * blocks whose starting states are sums associated differently, and there the rows agree to
+ * float rounding. Checked at L = 1024, 1040 and 4096 for H = 1, 2, 4. */
+static void test_long_sequences(void) {
+    static const int Ls[3] = {1024, 1040, 4096}, Hs[3] = {1, 2, 4};
+    double worst = 0;
+    for (int li = 0; li < 3; li++) {
+        for (int hi = 0; hi < 3; hi++) {
+            const int L = Ls[li], H = Hs[hi], C = 16;
+            problem p = problem_make(H, L, 16, 8, 32, 700 + (uint64_t)(li * 3 + hi));
+            pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, C);
+            CHECK_STATUS(full_pass(&p, &f), PF_OK);
+            pf_favor_state *st = NULL;
+            CHECK_STATUS(pf_favor_state_create(&st, H, 16, 8, 0.0f, &f), PF_OK);
+            const int step[2] = {C, 3 * C};
+            if (st) CHECK_STATUS(stream(&p, st, step, 2), PF_OK);
+            const int one_piece = H >= 4 || L <= 4 * 256;
+            if (one_piece) {
+                CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
+                      "H=%d L=%d: aligned steps differ from the full pass (scanned in one piece)",
+                      H, L);
+            } else {
+                double e = rel_err(p.out, p.full, nout(&p));
+                worst = fmax(worst, e);
+                CHECK(e <= 1e-6, "H=%d L=%d: aligned steps: rel err %.3g", H, L, e);
+            }
+            pf_favor_state_free(st);
+            problem_free(&p);
+        }
+    }
+    printf("long sequences: bit-identical where the full pass scans a head in one piece, "
+           "else worst rel err %.3g\n",
+           worst);
+}
+
 int main(void) {
     test_against_full_pass();
+    test_long_sequences();
     test_large_norms();
     test_copy_threads_scale();
     test_errors();
