@@ -435,6 +435,8 @@ typedef struct pf_array {
     int ndim;
     int64_t shape[PF_NPY_MAX_DIMS];
     void *data;               /* owned by the array; free with pf_array_free */
+    void *map_;               /* (the library's) the file mapping data lies in, or NULL */
+    size_t map_len_;
 } pf_array;
 
 /* Element count of an array: the product of its shape (1 for rank 0; 0 for NULL or an array
@@ -447,6 +449,13 @@ PF_API int64_t pf_array_size(const pf_array *a);
  * file: PF_EIO if it cannot be opened or read, PF_EFORMAT for anything else (other dtypes,
  * Fortran order, a bad header, truncated data, or bytes after the data). */
 PF_API pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen);
+
+/* pf_npy_read without the copy: the data of a large array (1 MiB or more) is mapped from the
+ * file (private: writes through a->data stay in this process), the same checks made first;
+ * smaller arrays, and files that cannot be mapped, are read. pf_array_free unmaps. The file
+ * must not be truncated while it is mapped (the system would end the process with SIGBUS
+ * on the next access); replacing it by rename, as pf_npy_write does, is safe. */
+PF_API pf_status pf_npy_map(const char *path, pf_array *a, char *errmsg, size_t errlen);
 
 /* Writes a .npy file (format 1.0) atomically: to a temporary name in the same folder, then
  * renamed. On failure nothing is left at path. */

@@ -544,6 +544,63 @@ static void test_io_errors(void) {
     CHECK_STATUS(pf_npy_read(path, &a, NULL, 0), PF_EIO);
 }
 
+/* pf_npy_map: the same arrays as pf_npy_read, mapped from 1 MiB on (writes through the mapping
+ * stay private: the file is unchanged), read below that; the same refusals; pf_array_free
+ * unmaps (ASan and the resident size would show a leak or a double free). */
+static void test_map(void) {
+    char path[512], msg[512];
+    static const int64_t lens[3] = {7, 262144, 300001}; /* 28 B, 1 MiB, 1.2 MB of float32 */
+    for (int i = 0; i < 3; i++) {
+        for (int t = 0; t < 3; t++) {
+            pf_array a = {.dtype = (pf_dtype)t, .ndim = 2, .shape = {lens[i], 1}};
+            size_t esize = t == PF_I64 ? 8 : 4, n = (size_t)lens[i];
+            a.data = xmalloc(n * esize);
+            fill(&a);
+            path_in(path, sizeof(path), "map.npy");
+            CHECK_STATUS(pf_npy_write(path, &a, msg, sizeof(msg)), PF_OK);
+            size_t flen = 0;
+            unsigned char *before = read_file(path, &flen);
+            pf_array m, r;
+            CHECK_STATUS(pf_npy_map(path, &m, msg, sizeof(msg)), PF_OK);
+            CHECK_STATUS(pf_npy_read(path, &r, msg, sizeof(msg)), PF_OK);
+            int mapped = m.map_ != NULL;
+            CHECK(mapped == (n * esize >= (1u << 20)), "%lld x %s: mapped %d",
+                  (long long)lens[i], dt_names[t], mapped);
+            CHECK(m.dtype == a.dtype && m.ndim == 2 && m.shape[0] == lens[i] && m.shape[1] == 1,
+                  "map: dtype/shape");
+            CHECK(m.data && memcmp(m.data, a.data, n * esize) == 0 &&
+                      memcmp(r.data, a.data, n * esize) == 0,
+                  "%lld x %s: mapped data differ", (long long)lens[i], dt_names[t]);
+            ((unsigned char *)m.data)[0] ^= 0xff; /* private: the file must not change */
+            size_t flen2 = 0;
+            unsigned char *after = read_file(path, &flen2);
+            CHECK(before && after && flen == flen2 && memcmp(before, after, flen) == 0,
+                  "a write through the mapping reached the file");
+            free(before);
+            free(after);
+            pf_array_free(&m);
+            CHECK(is_empty(&m) && m.map_ == NULL, "pf_array_free left a mapped array");
+            pf_array_free(&r);
+            free(a.data);
+        }
+    }
+    /* the refusals are pf_npy_read's */
+    pf_array m;
+    path_in(path, sizeof(path), "map_fifo.npy");
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+    CHECK_STATUS(pf_npy_map(path, &m, msg, sizeof(msg)), PF_EIO);
+    CHECK(strstr(msg, "FIFO") && is_empty(&m), "map of a FIFO: %s", msg);
+    unlink(path);
+    path_in(path, sizeof(path), "map_short.npy");
+    static float x[300000];
+    pf_array big = {.dtype = PF_F32, .ndim = 1, .shape = {300000}, .data = x};
+    CHECK_STATUS(pf_npy_write(path, &big, msg, sizeof(msg)), PF_OK);
+    CHECK(truncate(path, 1000000) == 0, "truncate");
+    CHECK_STATUS(pf_npy_map(path, &m, msg, sizeof(msg)), PF_EFORMAT);
+    CHECK(strstr(msg, "truncated") && is_empty(&m), "map of a truncated file: %s", msg);
+    CHECK_STATUS(pf_npy_map(NULL, &m, msg, sizeof(msg)), PF_EINVAL);
+}
+
 static void test_array_helpers(void) {
     pf_array_free(NULL);
     pf_array a = {.dtype = PF_F32, .ndim = 0, .data = NULL};
@@ -570,6 +627,7 @@ int main(void) {
     }
     test_array_helpers();
     test_round_trip();
+    test_map();
     test_numpy_files();
     test_numpy_refusals();
     test_handmade_accepted();

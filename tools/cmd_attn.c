@@ -23,7 +23,7 @@ const char cmd_attn_synopsis[] =
     "     [--features M] [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S]\n"
     "     [--scale S] [--eps E] [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy]\n"
     "     [--threads N] [--chunk C] [--grad-out DO.npy --grad-prefix P] [--samples S]\n"
-    "     [--proposals C] [--deterministic]\n";
+    "     [--proposals C] [--deterministic] [--timings]\n";
 
 void cmd_attn_help(void) {
     printf("usage: %s\n"
@@ -45,6 +45,7 @@ void cmd_attn_help(void) {
            "  --key-lengths FILE  int32 or int64 (B,): valid keys per batch item, each in\n"
            "                      [1, Lk]; the keys after them are padding        [all Lk]\n"
            "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
+           "  --timings           print the time spent reading, computing and writing\n"
            "\n"
            "FAVOR+, FAVOR++ and FAVOR# (--method favor):\n"
            "  --kernel NAME       positive | hyperbolic | trig | relu (FAVOR+ maps), or\n"
@@ -101,6 +102,7 @@ typedef struct attn_cfg {
     unsigned given; /* bit i: method_flags[i] was given */
     int oprf_a_given;
     double oprf_a;
+    int timings; /* --timings */
 } attn_cfg;
 
 /* ---- command line -------------------------------------------------------------------------- */
@@ -225,6 +227,8 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
             if (v) tool_parse_int(&a, "--samples", v, 1, INT_MAX, &c->samples);
         } else if (tool_opt(&a, "--proposals", &v)) {
             if (v) tool_parse_int(&a, "--proposals", v, 1, INT_MAX, &c->proposals);
+        } else if (tool_flag(&a, "--timings")) {
+            c->timings = 1;
         } else if (tool_flag(&a, "--deterministic")) {
             c->deterministic = 1;
         } else {
@@ -285,7 +289,8 @@ static const char *dtype_desc(pf_dtype t) {
 /* Reads a float32 array; 0 or an exit code (after the message). */
 static int load_f32(const char *path, pf_array *a) {
     char msg[1024];
-    if (pf_npy_read(path, a, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    /* mapped, not copied: the inputs are only read */
+    if (pf_npy_map(path, a, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
     if (a->dtype != PF_F32) {
         tool_fail(CMD, "%s: dtype %s is not supported here; expected float32 ('<f4')", path,
                   dtype_desc(a->dtype));
@@ -312,6 +317,12 @@ static int check_finite(const char *path, const pf_array *a) {
                          (long long)i, where);
     }
     return 0;
+}
+
+/* Exact attention and FAVOR+ refuse a NaN or Inf in Q, K, V or dO themselves (PF_ENONFINITE)
+ * in a pass they make anyway, so the tool does not read the inputs once more to look. */
+static int finite_checked_by_library(const attn_cfg *c) {
+    return c->method == 0 || c->method == 1;
 }
 
 /* Every dim of a is in [1, INT_MAX]. */
@@ -398,7 +409,9 @@ static int load_qkv(const attn_cfg *c, attn_inputs *in) {
     if (c->causal && in->shape.Lq != in->shape.Lk)
         return tool_fail(CMD, "--causal needs as many queries as keys (Lq = %d, Lk = %d)",
                          in->shape.Lq, in->shape.Lk);
-    for (int t = 0; t < 3; t++) {
+    /* exact attention and FAVOR+ check their inputs where they read them anyway (a NaN or Inf
+     * is PF_ENONFINITE, then located by find_nonfinite); RA and LARA are checked here */
+    for (int t = 0; t < 3 && !finite_checked_by_library(c); t++) {
         if ((rc = check_finite(path[t], arr[t]))) return rc;
     }
     return 0;
@@ -458,7 +471,7 @@ static int load_dout(const attn_cfg *c, attn_inputs *in, const int64_t *oshape) 
         return tool_fail(CMD, "%s: shape %s; expected the output's shape %s", c->grad_out,
                          tool_shape_str(s1, sizeof(s1), in->dout.shape, in->dout.ndim),
                          tool_shape_str(s2, sizeof(s2), oshape, in->rank));
-    return check_finite(c->grad_out, &in->dout);
+    return finite_checked_by_library(c) ? 0 : check_finite(c->grad_out, &in->dout);
 }
 
 /* ---- outputs ------------------------------------------------------------------------------- */
@@ -498,6 +511,18 @@ static int stage_npy(tool_outputs *outs, int i, const pf_array *a) {
     return 0;
 }
 
+/* After PF_ENONFINITE: the first NaN or Inf among the inputs, reported as check_finite does,
+ * or 0 if they are all finite (the computation overflowed). */
+static int find_nonfinite(const attn_cfg *c, const attn_inputs *in) {
+    const pf_array *arr[4] = {&in->q, &in->k, &in->v, &in->dout};
+    const char *path[4] = {c->q, c->k, c->v, c->grad_out};
+    int rc = 0;
+    for (int t = 0; t < 4 && !rc; t++) {
+        if (arr[t]->data) rc = check_finite(path[t], arr[t]);
+    }
+    return rc;
+}
+
 static int library_error(const char *what, pf_status st) {
     const char *hint = "";
     if (st == PF_EDOMAIN || st == PF_ENONFINITE)
@@ -526,6 +551,7 @@ static int run(const attn_cfg *c) {
     if (rc) return rc;
     tool_outputs_init(outs, CMD);
 
+    double t0 = tool_now_ms(), t_read = 0, t_work = 0;
     /* 1. the outputs, then the inputs, all checked before any computing */
     if ((rc = plan_outputs(c, outs))) goto done;
     if ((rc = load_qkv(c, &in))) goto done;
@@ -604,6 +630,7 @@ static int run(const attn_cfg *c) {
     }
 
     /* 4. the work */
+    t_read = tool_now_ms();
     size_t bh = (size_t)sh->B * (size_t)sh->H;
     size_t nq = bh * (size_t)sh->Lq * (size_t)sh->d, nk = bh * (size_t)sh->Lk * (size_t)sh->d;
     size_t nv = bh * (size_t)sh->Lk * (size_t)sh->dv, no = bh * (size_t)sh->Lq * (size_t)sh->dv;
@@ -636,7 +663,8 @@ static int run(const attn_cfg *c) {
         break;
     }
     if (st != PF_OK) {
-        rc = library_error(what[c->method], st);
+        rc = st == PF_ENONFINITE ? find_nonfinite(c, &in) : 0;
+        if (!rc) rc = library_error(what[c->method], st);
         goto done;
     }
     if (first_nonfinite(out, no)) {
@@ -659,7 +687,9 @@ static int run(const attn_cfg *c) {
         else
             st = pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
         if (st != PF_OK) {
-            rc = library_error(c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",
+            rc = st == PF_ENONFINITE ? find_nonfinite(c, &in) : 0;
+            if (!rc)
+                rc = library_error(c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",
                                st);
             goto done;
         }
@@ -670,6 +700,7 @@ static int run(const attn_cfg *c) {
     }
 
     /* 5. the outputs, all or none: each to its temporary name, then all renamed */
+    t_work = tool_now_ms();
     pf_array a = {.dtype = PF_F32, .ndim = r, .data = out};
     memcpy(a.shape, oshape, sizeof(int64_t) * (size_t)r);
     int i = 0;
@@ -689,6 +720,9 @@ static int run(const attn_cfg *c) {
         }
     }
     if (!rc) rc = tool_outputs_commit(outs);
+    if (!rc && c->timings)
+        fprintf(stderr, "performer attn: read and check %.2f ms, compute %.2f ms, write %.2f ms\n",
+                t_read - t0, t_work - t_read, tool_now_ms() - t_work);
 
 done:
     tool_outputs_discard(outs);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -98,7 +99,10 @@ int64_t pf_array_size(const pf_array *a) {
 
 void pf_array_free(pf_array *a) {
     if (!a) return;
-    pf_free(a->data);
+    if (a->map_)
+        munmap(a->map_, a->map_len_);
+    else
+        pf_free(a->data);
     array_clear(a);
 }
 
@@ -321,8 +325,13 @@ static uint32_t le_u32(const unsigned char *b) {
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-/* Reads a whole file; both reading and checking happen here so a fails cleanly on any path. */
-static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *errmsg,
+/* Arrays from this many bytes on are mapped by pf_npy_map (smaller ones are read: a mapping
+ * costs whole pages and a system call or two). */
+#define NPY_MAP_MIN (1u << 20)
+
+/* Reads a whole file (map: maps the data of a large one instead, pf_npy_map); both reading and
+ * checking happen here so a fails cleanly on any path. */
+static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, int map, char *errmsg,
                                size_t errlen) {
     unsigned char pre[NPY_PREFIX_V2];
     size_t got = fread(pre, 1, NPY_PREFIX_V1, f);
@@ -387,6 +396,28 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
                         (unsigned long long)(have - bytes), bytes);
     }
 
+    /* A mapping instead of a copy: private (writes through a.data stay in this process),
+     * little-endian data aligned for its type; populated at once where the system can. */
+    if (map && bytes >= NPY_MAP_MIN && host_is_little_endian() && data_off % (long)esize == 0) {
+        size_t len = (size_t)data_off + bytes;
+        int flags = MAP_PRIVATE;
+#ifdef MAP_POPULATE
+        flags |= MAP_POPULATE;
+#endif
+        void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, fileno(f), 0);
+        if (base != MAP_FAILED) {
+            a->dtype = dtype;
+            a->ndim = ndim;
+            memset(a->shape, 0, sizeof(a->shape));
+            for (int i = 0; i < ndim; i++) a->shape[i] = shape[i];
+            a->data = (char *)base + data_off;
+            a->map_ = base;
+            a->map_len_ = len;
+            return PF_OK;
+        }
+        /* no mapping (a file system without mmap): read it as pf_npy_read does */
+    }
+
     void *data = pf_alloc(bytes ? bytes : 1, 1);
     if (!data) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", bytes);
     got = fread(data, 1, bytes, f);
@@ -412,7 +443,8 @@ static pf_status npy_read_file(FILE *f, const char *path, pf_array *a, char *err
     return PF_OK;
 }
 
-pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen) {
+static pf_status npy_open_read(const char *path, pf_array *a, int map, char *errmsg,
+                               size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
     if (a) array_clear(a);
     if (!path || !a) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
@@ -425,9 +457,17 @@ pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen
         close(fd);
         return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot open: %s", strerror(errno));
     }
-    st = npy_read_file(f, path, a, errmsg, errlen);
+    st = npy_read_file(f, path, a, map, errmsg, errlen);
     fclose(f);
     return st;
+}
+
+pf_status pf_npy_read(const char *path, pf_array *a, char *errmsg, size_t errlen) {
+    return npy_open_read(path, a, 0, errmsg, errlen);
+}
+
+pf_status pf_npy_map(const char *path, pf_array *a, char *errmsg, size_t errlen) {
+    return npy_open_read(path, a, 1, errmsg, errlen);
 }
 
 /* ---- writing ---------------------------------------------------------------------------- */
