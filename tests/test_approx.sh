@@ -14,20 +14,8 @@
 # - bad experiment names and flags: a clear message, exit 2, and no output folder or file.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
-P=${PERFORMER:-build/performer}
-case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
-PY=/usr/bin/python3
-checks=0
-fails=0
+TEST=test_approx; . "$(dirname "$0")/lib.sh"
 
-T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_approx.XXXXXX") || { echo "mktemp failed"; exit 1; }
-trap 'rm -rf "$T"' EXIT
-trap 'exit 1' INT TERM
-
-pass() { checks=$((checks + 1)); }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
-
-if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
 
 HEADER="panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse"
 
@@ -149,5 +137,4 @@ for w in --all --out --draws --quick --threads --no-plot ortho maps kernel norms
 done
 "$P" --help | grep -q "approx" && pass || fail "performer --help does not list approx"
 
-echo "test_approx.sh: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -17,16 +17,7 @@
 # differences of the same float64 formula; and the refusals (causal without A, causal FAVOR#,
 # --oprf-a with another kernel, A >= 1/8).
 
-P=${PERFORMER:-build/performer}
-case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
-PY=/usr/bin/python3
-checks=0
-fails=0
-T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_favorpp.XXXXXX") || { echo "mktemp failed"; exit 1; }
-trap 'rm -rf "$T"' EXIT
-trap 'exit 1' INT TERM
-pass() { checks=$((checks + 1)); }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+TEST=test_favorpp; . "$(dirname "$0")/lib.sh"
 if ! $PY -c 'import numpy' 2>/dev/null; then echo "FAIL: $PY has no numpy"; exit 1; fi
 
 cat >"$T/ref.py" <<'EOF'
@@ -214,5 +205,4 @@ refuse "--oprf-a 1" "--oprf-a" --kernel oprf --oprf-a 1
 refuse "--oprf-a nan" "--oprf-a" --kernel oprf --oprf-a nan
 refuse "--oprf-a with exact" "does not use it" --method exact --oprf-a -0.1
 
-echo "test_favorpp.sh: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -19,21 +19,7 @@
 #   names say so; --threads beyond the library's limit is a usage error.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
-P=${PERFORMER:-build/performer}
-case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
-PY=/usr/bin/python3
-checks=0
-fails=0
-
-T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_robust.XXXXXX") || { echo "mktemp failed"; exit 1; }
-cleanup() { chmod -R u+w "$T" 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-pass() { checks=$((checks + 1)); }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
-
-if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
+TEST=test_robust; . "$(dirname "$0")/lib.sh"
 if ! $PY -c 'import numpy' 2>/dev/null; then echo "FAIL: $PY has no numpy"; exit 1; fi
 
 # A listing of every entry under $T/w: kind, name, link target, and a checksum of each regular
@@ -233,5 +219,4 @@ expect "--threads 100000" 2 "--threads" $P $A --out o.npy --threads 100000
 expect "train --threads 100000" 2 "--threads" $P train --out "$T/x" --threads 100000
 [ -e "$T/x" ] && fail "a usage error made train's folder" || pass
 
-echo "test_robust.sh: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish

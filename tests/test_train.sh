@@ -20,19 +20,7 @@
 #   flags: each a clear message and the right exit status.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
-P=${PERFORMER:-build/performer}
-case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
-PY=/usr/bin/python3
-checks=0
-fails=0
-
-T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_train.XXXXXX") || { echo "mktemp failed"; exit 1; }
-cleanup() { rm -rf "$T"; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-pass() { checks=$((checks + 1)); }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+TEST=test_train; . "$(dirname "$0")/lib.sh"
 check() { # check "what" command...: the command must succeed
     what=$1; shift
     if "$@"; then pass; else fail "$what"; fi
@@ -51,7 +39,6 @@ expect_fail() {
     fi
 }
 
-if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
 if ! $PY -c 'import numpy' 2>/dev/null; then echo "FAIL: $PY has no numpy"; exit 1; fi
 
 # Compares two checkpoints tensor by tensor with an independent reader; prints differences.
@@ -226,5 +213,4 @@ expect_fail 1 "truncated\|safetensors" $P sample --checkpoint "$T/cut.safetensor
 expect_fail 2 "missing --checkpoint" $P sample --tokens 3
 expect_fail 2 "--top-k" $P sample --checkpoint "$C" --top-k 300
 
-echo "test_train.sh: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish

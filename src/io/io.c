@@ -45,6 +45,22 @@ int pf_io_write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
+pf_status pf_io_read_all(int fd, void *buf, size_t n, const char *path, char *errmsg,
+                         size_t errlen) {
+    char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, p + got, n - got > (1u << 30) ? (1u << 30) : n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error: %s", strerror(errno));
+        if (r == 0)
+            return pf_io_fail(PF_EIO, errmsg, errlen, path,
+                              "read error (the file shrank while it was read)");
+        got += (size_t)r;
+    }
+    return PF_OK;
+}
+
 /* What a file of mode m is, in words, for messages. */
 static const char *file_kind(mode_t m) {
     if (S_ISDIR(m)) return "a folder";

@@ -25,6 +25,11 @@ PF_INTERNAL int pf_io_write_all(int fd, const void *buf, size_t n);
 PF_INTERNAL int pf_io_open_regular(const char *path, int64_t *size, pf_status *st, char *errmsg,
                                    size_t errlen);
 
+/* Reads exactly n bytes from fd into buf, retrying on EINTR and short reads. PF_OK, or PF_EIO
+ * with errmsg naming path (a read error, or the file ended early: it shrank while read). */
+PF_INTERNAL pf_status pf_io_read_all(int fd, void *buf, size_t n, const char *path, char *errmsg,
+                                     size_t errlen);
+
 /* PF_OK if path may be replaced by a new regular file: it does not exist, or it is a regular
  * file. A symbolic link, folder, device, FIFO or socket is PF_EIO with a message: replacing
  * one would destroy it (`--out /dev/null` run as root would replace the device), and writing

@@ -378,22 +378,11 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
         close(fd);
         return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", size);
     }
-    size_t got = 0;
-    int rerr = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got > (1u << 30) ? (1u << 30) : size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            rerr = r < 0 ? errno : 0;
-            break;
-        }
-        got += (size_t)r;
-    }
+    st = pf_io_read_all(fd, buf, size, path, errmsg, errlen);
     close(fd);
-    if (got != size) {
+    if (st != PF_OK) {
         free(buf);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error%s%s", rerr ? ": " : "",
-                          rerr ? strerror(rerr) : " (the file shrank while it was read)");
+        return st;
     }
     f->buf = buf;
     f->size = size;

@@ -98,24 +98,13 @@ pf_status pf_file_read(const char *path, uint8_t **data, size_t *n, char *errmsg
         close(fd);
         return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
     }
-    size_t got = 0;
-    int rerr = 0;
-    while (got < (size_t)size) {
-        size_t want = (size_t)size - got;
-        ssize_t r = read(fd, raw + got, want > (1u << 30) ? (1u << 30) : want);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            rerr = r < 0 ? errno : 0;
-            break;
-        }
-        got += (size_t)r;
-    }
+    st = pf_io_read_all(fd, raw, (size_t)size, path, errmsg, errlen);
     close(fd);
-    if (got != (size_t)size) {
+    if (st != PF_OK) {
         free(raw);
-        return pf_io_fail(PF_EIO, errmsg, errlen, path, "read error%s%s", rerr ? ": " : "",
-                          rerr ? strerror(rerr) : " (the file shrank while it was read)");
+        return st;
     }
+    size_t got = (size_t)size;
     if (got >= 2 && raw[0] == 0x1f && raw[1] == 0x8b) {
         st = gunzip(raw, got, data, n, path, errmsg, errlen);
         free(raw);
