@@ -1,5 +1,5 @@
 /* text.c: reading corpora: any file through zlib (gzip or plain), FASTA records and plain text
- * as documents (model/data.h). */
+ * as documents (io/text.h). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <zlib.h>
 
 #include "io/io.h"
-#include "model/data.h"
+#include "io/text.h"
 
 /* Inflates the gzip members in[0, n) into a growing buffer of at most PF_FILE_MAX bytes.
  * Members may follow one another (as `cat a.gz b.gz` makes, which gzip reads as one); any
