@@ -20,6 +20,8 @@ pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts) {
     if (!shape || !opts) return PF_EINVAL;
     const pf_shape *s = shape;
     if (s->B < 1 || s->H < 1 || s->Lq < 1 || s->Lk < 1 || s->d < 1 || s->dv < 1) return PF_EINVAL;
+    /* (batch, head) pairs are counted in an int everywhere */
+    if ((int64_t)s->B * s->H > INT32_MAX) return PF_EINVAL;
     if (opts->causal != 0 && opts->causal != 1) return PF_EINVAL;
     if (opts->causal && s->Lq != s->Lk) return PF_EINVAL;
     if (opts->threads < 0 || opts->threads > PF_MAX_THREADS) return PF_EINVAL;

@@ -443,6 +443,20 @@ static void test_errors(void) {
     {
         pf_shape huge = {INT_MAX, INT_MAX, INT_MAX, INT_MAX, INT_MAX, INT_MAX};
         CHECK_STATUS(pf_attn_check(&huge, &o), PF_EINVAL); /* size_t overflow */
+        /* B * H beyond an int (tiny tensors otherwise): SIGFPE, SIGSEGV or one head computed
+         * before; refused now, for every method, before any data is read (NULL data) */
+        static const pf_shape many[3] = {{65536, 65536, 1, 1, 1, 1},
+                                         {46341, 46341, 1, 1, 1, 1},
+                                         {641, 6700417, 1, 1, 1, 1}};
+        for (int k = 0; k < 3; k++) {
+            CHECK_STATUS(pf_attn_check(&many[k], &o), PF_EINVAL);
+            pf_favor_opts fo = pf_favor_opts_default();
+            float w1[4] = {1, 0, 0, 1};
+            fo.W = w1;
+            fo.m = 4;
+            CHECK_STATUS(pf_attn_favor(out, t.Q, t.K, t.V, &many[k], &o, &fo), PF_EINVAL);
+            CHECK_STATUS(pf_attn_exact(out, lse, t.Q, t.K, t.V, &many[k], &o), PF_EINVAL);
+        }
         pf_shape cross = sh;
         cross.Lk = 5;
         pf_attn_opts oc = o;

@@ -11,6 +11,8 @@
  * - I/O failures (missing file, unwritable folder) give PF_EIO, and a failed write leaves
  *   nothing behind: no file at the path, no temporary file in the folder. */
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "io/io.h"
 
 #define PY "/usr/bin/python3"
 
@@ -601,6 +604,41 @@ static void test_map(void) {
     CHECK_STATUS(pf_npy_map(NULL, &m, msg, sizeof(msg)), PF_EINVAL);
 }
 
+/* A write in progress when a signal stops the process: the handler the tool installs calls
+ * pf_io_temp_remove_all, which removes the temporary file (nothing half-written is left) and
+ * leaves the destination as it was. Run in a child killed by SIGTERM. */
+static void on_term(int sig) {
+    pf_io_temp_remove_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void test_signal_cleanup(void) {
+    char path[512];
+    path_in(path, sizeof(path), "sig.npy");
+    float x[4] = {1, 2, 3, 4};
+    pf_array a = {.dtype = PF_F32, .ndim = 1, .shape = {4}, .data = x};
+    CHECK_STATUS(pf_npy_write(path, &a, NULL, 0), PF_OK);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGTERM, on_term);
+        pf_io_atomic w;
+        if (pf_io_atomic_begin(&w, path, NULL, 0) != PF_OK) _exit(3);
+        if (write(w.fd, "half", 4) != 4) _exit(4);
+        raise(SIGTERM); /* stopped mid-write */
+        _exit(5);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "child status %d", status);
+    CHECK(count_temp_files(dir) == 0, "a temporary file survived the signal");
+    pf_array b;
+    CHECK_STATUS(pf_npy_read(path, &b, NULL, 0), PF_OK);
+    CHECK(b.shape[0] == 4 && ((float *)b.data)[3] == 4.0f, "the destination changed");
+    pf_array_free(&b);
+}
+
 static void test_array_helpers(void) {
     pf_array_free(NULL);
     pf_array a = {.dtype = PF_F32, .ndim = 0, .data = NULL};
@@ -628,6 +666,7 @@ int main(void) {
     test_array_helpers();
     test_round_trip();
     test_map();
+    test_signal_cleanup();
     test_numpy_files();
     test_numpy_refusals();
     test_handmade_accepted();

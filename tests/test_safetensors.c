@@ -421,7 +421,42 @@ static void expect_refused_checkpoint(const char *from, const char *to, const ch
           r1.ru_maxrss - r0.ru_maxrss);
 }
 
+/* pf_model_create refuses any field out of range whatever the attention, so that everything
+ * pf_model_save writes pf_model_load reads (exact attention with redraw -1 or kernel 99 was
+ * created, saved, and then refused by the loader). */
+static void test_create_round_trip(void) {
+    pf_model_config bad[5];
+    for (int i = 0; i < 5; i++) bad[i] = pf_model_config_default(); /* exact attention */
+    bad[0].redraw = -1;
+    bad[1].features = -5;
+    bad[2].features = PF_LM_MAX_FEATURES + 1;
+    bad[3].kernel = (pf_kernel)99;
+    bad[4].attention = PF_LM_FAVORPP;
+    bad[4].kernel = (pf_kernel)99;
+    for (int i = 0; i < 5; i++) {
+        pf_model *m = NULL;
+        CHECK_STATUS(pf_model_create(&m, &bad[i]), PF_EINVAL);
+        pf_model_free(m);
+    }
+    /* what is accepted round-trips: exact attention with features 0 and a FAVOR+ kernel */
+    pf_model_config ok = pf_model_config_default();
+    ok.context = 8;
+    ok.layers = 1;
+    ok.d_model = 8;
+    ok.heads = 2;
+    ok.features = 0;
+    ok.kernel = PF_KERNEL_TRIG;
+    pf_model *m = NULL, *r = NULL;
+    char msg[512];
+    CHECK_STATUS(pf_model_create(&m, &ok), PF_OK);
+    CHECK_STATUS(pf_model_save(m, tpath("exact0.safetensors"), NULL, 0, msg, sizeof(msg)), PF_OK);
+    CHECK_STATUS(pf_model_load(&r, tpath("exact0.safetensors"), msg, sizeof(msg)), PF_OK);
+    pf_model_free(m);
+    pf_model_free(r);
+}
+
 static void test_checkpoint_refusals(void) {
+    test_create_round_trip();
     /* metadata claiming a model far larger than the file's tensors: refused from the shapes
      * before anything is allocated (d_model 1024 and 16 layers once allocated 3.1 GB) */
     expect_refused_checkpoint("\"pf.d_model\":\"16\"", "\"pf.d_model\":\"4096\"", "disagrees");
@@ -439,6 +474,8 @@ static void test_checkpoint_refusals(void) {
     expect_refused_checkpoint("\"pf.redraw\":\"3\"", "\"pf.redraw\":\"x\"", "pf.redraw");
     expect_refused_checkpoint("\"pf.step\":\"4\"", "\"pf.step\":\"-4\"", "pf.step");
     expect_refused_checkpoint("\"pf.heads\"", "\"pf.hxads\"", "pf.heads");
+    expect_refused_checkpoint("\"pf.step\":\"4\"", "\"pf.step\":\"9223372036854775807\"",
+                              "pf.step");
 
     char msg[512];
     pf_model *r = NULL;

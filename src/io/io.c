@@ -121,6 +121,37 @@ pf_status pf_io_check_dest(const char *path, char *errmsg, size_t errlen) {
                       file_kind(sb.st_mode));
 }
 
+/* The registry: names of temporary files being written, NULL in free slots. Slots are taken and
+ * freed with atomic operations; a signal handler only reads them. */
+enum { TEMP_SLOTS = 64 };
+static const char *volatile temp_slots[TEMP_SLOTS];
+
+static void temp_register(const char *tmp) {
+    for (int i = 0; i < TEMP_SLOTS; i++) {
+        const char *none = NULL;
+        if (__atomic_compare_exchange_n(&temp_slots[i], &none, tmp, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+            return;
+    }
+    /* all slots taken: this file is not removed on a signal (it is on any other failure) */
+}
+
+void pf_io_temp_forget(const char *tmp) {
+    for (int i = 0; tmp && i < TEMP_SLOTS; i++) {
+        const char *mine = tmp;
+        if (__atomic_compare_exchange_n(&temp_slots[i], &mine, NULL, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+            return;
+    }
+}
+
+void pf_io_temp_remove_all(void) {
+    for (int i = 0; i < TEMP_SLOTS; i++) {
+        const char *t = __atomic_load_n(&temp_slots[i], __ATOMIC_SEQ_CST);
+        if (t) unlink(t);
+    }
+}
+
 pf_status pf_io_atomic_begin(pf_io_atomic *w, const char *path, char *errmsg, size_t errlen) {
     static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     static const char mid[] = ".tmp.";
@@ -165,6 +196,7 @@ pf_status pf_io_atomic_begin(pf_io_atomic *w, const char *path, char *errmsg, si
         w->tmp = NULL;
         return pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot create a file: %s", strerror(e));
     }
+    temp_register(w->tmp);
     return PF_OK;
 }
 
@@ -182,6 +214,7 @@ pf_status pf_io_atomic_finish(pf_io_atomic *w, const char *path, int err, char *
         st = pf_io_check_dest(path, errmsg, errlen);
         if (st == PF_OK && rename(w->tmp, path) != 0) e = errno;
     }
+    pf_io_temp_forget(w->tmp); /* renamed into place, or removed next */
     if (e || st != PF_OK) {
         unlink(w->tmp);
         if (e > 0) st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot write: %s", strerror(e));

@@ -36,6 +36,14 @@ PF_INTERNAL pf_status pf_io_read_all(int fd, void *buf, size_t n, const char *pa
  * through a link is not done silently. An empty path is PF_EINVAL. */
 PF_INTERNAL pf_status pf_io_check_dest(const char *path, char *errmsg, size_t errlen);
 
+/* The temporary files of atomic replacements in progress are registered (pf_io_atomic_begin
+ * registers, pf_io_atomic_finish forgets), so that a process stopped by a signal can remove
+ * them: pf_io_temp_remove_all is async-signal-safe (unlink only), for a signal handler. A
+ * caller that keeps a temporary file past pf_io_atomic_begin without pf_io_atomic_finish (the
+ * tool's staged outputs) calls pf_io_temp_forget before renaming or removing it. */
+PF_INTERNAL void pf_io_temp_forget(const char *tmp);
+PF_INTERNAL void pf_io_temp_remove_all(void);
+
 /* An atomic replacement in progress: write to fd, then pf_io_atomic_finish. */
 typedef struct pf_io_atomic {
     int fd;

@@ -373,6 +373,25 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
                           (long long)fsize);
     }
     size_t size = (size_t)fsize;
+    /* the header's length first: a file that is not a safetensors file is refused before its
+     * bytes are read (a multi-gigabyte file would otherwise be loaded whole to find out) */
+    unsigned char len8[8];
+    if (size >= 8) {
+        st = pf_io_read_all(fd, len8, 8, path, errmsg, errlen);
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
+        if (st == PF_OK && (hl > ST_MAX_HEADER || hl > size - 8 || hl < 2))
+            st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                            "not a safetensors file or truncated: header length %llu, file %zu "
+                            "bytes",
+                            (unsigned long long)hl, size);
+        if (st == PF_OK && lseek(fd, 0, SEEK_SET) != 0)
+            st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot read: %s", strerror(errno));
+        if (st != PF_OK) {
+            close(fd);
+            return st;
+        }
+    }
     unsigned char *buf = malloc(size ? size : 1);
     if (!buf) {
         close(fd);

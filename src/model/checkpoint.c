@@ -183,14 +183,19 @@ static pf_status check_tensors(const pf_st_file *f, const pf_model_config *c, in
     return st;
 }
 
-/* Copies tensor `name` (its shape checked by check_tensors) into dst; refuses NaN and Inf. */
-static pf_status load_tensor(const pf_st_file *f, const char *name, float *dst, const char *path,
-                             char *errmsg, size_t errlen) {
+/* Copies tensor `name` (its shape checked by check_tensors) into dst; refuses NaN and Inf, and
+ * with nonneg any negative value (AdamW's second moments and FAVOR++'s statistic are means of
+ * squares). */
+static pf_status load_tensor(const pf_st_file *f, const char *name, float *dst, int nonneg,
+                             const char *path, char *errmsg, size_t errlen) {
     const pf_st_tensor *t = pf_st_find(f, name);
     if (!t) return fail(PF_EFORMAT, errmsg, errlen, path, "missing tensor ", name);
     memcpy(dst, t->data, sizeof(float) * t->count);
     if (pf_any_nonfinite(dst, t->count))
         return fail(PF_EFORMAT, errmsg, errlen, path, "NaN or Inf in tensor ", name);
+    for (size_t i = 0; nonneg && i < t->count; i++) {
+        if (dst[i] < 0) return fail(PF_EFORMAT, errmsg, errlen, path, "a negative value in ", name);
+    }
     return PF_OK;
 }
 
@@ -212,11 +217,12 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
     pf_status st = PF_OK;
     for (int i = 0; i < 6 && st == PF_OK; i++)
         st = meta_int(f, ints[i].key, ints[i].lo, ints[i].hi, &v[i], path, errmsg, errlen);
-    if (st == PF_OK) st = meta_int(f, "pf.step", 0, INT64_MAX, &step, path, errmsg, errlen);
+    /* counters stay far below INT64_MAX, so that adding to them cannot overflow */
+    if (st == PF_OK) st = meta_int(f, "pf.step", 0, INT64_MAX / 4, &step, path, errmsg, errlen);
     if (st == PF_OK)
-        st = meta_int(f, "pf.w_stream", -1, INT64_MAX, &w_stream, path, errmsg, errlen);
+        st = meta_int(f, "pf.w_stream", -1, INT64_MAX / 4, &w_stream, path, errmsg, errlen);
     if (st == PF_OK)
-        st = meta_int(f, "pf.rho_count", 0, INT64_MAX, &rho_count, path, errmsg, errlen);
+        st = meta_int(f, "pf.rho_count", 0, INT64_MAX / 4, &rho_count, path, errmsg, errlen);
     if (st != PF_OK) return st;
     const char *seed = pf_st_meta(f, "pf.seed");
     const char *att = pf_st_meta(f, "pf.attention"), *pos = pf_st_meta(f, "pf.positions");
@@ -288,19 +294,19 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
         int64_t shape[3];
         lm_param_shape(&c, i, &name, shape);
         if (m->param_sizes[i] > 0) {
-            st = load_tensor(f, name, m->params_memory + off, path, errmsg, errlen);
+            st = load_tensor(f, name, m->params_memory + off, 0, path, errmsg, errlen);
             for (int pass = 1; pass <= 2 && with_opt && st == PF_OK; pass++) {
                 char oname[80];
                 snprintf(oname, sizeof(oname), "adamw.%s.%s", pass == 1 ? "m" : "v", name);
-                st = load_tensor(f, oname, (pass == 1 ? m->m_memory : m->v_memory) + off, path,
-                                 errmsg, errlen);
+                st = load_tensor(f, oname, (pass == 1 ? m->m_memory : m->v_memory) + off,
+                                 pass == 2, path, errmsg, errlen);
             }
         }
         off += m->param_sizes[i];
     }
     if (st == PF_OK && c.attention != PF_LM_EXACT) {
-        st = load_tensor(f, "favor.W", m->W, path, errmsg, errlen);
-        if (st == PF_OK) st = load_tensor(f, "favorpp.rho", m->rho, path, errmsg, errlen);
+        st = load_tensor(f, "favor.W", m->W, 0, path, errmsg, errlen);
+        if (st == PF_OK) st = load_tensor(f, "favorpp.rho", m->rho, 1, path, errmsg, errlen);
         m->w_stream = w_stream;
     }
     m->step = step;

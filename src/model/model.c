@@ -37,15 +37,16 @@ pf_status lm_config_check(const pf_model_config *c) {
     if (c->positions == PF_LM_ROTARY && hd % 2 != 0) return PF_EINVAL;
     if (c->attention != PF_LM_EXACT && c->attention != PF_LM_FAVOR && c->attention != PF_LM_FAVORPP)
         return PF_EINVAL;
-    if (c->attention != PF_LM_EXACT) {
-        /* FAVOR+ maps; FAVOR++'s OPRF map is PF_LM_FAVORPP's (kernel is ignored there) */
-        if (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_POSITIVE &&
-            c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
-            c->kernel != PF_KERNEL_RELU)
-            return PF_EINVAL;
-        if (c->features < 1 || c->features > PF_LM_MAX_FEATURES) return PF_EINVAL;
-        if (c->redraw < 0) return PF_EINVAL;
-    }
+    /* every field in range whatever the attention, so that what pf_model_save writes
+     * pf_model_load reads: FAVOR settings unused by exact attention still round-trip */
+    if ((int)c->kernel < 0 || (int)c->kernel > PF_KERNEL_SDERF || c->redraw < 0) return PF_EINVAL;
+    if (c->features < (c->attention == PF_LM_EXACT ? 0 : 1) || c->features > PF_LM_MAX_FEATURES)
+        return PF_EINVAL;
+    /* FAVOR+ maps; FAVOR++'s OPRF map is PF_LM_FAVORPP's (kernel is unused there) */
+    if (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_POSITIVE &&
+        c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
+        c->kernel != PF_KERNEL_RELU)
+        return PF_EINVAL;
     return PF_OK;
 }
 
