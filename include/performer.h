@@ -310,6 +310,110 @@ PF_API pf_status pf_favor_state_step(pf_favor_state *state, float *out, const fl
 PF_API int64_t pf_favor_state_position(const pf_favor_state *state);
 
 /* ---------------------------------------------------------------------------------------------
+ * FAVOR+ in slices (sequence parallelism): a sequence cut into contiguous slices, say one per
+ * process, each holding its rows of Q, K, V. A slice's keys reduce to a state per head,
+ *     S = sum_j phi~(k_j) e^(c_j - M) [v_j | 1]   (r x (dv+1), r = pf_kernel_width)
+ * with its reference M (double; the largest key log factor c_j, -inf for no key): the causal
+ * scan's state (SPEC §4), so combining states rebases to the larger reference exactly as the
+ * running maximum does. Bidirectional attention reads the combined state of every slice;
+ * causal attention starts each slice's scan from the combined state of the slices before it.
+ * The backward exchanges d/dS the same way. Nothing here communicates: the MPI library
+ * (performer_mpi.h) moves these states, O(H r dv) floats per head and call, whatever L.
+ *
+ * Conventions of every pf_favor_slice_* function: shape gives the slice's own lengths (Lq, Lk:
+ * its query and key rows; causal: equal) and Q, K, V, out, dout are its rows, laid out as
+ * everywhere (B,H,L,.). opts->key_len, if not NULL, gives the number of valid keys *of this
+ * slice* per batch element, in [0, Lk] (the global valid length minus the slice's first key,
+ * clamped): 0 is allowed here. States are (B,H,r,dv+1) floats with references (B,H). sums is
+ * what FAVOR++ without a given A and FAVOR# fit to (pf_favor_slice_sums, added over every
+ * slice); NULL for the other maps. Results do not depend on the thread count.
+ *
+ * Equal to the single process: one slice holding the whole sequence gives pf_attn_favor's and
+ * pf_attn_favor_backward's bits. With several, the sums over keys are associated per slice and
+ * causal chunks of C are cut from each slice's first row (the single pass cuts them from
+ * position 0): the outputs and gradients agree to float rounding (relative 1e-6), and are the
+ * same bits for the same slices whatever the thread count.
+ * ------------------------------------------------------------------------------------------ */
+
+/* The checks every pf_favor_slice_* function makes of its shape and options, pf_attn_favor's
+ * with key lengths in [0, Lk]: PF_OK, PF_EINVAL, PF_ENOTSUP (causal FAVOR#) or PF_ENONFINITE
+ * (W). */
+PF_API pf_status pf_favor_slice_check(const pf_shape *shape, const pf_attn_opts *opts,
+                                      const pf_favor_opts *favor);
+
+/* Doubles per head of the fit statistics (B H times this in all): nonzero for FAVOR++ without a
+ * given A (4 + 2d) and FAVOR# (4 + 2d + 2d^2); 0 for the other maps, which need none. */
+PF_API size_t pf_favor_slice_sums_len(const pf_shape *shape, const pf_favor_opts *favor);
+
+/* The slice's fit statistics per (b, h): row counts, sums of |x|^2, column sums and (FAVOR#)
+ * second moments of its queries and of its valid keys, unscaled, into sums (B, H,
+ * pf_favor_slice_sums_len). They add up elementwise over slices (add them in slice order for
+ * reproducible bits); the fitted A is then the single process's. PF_EINVAL (arguments, or a
+ * kernel that needs none), PF_ENONFINITE (NaN or Inf in Q or the valid K). */
+PF_API pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *K,
+                                     const pf_shape *shape, const pf_attn_opts *opts,
+                                     const pf_favor_opts *favor);
+
+/* The slice's own key state: S (B,H,r,dv+1), M (B,H) from its valid keys K, V (a slice with no
+ * valid key gives S = 0, M = -inf). Q may be NULL. PF_EINVAL, PF_ENONFINITE (NaN or Inf in K or
+ * V, or an overflowing projection), PF_ENOMEM; on failure S = 0, M = -inf. */
+PF_API pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float *V,
+                                      const pf_shape *shape, const pf_attn_opts *opts,
+                                      const pf_favor_opts *favor, const double *sums);
+
+/* S (heads, r, dv+1) referenced to M (heads) becomes S + S2 (referenced to M2), referenced per
+ * head to the larger reference: S = e^(M - M') S + e^(M2 - M') S2. A reference of -inf is an empty
+ * state. Commutative bit for bit; combine slices in a fixed order (or a fixed tree) for
+ * reproducible bits. PF_EINVAL on NULL or sizes < 1. */
+PF_API pf_status pf_favor_slice_combine(float *S, double *M, const float *S2, const double *M2,
+                                        int heads, int r, int dv);
+
+/* The slice's outputs out (B,H,Lq,dv). Bidirectional: from (S, M), the combined state of every
+ * slice's keys (K and V are not read but checked). Causal: the slice's chunked scan started from
+ * (S, M), the combined state of the slices before it (M = -inf: none; then the slice's first
+ * key must be valid, PF_EINVAL otherwise). Statuses as pf_attn_favor's; PF_EINVAL also for a
+ * reference that is NaN or +inf, PF_ENONFINITE for a non-finite S. */
+PF_API pf_status pf_favor_slice_attn(float *out, const float *Q, const float *K, const float *V,
+                                     const float *S, const double *M, const pf_shape *shape,
+                                     const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                     const double *sums);
+
+/* The gradient of sum(out * dout) over this slice's outputs with respect to the state (S, M)
+ * they were computed from (as for pf_favor_slice_attn): dS (B,H,r,dv+1), referenced to M (a
+ * gradient referenced to M is e^M times the gradient with respect to the unscaled state).
+ * Bidirectional: sum_i q~_i dN~_i^T over the slice's queries; causal: the part of the scan's
+ * suffix state that reaches its start, 0 where M = -inf. out, if not NULL, is the forward's
+ * output, which saves recomputing the numerators. Statuses as pf_attn_favor_backward's. */
+PF_API pf_status pf_favor_slice_dstate(float *dS, const float *dout, const float *Q,
+                                       const float *K, const float *V, const float *out,
+                                       const float *S, const double *M, const pf_shape *shape,
+                                       const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                       const double *sums);
+
+/* G (heads, r, dv+1), a state gradient referenced to MG (heads), becomes G + G2 (referenced to
+ * MG2), referenced to the smaller reference: G = e^(M' - MG) G + e^(M' - MG2) G2. A reference
+ * of +inf or -inf is an empty gradient (pf_favor_slice_dstate's dS is 0 where M = -inf).
+ * Commutative bit for bit. Causal: the gradient reaching slice p
+ * from the later ones is the combination over q > p of pf_favor_slice_dstate's dS_q with their
+ * starting references; its reference is then the state's after slice p, as
+ * pf_favor_slice_backward wants it. PF_EINVAL on NULL or sizes < 1. */
+PF_API pf_status pf_favor_slice_dcombine(float *G, double *MG, const float *G2, const double *MG2,
+                                         int heads, int r, int dv);
+
+/* The slice's gradients dQ (B,H,Lq,d), dK (B,H,Lk,d), dV (B,H,Lk,dv) of sum(out * dout) over
+ * every slice's outputs (W and FAVOR++/FAVOR#'s A held constant). (S, M) as for
+ * pf_favor_slice_attn. R (B,H,r,dv+1): bidirectional, the sum of every slice's dS (required);
+ * causal, d/dS reaching this slice from the later ones (pf_favor_slice_dcombine), referenced to
+ * the state after this slice (the combination of (S, M) and its own pf_favor_slice_state), or
+ * NULL for the last slice. Statuses as pf_attn_favor_backward's. */
+PF_API pf_status pf_favor_slice_backward(float *dQ, float *dK, float *dV, const float *dout,
+                                         const float *Q, const float *K, const float *V,
+                                         const float *out, const float *S, const double *M,
+                                         const float *R, const pf_shape *shape,
+                                         const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                         const double *sums);
+
+/* ---------------------------------------------------------------------------------------------
  * Sampling estimators of softmax attention (SPEC §5): randomized attention (RA, unbiased,
  * quadratic) and LARA (linear, multiple importance sampling over chunk proposals).
  * Bidirectional only (opts->causal must be 0: PF_ENOTSUP otherwise); key padding honoured.

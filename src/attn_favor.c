@@ -418,10 +418,25 @@ typedef struct favor_job {
     int *kst;           /* (heads, nkb): status of each key unit */
     int *ust;           /* (heads, nqb): status of each query or scan unit */
     pf_favor_saved *sv; /* what the backward will need, or NULL */
+    const pf_favor_ext *ext; /* a slice's state and sums from outside, or NULL */
 } favor_job;
 
 static size_t head_off(int bh, int L, int w) {
     return (size_t)bh * (size_t)L * (size_t)w;
+}
+
+/* A slice: head bh's state from outside, (r, dv+1) rows, into slot 0 as (r, dw) rows (the
+ * causal starting state, or the bidirectional total); an empty one (-inf) as zeros. */
+static void ext_state_in(favor_job *j, int bh) {
+    const size_t dv1 = (size_t)j->s->dv + 1, dw = (size_t)pf_favor_dw(j->s->dv);
+    const size_t r = (size_t)j->r;
+    float *P = j->part + (size_t)bh * (size_t)j->nkb * r * dw;
+    const double M = j->ext->M[bh];
+    j->pmax[(size_t)bh * (size_t)j->nkb] = M;
+    memset(P, 0, sizeof(float) * r * dw);
+    if (M == -INFINITY) return;
+    const float *S = j->ext->S + (size_t)bh * r * dv1;
+    for (size_t f = 0; f < r; f++) memcpy(P + f * dw, S + f * dv1, sizeof(float) * dv1);
 }
 
 /* Phase 0: the head's map (OPRF/SDERF parameters) and the padded keys' check. */
@@ -438,8 +453,13 @@ static pf_status job_head(favor_job *j, int bh) {
         pf_nonfinite_f32(Vh + (size_t)klen * (size_t)s->dv, pad * (size_t)s->dv))
         return PF_ENONFINITE;
     j->fm[bh] = pf_favor_fmap(s, j->opts, j->favor, h);
-    return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor, j->Q + head_off(bh, s->Lq, s->d), s->Lq,
-                         Kh, klen);
+    if (j->ext && j->ext->S) ext_state_in(j, bh);
+    if (j->ext && j->ext->sums)
+        return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
+                                  j->ext->sums + (size_t)bh * pf_favor_sums_len(j->favor->kernel,
+                                                                               s->d));
+    return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor,
+                         j->Q ? j->Q + head_off(bh, s->Lq, s->d) : NULL, s->Lq, Kh, klen);
 }
 
 /* Phase 1: the local sum of key block kb of head bh into slot kb (bidirectional) or kb + 1
@@ -480,7 +500,7 @@ static void job_combine(favor_job *j, int bh) {
         }
         return;
     }
-    M[0] = -INFINITY;
+    if (!(j->ext && j->ext->S)) M[0] = -INFINITY; /* (else the slice's starting state) */
     for (int kb = 1; kb < j->nkb; kb++)
         pf_favor_combine(P + (size_t)kb * n, &M[kb], P + (size_t)(kb - 1) * n, M[kb - 1], n);
 }
@@ -530,23 +550,59 @@ static int fatal(int st) {
     return st == PF_ENONFINITE || st == PF_ENOMEM;
 }
 
+/* A slice's own key state: slot 0 of head bh (the combined total), as (r, dv+1) rows; a head
+ * that failed gives an empty state. */
+static void ext_state_out(favor_job *j, int bh, int dead) {
+    const size_t dv1 = (size_t)j->s->dv + 1, dw = (size_t)pf_favor_dw(j->s->dv);
+    const size_t r = (size_t)j->r;
+    float *S = j->ext->Sout + (size_t)bh * r * dv1;
+    if (dead || !j->part || !j->pmax || j->pmax[(size_t)bh * (size_t)j->nkb] == -INFINITY) {
+        memset(S, 0, sizeof(float) * r * dv1);
+        j->ext->Mout[bh] = -INFINITY;
+        return;
+    }
+    const float *P = j->part + (size_t)bh * (size_t)j->nkb * r * dw;
+    for (size_t f = 0; f < r; f++) memcpy(S + f * dv1, P + f * dw, sizeof(float) * dv1);
+    j->ext->Mout[bh] = j->pmax[(size_t)bh * (size_t)j->nkb];
+}
+
 /* The forward, keeping what the backward needs in sv if it is not NULL; *complete is 1 when
  * every head was computed (none failed outright). Arguments checked. */
 static pf_status favor_run(float *out, const float *Q, const float *K, const float *V,
                            const pf_shape *shape, const pf_attn_opts *opts,
-                           const pf_favor_opts *favor, pf_favor_saved *sv, int *complete) {
+                           const pf_favor_opts *favor, pf_favor_saved *sv, int *complete,
+                           const pf_favor_ext *ext) {
     const pf_shape s = *shape;
     const int heads = s.B * s.H; /* (pf_attn_check: B H L d fits in size_t) */
-    favor_job j = {
-        .s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .out = out, .sv = sv};
+    /* a slice's key state alone: the bidirectional key phases, whatever opts->causal */
+    const int keys_only = ext && ext->Sout, ext_state = ext && ext->S;
+    pf_attn_opts kopts;
+    if (keys_only) {
+        kopts = *opts;
+        kopts.causal = 0;
+        opts = &kopts;
+    }
+    favor_job j = {.s = &s,
+                   .opts = opts,
+                   .favor = favor,
+                   .Q = Q,
+                   .K = K,
+                   .V = V,
+                   .out = out,
+                   .sv = sv,
+                   .ext = ext};
     *complete = 0;
     j.r = pf_kernel_width(favor->kernel, favor->m);
     j.C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
     if (opts->causal)
         j.nkb = pf_favor_scan_blocks(s.Lk, heads, j.C, &j.kbl);
+    else if (ext_state) /* the total comes from outside: no key blocks */
+        j.nkb = 1, j.kbl = s.Lk;
     else
         j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
-    const int nqb = opts->causal ? j.nkb : (s.Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
+    const int nqb = keys_only      ? 0
+                    : opts->causal ? j.nkb
+                                   : (s.Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
     const size_t nkv = (size_t)j.r * (size_t)pf_favor_dw(s.dv), H = (size_t)heads;
     j.fm = malloc(sizeof(pf_fmap) * H);
     j.kw = calloc(H, sizeof(pf_kernel_ws));
@@ -554,12 +610,12 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
     j.pmax = malloc(sizeof(double) * H * (size_t)j.nkb);
     j.hst = calloc(H, sizeof(int));
     j.kst = calloc(H * (size_t)j.nkb, sizeof(int));
-    j.ust = calloc(H * (size_t)nqb, sizeof(int));
+    j.ust = calloc(H * (size_t)(nqb > 0 ? nqb : 1), sizeof(int));
     int worst = PF_OK;
     if (!j.fm || !j.kw || !j.part || !j.pmax || !j.hst || !j.kst || !j.ust) worst = PF_ENOMEM;
     for (int bh = 0; bh < heads && worst == PF_OK; bh++)
         if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
-    const int nk1 = opts->causal ? j.nkb - 1 : j.nkb; /* key units per head */
+    const int nk1 = opts->causal ? j.nkb - 1 : (ext_state ? 0 : j.nkb); /* key units per head */
     int nt = pf_threads(opts->threads);
     if (worst == PF_OK) {
         int nomem = 0;
@@ -609,15 +665,19 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
                 hs = us > hs ? us : hs;
                 dead |= fatal(us);
             }
-            if (dead)
+            if (dead && out)
                 memset(out + head_off(bh, s.Lq, s.dv), 0,
                        sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
+            if (keys_only) ext_state_out(&j, bh, dead);
             if (hs > worst) worst = hs;
             *complete += dead;
         }
         *complete = worst != PF_ENOMEM && *complete == 0;
     }
-    if (worst == PF_ENOMEM) memset(out, 0, sizeof(float) * H * (size_t)s.Lq * (size_t)s.dv);
+    if (worst == PF_ENOMEM && out)
+        memset(out, 0, sizeof(float) * H * (size_t)s.Lq * (size_t)s.dv);
+    if (worst == PF_ENOMEM && keys_only)
+        for (int bh = 0; bh < heads; bh++) ext_state_out(&j, bh, 1);
     if (j.kw)
         for (int bh = 0; bh < heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
     free(j.fm);
@@ -630,6 +690,13 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
     return (pf_status)worst;
 }
 
+pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K, const float *V,
+                               const pf_shape *shape, const pf_attn_opts *opts,
+                               const pf_favor_opts *favor, const pf_favor_ext *ext) {
+    int complete;
+    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, ext);
+}
+
 pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
                         const pf_shape *shape, const pf_attn_opts *opts,
                         const pf_favor_opts *favor) {
@@ -637,7 +704,7 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
     int complete;
-    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete);
+    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, NULL);
 }
 
 /* ---- what a forward keeps for its backward ------------------------------------------------ */
@@ -754,7 +821,7 @@ pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const f
     if (st != PF_OK) return st;
     int complete;
     saved->filled = 0;
-    st = favor_run(out, Q, K, V, shape, opts, favor, saved, &complete);
+    st = favor_run(out, Q, K, V, shape, opts, favor, saved, &complete, NULL);
     saved->filled = complete;
     return st;
 }

@@ -263,6 +263,8 @@ typedef struct bwd_job {
     double *pmax;             /* (nkb) */
     float *dpart;             /* (nqb, r, dw): partial dKV~; slot 0 the total */
     const pf_favor_saved *sv; /* the forward's features and KV~, or NULL (recomputed) */
+    const pf_favor_ext *ext;  /* a slice's states from outside, or NULL */
+    int dstate;               /* a slice's d/dS alone (ext->dS): no dQ, dK, dV */
 } bwd_job;
 
 static size_t hoff(int bh, int L, int w) {
@@ -316,9 +318,24 @@ static pf_status bidir_keys(bwd_job *j, pf_favor_ws *fws, int bh, int kb) {
     const size_t g = gslot(j, bh), nkv = (size_t)j->r * (size_t)j->dw;
     float *KVb = j->part + (g * (size_t)j->nkb + (size_t)kb) * nkv;
     double *Mb = j->pmax + g * (size_t)j->nkb + (size_t)kb;
+    const size_t Lk = (size_t)s->Lk;
+    if (n > 0 && j->ext) {
+        /* a slice: KV~ is the total from outside; only K~ is made here */
+        const float *Kb = j->K + hoff(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d;
+        const float *Vb = j->V + hoff(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv;
+        if (pf_nonfinite_f32(Vb, (size_t)n * (size_t)s->dv)) return PF_ENONFINITE;
+        for (int b0 = 0; b0 < n; b0 += BWD_BLOCK) {
+            const int nb = n - b0 < BWD_BLOCK ? n - b0 : BWD_BLOCK;
+            const size_t row = g * Lk + (size_t)(j0 + b0);
+            pf_status st = pf_fmap_rows(&j->fm[bh], j->kf + row * (size_t)j->r, j->r, j->kc + row,
+                                        j->kamax + row, Kb + (size_t)b0 * (size_t)s->d, nb);
+            if (st != PF_OK) return st;
+        }
+        return PF_OK;
+    }
+    if (j->ext) return PF_OK; /* (slot 0 holds the given total) */
     *Mb = -INFINITY;
     if (n <= 0) return PF_OK;
-    const size_t Lk = (size_t)s->Lk;
     return pf_favor_key_block(
         &j->fm[bh], fws, KVb, Mb, j->K + hoff(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d,
         j->V + hoff(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv, n, s->dv,
@@ -343,9 +360,11 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     const float *KV = head_kv(j, bh), *KVt = ws->state; /* KV^T, (dv + 1, r) */
     pf_transpose(ws->state, KV, r, dv + 1, dw);
     float *dKV = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
+    /* a slice makes dQ, or (dstate) only its part of dKV~, whose total comes from outside */
+    const int want_dq = !j->dstate, want_dkv = !(j->ext && !j->dstate);
     const int i0 = qb * j->qbl, L = s->Lq - i0 < j->qbl ? s->Lq - i0 : j->qbl;
     pf_status st = PF_OK;
-    memset(dKV, 0, sizeof(float) * nkv); /* (the padding columns are never written) */
+    if (want_dkv) memset(dKV, 0, sizeof(float) * nkv); /* (padding columns never written) */
     for (int b0 = 0; b0 < L; b0 += BWD_BLOCK) {
         const int nb = L - b0 < BWD_BLOCK ? L - b0 : BWD_BLOCK;
         const size_t row = (size_t)(i0 + b0);
@@ -373,10 +392,11 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
             pf_mm(0, 0, nb, dv + 1, r, 1.0f, Qf, r, KV, dw, 0.0f, ws->o, dw);
         float *dN = ws->vaug;
         st = worse(st, grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv));
+        /* dKV~ += Q~^T dN~ */
+        if (want_dkv) pf_mm(1, 0, r, dv + 1, nb, 1.0f, Qf, r, dN, dw, b0 ? 1.0f : 0.0f, dKV, dw);
+        if (!want_dq) continue;
         /* dQ~ = dN~ KV~^T (the dv + 1 columns that matter) */
         pf_mm(0, 0, nb, r, dv + 1, 1.0f, dN, dw, KVt, r, 0.0f, ws->dblk, r);
-        /* dKV~ += Q~^T dN~ */
-        pf_mm(1, 0, r, dv + 1, nb, 1.0f, Qf, r, dN, dw, b0 ? 1.0f : 0.0f, dKV, dw);
         /* (gradients are checked block by block, while in cache) */
         if (pf_fmap_rows_backward(fm, j->dQ + hoff(bh, s->Lq, d) + row * (size_t)d, ws->dblk, r, Qf,
                                   r, qamax, Qb, nb, ws->bsc))
@@ -664,6 +684,52 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
 
 /* ---- the driver --------------------------------------------------------------------------- */
 
+/* (r, dv+1) rows src into (r, dw) rows dst, zeros after column dv. */
+static void widen(float *dst, const float *src, int r, int dv, int dw) {
+    const size_t dv1 = (size_t)dv + 1;
+    for (size_t f = 0; f < (size_t)r; f++) {
+        memcpy(dst + f * (size_t)dw, src + f * dv1, sizeof(float) * dv1);
+        memset(dst + f * (size_t)dw + dv1, 0, sizeof(float) * ((size_t)dw - dv1));
+    }
+}
+
+/* (r, dv+1) src transposed into (dv+1, r) dst. */
+static void to_t(float *dst, const float *src, int r, int dv) {
+    const size_t dv1 = (size_t)dv + 1;
+    for (size_t f = 0; f < (size_t)r; f++)
+        for (size_t k = 0; k < dv1; k++) dst[k * (size_t)r + f] = src[f * dv1 + k];
+}
+
+/* A bidirectional slice: head bh's total KV~ (and, unless dstate, its total dKV~) from outside
+ * into slot 0 of the group's storage. */
+static void ext_bidir_in(bwd_job *j, int bh) {
+    const size_t g = gslot(j, bh), nkv = (size_t)j->r * (size_t)j->dw;
+    const size_t n = (size_t)j->r * ((size_t)j->s->dv + 1);
+    const double M = j->ext->M[bh];
+    j->pmax[g * (size_t)j->nkb] = M;
+    if (M == -INFINITY)
+        memset(j->part + g * (size_t)j->nkb * nkv, 0, sizeof(float) * nkv);
+    else
+        widen(j->part + g * (size_t)j->nkb * nkv, j->ext->S + (size_t)bh * n, j->r, j->s->dv,
+              j->dw);
+    if (!j->dstate) widen(j->dpart + g * (size_t)j->nqb * nkv, j->ext->R + (size_t)bh * n, j->r,
+                          j->s->dv, j->dw);
+}
+
+/* A slice's d/dS of head bh out, (r, dv+1) rows: from the bidirectional total in slot 0 of
+ * dpart, or zeros when the head failed. */
+static void ext_dstate_out(bwd_job *j, int bh, int dead) {
+    const size_t n = (size_t)j->r * ((size_t)j->s->dv + 1), dv1 = (size_t)j->s->dv + 1;
+    float *dS = j->ext->dS + (size_t)bh * n;
+    if (dead || j->opts->causal) {
+        if (dead) memset(dS, 0, sizeof(float) * n);
+        return;
+    }
+    const float *P = j->dpart + gslot(j, bh) * (size_t)j->nqb * (size_t)j->r * (size_t)j->dw;
+    for (size_t f = 0; f < (size_t)j->r; f++)
+        memcpy(dS + f * dv1, P + f * (size_t)j->dw, sizeof(float) * dv1);
+}
+
 /* Phase 0 of a head: its map (OPRF/SDERF parameters), the padded keys (checked; zero
  * gradients). */
 static pf_status bwd_head_setup(bwd_job *j, int bh) {
@@ -672,14 +738,21 @@ static pf_status bwd_head_setup(bwd_job *j, int bh) {
     const int klen = pf_attn_key_len(j->opts, b, s->Lk);
     const size_t kl = (size_t)klen, pad = (size_t)(s->Lk - klen);
     const float *Kh = j->K + hoff(bh, s->Lk, s->d), *Vh = j->V + hoff(bh, s->Lk, s->dv);
-    memset(j->dK + hoff(bh, s->Lk, s->d) + kl * (size_t)s->d, 0,
-           sizeof(float) * pad * (size_t)s->d);
-    memset(j->dV + hoff(bh, s->Lk, s->dv) + kl * (size_t)s->dv, 0,
-           sizeof(float) * pad * (size_t)s->dv);
+    if (j->dK) {
+        memset(j->dK + hoff(bh, s->Lk, s->d) + kl * (size_t)s->d, 0,
+               sizeof(float) * pad * (size_t)s->d);
+        memset(j->dV + hoff(bh, s->Lk, s->dv) + kl * (size_t)s->dv, 0,
+               sizeof(float) * pad * (size_t)s->dv);
+    }
     if (pf_nonfinite_f32(Kh + kl * (size_t)s->d, pad * (size_t)s->d) ||
         pf_nonfinite_f32(Vh + kl * (size_t)s->dv, pad * (size_t)s->dv))
         return PF_ENONFINITE;
     j->fm[bh] = pf_favor_fmap(s, j->opts, j->favor, h);
+    if (j->ext && !j->opts->causal) ext_bidir_in(j, bh);
+    if (j->ext && j->ext->sums)
+        return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
+                                  j->ext->sums + (size_t)bh * pf_favor_sums_len(j->favor->kernel,
+                                                                               s->d));
     return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor, j->Q + hoff(bh, s->Lq, s->d), s->Lq, Kh,
                          klen);
 }
@@ -692,9 +765,9 @@ static bwd_head head_of(const bwd_job *j, int bh) {
         .V = j->V + hoff(bh, s->Lk, s->dv),
         .G = j->G + hoff(bh, s->Lq, s->dv),
         .out = j->out ? j->out + hoff(bh, s->Lq, s->dv) : NULL,
-        .dQ = j->dQ + hoff(bh, s->Lq, s->d),
-        .dK = j->dK + hoff(bh, s->Lk, s->d),
-        .dV = j->dV + hoff(bh, s->Lk, s->dv),
+        .dQ = j->dQ ? j->dQ + hoff(bh, s->Lq, s->d) : NULL,
+        .dK = j->dK ? j->dK + hoff(bh, s->Lk, s->d) : NULL,
+        .dV = j->dV ? j->dV + hoff(bh, s->Lk, s->dv) : NULL,
         .Lq = s->Lq,
         .Lk = s->Lk,
         .klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk),
@@ -747,8 +820,10 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 #pragma omp single
     {
         for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
-        /* slot u: the state before block u, start(u) = start(u - 1) + local(u - 1) */
-        j->lm[0] = -INFINITY;
+        /* slot u: the state before block u, start(u) = start(u - 1) + local(u - 1); slot 0
+         * empty, or a slice's starting state */
+        j->lm[0] = j->ext && j->ext->S ? j->ext->M[bh] : -INFINITY;
+        if (j->lm[0] > -INFINITY) to_t(j->ls, j->ext->S + (size_t)bh * n, r, dv1 - 1);
         for (int u = 1; u < nsb; u++)
             pf_favor_combine(j->ls + (size_t)u * n, &j->lm[u], j->ls + (size_t)(u - 1) * n,
                              j->lm[u - 1], n);
@@ -766,6 +841,15 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
         /* slot u (u >= 1): block u's local suffix sum, referenced to Ms(u) = P at the end of
          * block u - 1; becomes the suffix of blocks u.. (what block u - 1 starts from):
          * end(u) = local(u) + e^(Ms(u) - Ms(u + 1)) end(u + 1) */
+        if (j->ext && j->ext->R) {
+            /* a slice's suffix from later slices (referenced to P at the head's last row): slot
+             * 0 (not otherwise used) for the last block, and into the last block's end */
+            to_t(j->rs, j->ext->R + (size_t)bh * n, r, dv1 - 1);
+            const int u = nsb - 1;
+            const float f = (float)exp(j->cs.p[u * j->sbl - 1] - j->cs.p[L - 1]);
+            float *R = j->rs + (size_t)u * n;
+            for (size_t i = 0; i < n; i++) R[i] += f * j->rs[i];
+        }
         for (int u = nsb - 2; u >= 1; u--) {
             const double Mu = j->cs.p[u * j->sbl - 1], Mn = j->cs.p[(u + 1) * j->sbl - 1];
             const float f = (float)exp(Mu - Mn);
@@ -778,11 +862,45 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
-        j->cst[u] = (int)causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
-                                        u < nsb - 1 ? j->rs + (size_t)(u + 1) * n : NULL, 0, 0.0);
+        const float *Rn = u < nsb - 1 ? j->rs + (size_t)(u + 1) * n
+                          : j->ext && j->ext->R ? j->rs
+                                                : NULL;
+        j->cst[u] = (int)causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1, Rn, 0, 0.0);
     }
 #pragma omp single
     for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
+}
+
+/* A causal slice's d/dS alone (one unit per head): the forward sweep over the head's segments
+ * from the starting state (ws->state, reference M0), each segment's local suffix sum
+ * sum_i e^(M_seg - P_i) dN~_i q~_i^T (M_seg its starting reference) added to the head's dS,
+ * (r, dv+1) rows referenced to M0, with the factor e^(M0 - M_seg) <= 1. No state before the
+ * slice (M0 = -inf): nothing can receive a gradient, dS = 0. */
+static pf_status causal_dstate(bwd_job *j, bwd_ws *ws, int bh, const bwd_head *hd, causal_store *cs,
+                               int S, int nseg, double M0) {
+    const pf_fmap *fm = &j->fm[bh];
+    const int L = j->s->Lq, r = j->r, kf = kept(j, bh);
+    const size_t dv1 = (size_t)j->s->dv + 1, n = (size_t)r * dv1;
+    float *dS = j->ext->dS + (size_t)bh * n;
+    memset(dS, 0, sizeof(float) * n);
+    if (M0 == -INFINITY) return PF_OK;
+    pf_status st = PF_OK;
+    double M = M0;
+    for (int u = 0; u < nseg && !fatal(st); u++) {
+        const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
+        cs->base = r0;
+        if (kf) kept_features(j, bh, r0, cs);
+        st = worse(st, causal_features(fm, hd, cs, ws, j->C, r0, r1, kf, NULL, NULL));
+        if (fatal(st)) break;
+        st = worse(st, causal_forward(fm, hd, cs, ws, j->C, r0, r1, ws->state, M, ws->dstate, 0));
+        const float f = (float)exp(M0 - M);
+        for (size_t k = 0; k < dv1; k++)
+            for (size_t c = 0; c < (size_t)r; c++)
+                dS[c * dv1 + k] += f * ws->dstate[k * (size_t)r + c];
+        M = cs->p[r1 - 1 - r0];
+    }
+    if (fatal(st)) memset(dS, 0, sizeof(float) * n);
+    return st;
 }
 
 /* The causal unit when a head is one unit: the three passes over its rows, kept in the
@@ -800,6 +918,12 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
                        ws->kamax, ws->kc,  ws->p,    NULL,    0};
     pf_status st = PF_OK;
     double M = -INFINITY; /* the state's reference after the segments so far */
+    const int dv = j->s->dv;
+    if (j->ext && j->ext->S) { /* a slice: its starting state */
+        M = j->ext->M[bh];
+        if (M > -INFINITY) to_t(ws->state, j->ext->S + (size_t)bh * n, j->r, dv);
+    }
+    if (j->dstate) return causal_dstate(j, ws, bh, &hd, &cs, S, nseg, M);
     for (int u = 0; u < nseg && !fatal(st); u++) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         cs.base = r0;
@@ -813,6 +937,8 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
         st = worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
         M = cs.p[r1 - 1 - r0];
     }
+    const int rin = j->ext && j->ext->R; /* a slice's suffix from later slices */
+    if (rin) to_t(ws->dstate, j->ext->R + (size_t)bh * n, j->r, dv);
     for (int u = nseg - 1; u >= 0 && !fatal(st); u--) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         if (u < nseg - 1) { /* (the last segment's rows are still here) */
@@ -825,8 +951,9 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
             if (fatal(st)) break;
         }
         st = worse(st,
-                   causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1, u < nseg - 1 ? ws->dstate : NULL,
-                                  u > 0, u > 0 ? ws->ckm[u] : 0.0));
+                   causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
+                                  u < nseg - 1 || rin ? ws->dstate : NULL, u > 0,
+                                  u > 0 ? ws->ckm[u] : 0.0));
     }
     return st;
 }
@@ -849,7 +976,7 @@ static int segment_rows(int L, int NB, size_t row, int seg) {
 static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
                          const float *K, const float *V, const float *out, const pf_shape *shape,
                          const pf_attn_opts *opts, const pf_favor_opts *favor,
-                         const pf_favor_saved *sv, int seg) {
+                         const pf_favor_saved *sv, int seg, const pf_favor_ext *ext) {
     const pf_shape s = *shape;
     const int heads = s.B * s.H, causal = opts->causal;
     const int all_kept = sv && sv->nkeep == heads; /* (then nothing is recomputed) */
@@ -865,7 +992,9 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                  .dQ = dQ,
                  .dK = dK,
                  .dV = dV,
-                 .sv = sv};
+                 .sv = sv,
+                 .ext = ext,
+                 .dstate = ext && ext->dS};
     j.r = pf_kernel_width(favor->kernel, favor->m);
     j.dw = pf_favor_dw(s.dv);
     j.C = causal ? pf_favor_chunk(favor, s.Lq) : 0;
@@ -893,7 +1022,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     j.pmax = pf_alloc(GK * (size_t)j.nkb, sizeof(double));
     j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
     /* causal: scan blocks as the forward's; with several, one head's rows kept at a time */
-    j.nsb = causal ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
+    j.nsb = causal && !j.dstate ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
     /* causal: the rows a thread keeps per row of a head (the scan's dN~, A', B, P, and unless
      * the forward kept them the features Q~, K~ with their maxima and key log factors) */
     const size_t scan_row = 4 * ((size_t)s.dv + 1 + 2 * (size_t)j.C) + 8;
@@ -977,8 +1106,9 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                         if (!j.dead[bh]) bwd_causal_split(&j, &ws, bh);
                     continue;
                 }
-                if (!all_kept) {
-                    /* the heads whose features were not kept: K~ and KV~ made here */
+                if (!all_kept && !j.dstate) {
+                    /* the heads whose features were not kept: K~ and KV~ made here (a slice: K~
+                     * only, KV~ is given) */
 #pragma omp for schedule(dynamic, 1)
                     for (int u = 0; u < ng * j.nkb; u++) {
                         const int bh = g0 + u / j.nkb, kb = u % j.nkb;
@@ -991,7 +1121,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                         if (kept(&j, bh)) continue;
                         for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
                             merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
-                        if (!j.dead[bh]) bidir_combine_kv(&j, bh);
+                        if (!j.dead[bh] && !ext) bidir_combine_kv(&j, bh);
                     }
                 }
 #pragma omp for schedule(dynamic, 1)
@@ -1005,8 +1135,10 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                 for (int bh = g0; bh < g1; bh++) {
                     for (int qb = 0; qb < j.nqb && !j.dead[bh]; qb++)
                         merge(&j, bh, j.qst[(size_t)bh * (size_t)j.nqb + (size_t)qb]);
-                    if (!j.dead[bh]) bidir_combine_dkv(&j, bh);
+                    if (!j.dead[bh] && (!ext || j.dstate)) bidir_combine_dkv(&j, bh);
+                    if (j.dstate) ext_dstate_out(&j, bh, j.dead[bh]);
                 }
+                if (j.dstate) continue;
 #pragma omp for schedule(dynamic, 1)
                 for (int u = 0; u < ng * j.nkb; u++) {
                     const int bh = g0 + u / j.nkb, kb = u % j.nkb;
@@ -1027,21 +1159,25 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
             int hs = j.hst[bh], dead = j.dead[bh];
             const size_t nq = (size_t)s.Lq * (size_t)s.d, nk = (size_t)s.Lk * (size_t)s.d;
             const size_t nv = (size_t)s.Lk * (size_t)s.dv;
-            float *dq = dQ + hoff(bh, s.Lq, s.d), *dk = dK + hoff(bh, s.Lk, s.d);
-            float *dvh = dV + hoff(bh, s.Lk, s.dv);
-            if (dead) {
+            float *dq = dQ ? dQ + hoff(bh, s.Lq, s.d) : NULL;
+            float *dk = dK ? dK + hoff(bh, s.Lk, s.d) : NULL;
+            float *dvh = dV ? dV + hoff(bh, s.Lk, s.dv) : NULL;
+            if (dead && !j.dstate) {
                 memset(dq, 0, sizeof(float) * nq);
                 memset(dk, 0, sizeof(float) * nk);
                 memset(dvh, 0, sizeof(float) * nv);
             }
+            if (dead && j.dstate) ext_dstate_out(&j, bh, 1);
             if (hs > worst) worst = hs;
         }
     }
-    if (worst == PF_ENOMEM) {
+    if (worst == PF_ENOMEM && !j.dstate) {
         memset(dQ, 0, sizeof(float) * ns.q);
         memset(dK, 0, sizeof(float) * ns.k);
         memset(dV, 0, sizeof(float) * ns.v);
     }
+    if (worst == PF_ENOMEM && j.dstate)
+        memset(ext->dS, 0, sizeof(float) * (size_t)heads * (size_t)j.r * ((size_t)s.dv + 1));
     if (j.kw)
         for (int bh = 0; bh < heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
     free(j.fm);
@@ -1069,7 +1205,7 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
-    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL, 0);
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL, 0, NULL);
 }
 
 pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const float *dout,
@@ -1081,7 +1217,7 @@ pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const fl
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st == PF_OK) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
     if (st != PF_OK) return st;
-    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, 0);
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, 0, NULL);
 }
 
 pf_status pf_favor_backward_segmented(float *dQ, float *dK, float *dV, const float *dout,
@@ -1093,7 +1229,14 @@ pf_status pf_favor_backward_segmented(float *dQ, float *dK, float *dV, const flo
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st == PF_OK && saved) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
     if (st != PF_OK) return st;
-    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, seg);
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, seg, NULL);
+}
+
+pf_status pf_favor_backward_ext(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
+                                const float *K, const float *V, const float *out,
+                                const pf_shape *shape, const pf_attn_opts *opts,
+                                const pf_favor_opts *favor, const pf_favor_ext *ext) {
+    return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL, 0, ext);
 }
 
 /* ---- the float64 reference ---------------------------------------------------------------- */

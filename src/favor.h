@@ -191,6 +191,49 @@ PF_INTERNAL pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float 
 PF_INTERNAL pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
                                     const float *Q, int Lq, const float *K, int klen);
 
+/* The statistics FAVOR++ (OPRF) and FAVOR# (SDERF) fit their parameters to, as sums over rows
+ * that add up across slices of a sequence (doubles per head, 0 for the other maps):
+ *   [0] n_q, [1] n_k, [2] sum |q|^2, [3] sum |k|^2, [4, 4+d) sum q, [4+d, 4+2d) sum k,
+ *   SDERF also [4+2d, 4+2d+d^2) Q^T Q and then K^T K (each the float product pf_sderf_fit makes)
+ * of the unscaled rows. */
+PF_INTERNAL size_t pf_favor_sums_len(pf_kernel kernel, int d);
+
+/* The sums of Q (Lq,d) and K (Lk,d) (either count may be 0) into sums (pf_favor_sums_len);
+ * fwork (d,d) is scratch (SDERF). */
+PF_INTERNAL void pf_favor_sums(double *sums, pf_kernel kernel, const float *Q, int Lq,
+                               const float *K, int Lk, int d, float *fwork);
+
+/* pf_favor_bind with the parameters fitted to sums (pf_favor_sums, added over the slices)
+ * instead of to one head's rows: the same formulas, so one slice gives pf_favor_bind's bits. */
+PF_INTERNAL pf_status pf_favor_bind_sums(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
+                                         const double *sums);
+
+/* What a slice of a longer sequence (attn_favor_parts.c) takes from outside instead of making it
+ * from its own rows, and what it gives out. States are (heads, r, dv+1) with a reference per
+ * head (favor.h's S = sum_j k~_j e^(c_j - M) [v_j | 1]); -inf: empty. */
+typedef struct pf_favor_ext {
+    const double *sums; /* (heads, pf_favor_sums_len): every slice's sums, or NULL */
+    const float *S;     /* the state to start from (causal) or the total (bidirectional), or NULL */
+    const double *M;    /* (heads) */
+    float *Sout;        /* forward: the slice's own key state instead of outputs, or NULL */
+    double *Mout;
+    const float *R;     /* backward: d/dS from later slices (causal, referenced to the state
+                           after this slice) or from every slice (bidirectional), or NULL */
+    float *dS;          /* backward: only d/dS of this slice's queries (referenced to M) */
+} pf_favor_ext;
+
+/* The forward (attn_favor.c) and backward (attn_favor_bwd.c) of a slice; arguments checked by
+ * the caller (attn_favor_parts.c). */
+PF_INTERNAL pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K,
+                                           const float *V, const pf_shape *shape,
+                                           const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                           const pf_favor_ext *ext);
+PF_INTERNAL pf_status pf_favor_backward_ext(float *dQ, float *dK, float *dV, const float *dout,
+                                            const float *Q, const float *K, const float *V,
+                                            const float *out, const pf_shape *shape,
+                                            const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                            const pf_favor_ext *ext);
+
 /* ---- units of work for threads (attn_favor.c, attn_favor_bwd.c) ----------------------------- */
 
 /* Cuts L rows into blocks of whole `unit`s, about ceil(target / heads) of them (at least 1, at

@@ -91,6 +91,19 @@ static double col_sums(double *sum, const float *X, int n, int d) {
     return sq;
 }
 
+/* A* from the sums over each side: sq the sum of |x|^2, sum (d) the column sums, n the rows (x
+ * unscaled, s the scale): s_bar = s (sq_q / n_q + sq_k / n_k + 2 mean(q).mean(k)). */
+static pf_status oprf_from_sums(double *A, double sqq, const double *mq, double nq, double sqk,
+                                const double *mk, double nk, int d, double s) {
+    double cross = 0;
+    for (int k = 0; k < d; k++) cross += (mq[k] / nq) * (mk[k] / nk);
+    /* s_bar = mean |q' + k'|^2 over all pairs */
+    const double sbar = s * (sqq / nq + sqk / nk + 2 * cross);
+    if (!isfinite(sbar)) return PF_ENONFINITE;
+    *A = a_star(fmax(sbar, 0.0) / d);
+    return PF_OK;
+}
+
 pf_status pf_oprf_a_star(double *A, const float *Q, int Lq, const float *K, int Lk, int d,
                          float sqrt_s) {
     double sq[64], sk[64], *mq = sq, *mk = sk;
@@ -103,37 +116,31 @@ pf_status pf_oprf_a_star(double *A, const float *Q, int Lq, const float *K, int 
     }
     const double s = (double)sqrt_s * (double)sqrt_s;
     const double nq = col_sums(mq, Q, Lq, d), nk = col_sums(mk, K, Lk, d);
-    double cross = 0;
-    for (int k = 0; k < d; k++) cross += (mq[k] / Lq) * (mk[k] / Lk);
+    const pf_status st = oprf_from_sums(A, nq, mq, Lq, nk, mk, Lk, d, s);
     pf_free(heap);
-    /* s_bar = mean |q' + k'|^2 over all pairs */
-    const double sbar = s * (nq / Lq + nk / Lk + 2 * cross);
-    if (!isfinite(sbar)) return PF_ENONFINITE;
-    *A = a_star(fmax(sbar, 0.0) / d);
-    return PF_OK;
+    return st;
 }
 
-pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float *Q, int Lq, const float *K,
-                       int Lk, int d, float sqrt_s) {
+/* SDERF's A, B and log D from the column sums mq, mk (d, already in kw->dwork after P) and the
+ * second moments (d,d) of each side, as floats (Mqf, Mkf) or doubles (Mqd, Mkd), over nq and nk
+ * rows (x unscaled, s the scale). */
+static pf_status sderf_from_sums(pf_kernel_ws *kw, double *log_d, const float *Mqf,
+                                 const float *Mkf, const double *Mqd, const double *Mkd, double nq,
+                                 double nk, int d, double s) {
     const size_t D = (size_t)d;
     double *P = kw->dwork, *mq = P + D * D, *mk = mq + D, *sig = mk + D, *work = sig + D;
-    float *Mq = kw->fwork, *Mk = Mq + D * D;
-    const double s = (double)sqrt_s * (double)sqrt_s;
-    col_sums(mq, Q, Lq, d);
-    col_sums(mk, K, Lk, d);
-    /* second moments through sgemm (float, one product per side): the fit only has to give both
-     * sides one admissible A, which any rounding of P still does */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, Lq, 1.0f, Q, d, Q, d, 0.0f, Mq, d);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, Lk, 1.0f, K, d, K, d, 0.0f, Mk, d);
     int bad = 0;
     for (int i = 0; i < d; i++) {
         for (int j = 0; j <= i; j++) {
-            const double mqi = mq[i] / Lq, mqj = mq[j] / Lq, mki = mk[i] / Lk, mkj = mk[j] / Lk;
+            const double mqi = mq[i] / nq, mqj = mq[j] / nq, mki = mk[i] / nk, mkj = mk[j] / nk;
+            const size_t ij = (size_t)i * D + (size_t)j, ji = (size_t)j * D + (size_t)i;
             /* symmetrised: sgemm need not return an exactly symmetric Q^T Q */
-            const double a = 0.5 * ((double)Mq[i * D + j] + (double)Mq[j * D + i]) / Lq;
-            const double b = 0.5 * ((double)Mk[i * D + j] + (double)Mk[j * D + i]) / Lk;
+            const double qij = Mqf ? (double)Mqf[ij] : Mqd[ij], qji = Mqf ? (double)Mqf[ji] : Mqd[ji];
+            const double kij = Mkf ? (double)Mkf[ij] : Mkd[ij], kji = Mkf ? (double)Mkf[ji] : Mkd[ji];
+            const double a = 0.5 * (qij + qji) / nq;
+            const double b = 0.5 * (kij + kji) / nk;
             const double v = s * (a + b + mqi * mkj + mki * mqj);
-            P[i * D + j] = P[j * D + i] = v;
+            P[ij] = P[ji] = v;
             bad |= !isfinite(v);
         }
     }
@@ -165,6 +172,50 @@ pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float *Q, int Lq, 
     }
     *log_d = ld;
     return isfinite(ld) ? PF_OK : PF_ENONFINITE;
+}
+
+pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float *Q, int Lq, const float *K,
+                       int Lk, int d, float sqrt_s) {
+    const size_t D = (size_t)d;
+    double *mq = kw->dwork + D * D, *mk = mq + D;
+    float *Mq = kw->fwork, *Mk = Mq + D * D;
+    const double s = (double)sqrt_s * (double)sqrt_s;
+    col_sums(mq, Q, Lq, d);
+    col_sums(mk, K, Lk, d);
+    /* second moments through sgemm (float, one product per side): the fit only has to give both
+     * sides one admissible A, which any rounding of P still does */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, Lq, 1.0f, Q, d, Q, d, 0.0f, Mq, d);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, Lk, 1.0f, K, d, K, d, 0.0f, Mk, d);
+    return sderf_from_sums(kw, log_d, Mq, Mk, NULL, NULL, Lq, Lk, d, s);
+}
+
+size_t pf_favor_sums_len(pf_kernel kernel, int d) {
+    const size_t D = (size_t)d;
+    if (kernel == PF_KERNEL_OPRF) return 4 + 2 * D;
+    if (kernel == PF_KERNEL_SDERF) return 4 + 2 * D + 2 * D * D;
+    return 0;
+}
+
+void pf_favor_sums(double *sums, pf_kernel kernel, const float *Q, int Lq, const float *K, int Lk,
+                   int d, float *fwork) {
+    const size_t D = (size_t)d;
+    double *mq = sums + 4, *mk = mq + D;
+    sums[0] = Lq;
+    sums[1] = Lk;
+    sums[2] = col_sums(mq, Q, Lq, d); /* (zeros for no rows) */
+    sums[3] = col_sums(mk, K, Lk, d);
+    if (kernel != PF_KERNEL_SDERF) return;
+    double *Mq = mk + D, *Mk = Mq + D * D;
+    const float *X[2] = {Q, K};
+    const int n[2] = {Lq, Lk};
+    double *Mx[2] = {Mq, Mk};
+    for (int side = 0; side < 2; side++) {
+        /* the products pf_sderf_fit makes, so that one slice gives its bits */
+        if (n[side] > 0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n[side], 1.0f, X[side], d,
+                        X[side], d, 0.0f, fwork, d);
+        for (size_t i = 0; i < D * D; i++) Mx[side][i] = n[side] > 0 ? (double)fwork[i] : 0.0;
+    }
 }
 
 pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A, const float *B,
@@ -240,6 +291,33 @@ pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favo
     if (fm->kernel == PF_KERNEL_SDERF) {
         double ld = 0;
         pf_status st = pf_sderf_fit(kw, &ld, Q, Lq, K, klen, fm->d, fm->sqrt_s);
+        if (st != PF_OK) return st;
+        return pf_fmap_bind(fm, kw, 0.0f, kw->A, kw->B, ld);
+    }
+    return pf_fmap_bind(fm, kw, 0.0f, NULL, NULL, 0.0);
+}
+
+pf_status pf_favor_bind_sums(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
+                             const double *sums) {
+    const int d = fm->d;
+    const size_t D = (size_t)d;
+    const double s = (double)fm->sqrt_s * (double)fm->sqrt_s;
+    if (fm->kernel == PF_KERNEL_OPRF) {
+        float a = favor->oprf_a;
+        if (!favor->oprf_a_given) {
+            double as = 0;
+            pf_status st = oprf_from_sums(&as, sums[2], sums + 4, sums[0], sums[3], sums + 4 + D,
+                                          sums[1], d, s);
+            if (st != PF_OK) return st;
+            a = (float)as;
+        }
+        return pf_fmap_bind(fm, kw, a, NULL, NULL, 0.0);
+    }
+    if (fm->kernel == PF_KERNEL_SDERF) {
+        double ld = 0, *mq = kw->dwork + D * D;
+        memcpy(mq, sums + 4, sizeof(double) * 2 * D);
+        const double *Mq = sums + 4 + 2 * D;
+        pf_status st = sderf_from_sums(kw, &ld, NULL, NULL, Mq, Mq + D * D, sums[0], sums[1], d, s);
         if (st != PF_OK) return st;
         return pf_fmap_bind(fm, kw, 0.0f, kw->A, kw->B, ld);
     }

@@ -1,0 +1,186 @@
+/* attn_favor_parts.c: FAVOR+ in slices of a sequence (performer.h, "FAVOR+ in slices"), for
+ * sequence parallelism: what a slice gives out (its fit statistics, its key state, d/dS of its
+ * queries) and what it starts from (the combined state of other slices, their d/dS).
+ *
+ * No second copy of the arithmetic: the forward and backward are attn_favor.c's and
+ * attn_favor_bwd.c's drivers, told by a pf_favor_ext to take a head's starting (causal) or total
+ * (bidirectional) state from outside instead of making it, or to give their own out; the state
+ * is the causal scan's (S referenced to its running maximum), and combining states is
+ * pf_favor_combine, the scan blocks' own. So one slice holding a whole sequence runs exactly the
+ * single process's operations and gives its bits. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_common.h"
+#include "favor.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+size_t pf_favor_slice_sums_len(const pf_shape *shape, const pf_favor_opts *favor) {
+    if (!shape || !favor || shape->d < 1) return 0;
+    if (favor->kernel == PF_KERNEL_OPRF && favor->oprf_a_given) return 0;
+    return pf_favor_sums_len(favor->kernel, shape->d);
+}
+
+pf_status pf_favor_slice_check(const pf_shape *shape, const pf_attn_opts *opts,
+                               const pf_favor_opts *favor) {
+    if (!shape || !opts) return PF_EINVAL;
+    pf_attn_opts o = *opts;
+    o.key_len = NULL;
+    pf_status st = pf_favor_check(shape, &o, favor);
+    if (st != PF_OK) return st;
+    if (opts->key_len)
+        for (int b = 0; b < shape->B; b++)
+            if (opts->key_len[b] < 0 || opts->key_len[b] > shape->Lk) return PF_EINVAL;
+    return PF_OK;
+}
+
+/* The checks of every slice function, and sums present when the map fits to them. */
+static pf_status slice_check(const pf_shape *shape, const pf_attn_opts *opts,
+                             const pf_favor_opts *favor, const double *sums) {
+    pf_status st = pf_favor_slice_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (pf_favor_slice_sums_len(shape, favor) > 0 && !sums) return PF_EINVAL;
+    return PF_OK;
+}
+
+/* A state given from outside: references finite or -inf (causal: -inf only where the slice's
+ * first key is valid), S finite where the reference is. */
+static pf_status state_check(const float *S, const double *M, const pf_shape *shape,
+                             const pf_attn_opts *opts, const pf_favor_opts *favor) {
+    if (!S || !M) return PF_EINVAL;
+    const size_t n = (size_t)pf_kernel_width(favor->kernel, favor->m) * ((size_t)shape->dv + 1);
+    for (int b = 0; b < shape->B; b++) {
+        const int klen = pf_attn_key_len(opts, b, shape->Lk);
+        for (int h = 0; h < shape->H; h++) {
+            const size_t bh = (size_t)b * (size_t)shape->H + (size_t)h;
+            if (isnan(M[bh]) || M[bh] == INFINITY) return PF_EINVAL;
+            if (M[bh] == -INFINITY && opts->causal && klen == 0) return PF_EINVAL;
+            if (M[bh] > -INFINITY && pf_nonfinite_f32(S + bh * n, n)) return PF_ENONFINITE;
+        }
+    }
+    return PF_OK;
+}
+
+pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *K, const pf_shape *shape,
+                              const pf_attn_opts *opts, const pf_favor_opts *favor) {
+    if (!sums || !Q || !K) return PF_EINVAL;
+    pf_status st = slice_check(shape, opts, favor, sums);
+    if (st != PF_OK) return st;
+    const size_t len = pf_favor_slice_sums_len(shape, favor);
+    if (len == 0) return PF_EINVAL;
+    const pf_shape s = *shape;
+    const int heads = s.B * s.H;
+    for (int bh = 0; bh < heads; bh++) {
+        const int klen = pf_attn_key_len(opts, bh / s.H, s.Lk);
+        if (pf_nonfinite_f32(Q + (size_t)bh * (size_t)s.Lq * (size_t)s.d,
+                             (size_t)s.Lq * (size_t)s.d) ||
+            pf_nonfinite_f32(K + (size_t)bh * (size_t)s.Lk * (size_t)s.d,
+                             (size_t)klen * (size_t)s.d))
+            return PF_ENONFINITE;
+    }
+    const int sd = favor->kernel == PF_KERNEL_SDERF;
+    int nomem = 0;
+    /* one head per unit (bits independent of the thread count) */
+#pragma omp parallel num_threads(pf_threads(opts->threads))
+    {
+        float *fwork = sd ? pf_alloc((size_t)s.d * (size_t)s.d, sizeof(float)) : NULL;
+        if (sd && !fwork) {
+#pragma omp atomic write
+            nomem = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < heads; bh++) {
+            if (sd && !fwork) continue;
+            pf_favor_sums(sums + (size_t)bh * len, favor->kernel,
+                          Q + (size_t)bh * (size_t)s.Lq * (size_t)s.d, s.Lq,
+                          K + (size_t)bh * (size_t)s.Lk * (size_t)s.d,
+                          pf_attn_key_len(opts, bh / s.H, s.Lk), s.d, fwork);
+        }
+        pf_free(fwork);
+    }
+    return nomem ? PF_ENOMEM : PF_OK;
+}
+
+pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float *V,
+                               const pf_shape *shape, const pf_attn_opts *opts,
+                               const pf_favor_opts *favor, const double *sums) {
+    if (!S || !M || !K || !V) return PF_EINVAL;
+    pf_status st = slice_check(shape, opts, favor, sums);
+    if (st != PF_OK) return st;
+    const pf_favor_ext ext = {.sums = sums, .Sout = S, .Mout = M};
+    return pf_favor_forward_ext(NULL, NULL, K, V, shape, opts, favor, &ext);
+}
+
+pf_status pf_favor_slice_combine(float *S, double *M, const float *S2, const double *M2, int heads,
+                                 int r, int dv) {
+    if (!S || !M || !S2 || !M2 || heads < 1 || r < 1 || dv < 1) return PF_EINVAL;
+    const size_t n = (size_t)r * ((size_t)dv + 1);
+    for (size_t h = 0; h < (size_t)heads; h++) pf_favor_combine(S + h * n, &M[h], S2 + h * n, M2[h], n);
+    return PF_OK;
+}
+
+pf_status pf_favor_slice_dcombine(float *G, double *MG, const float *G2, const double *MG2,
+                                  int heads, int r, int dv) {
+    if (!G || !MG || !G2 || !MG2 || heads < 1 || r < 1 || dv < 1) return PF_EINVAL;
+    const size_t n = (size_t)r * ((size_t)dv + 1);
+    for (size_t h = 0; h < (size_t)heads; h++) {
+        float *g = G + h * n;
+        const float *g2 = G2 + h * n;
+        if (isinf(MG2[h])) continue; /* (an empty gradient) */
+        if (isinf(MG[h])) {
+            memcpy(g, g2, sizeof(float) * n);
+            MG[h] = MG2[h];
+            continue;
+        }
+        /* the smaller reference: every factor <= 1 */
+        const double Mn = MG[h] < MG2[h] ? MG[h] : MG2[h];
+        const float a = (float)exp(Mn - MG[h]), b = (float)exp(Mn - MG2[h]);
+        for (size_t i = 0; i < n; i++) g[i] = a * g[i] + b * g2[i];
+        MG[h] = Mn;
+    }
+    return PF_OK;
+}
+
+pf_status pf_favor_slice_attn(float *out, const float *Q, const float *K, const float *V,
+                              const float *S, const double *M, const pf_shape *shape,
+                              const pf_attn_opts *opts, const pf_favor_opts *favor,
+                              const double *sums) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = slice_check(shape, opts, favor, sums);
+    if (st == PF_OK) st = state_check(S, M, shape, opts, favor);
+    if (st != PF_OK) return st;
+    const pf_favor_ext ext = {.sums = sums, .S = S, .M = M};
+    return pf_favor_forward_ext(out, Q, K, V, shape, opts, favor, &ext);
+}
+
+pf_status pf_favor_slice_dstate(float *dS, const float *dout, const float *Q, const float *K,
+                                const float *V, const float *out, const float *S, const double *M,
+                                const pf_shape *shape, const pf_attn_opts *opts,
+                                const pf_favor_opts *favor, const double *sums) {
+    if (!dS || !dout || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = slice_check(shape, opts, favor, sums);
+    if (st == PF_OK) st = state_check(S, M, shape, opts, favor);
+    if (st != PF_OK) return st;
+    const pf_favor_ext ext = {.sums = sums, .S = S, .M = M, .dS = dS};
+    return pf_favor_backward_ext(NULL, NULL, NULL, dout, Q, K, V, out, shape, opts, favor, &ext);
+}
+
+pf_status pf_favor_slice_backward(float *dQ, float *dK, float *dV, const float *dout,
+                                  const float *Q, const float *K, const float *V, const float *out,
+                                  const float *S, const double *M, const float *R,
+                                  const pf_shape *shape, const pf_attn_opts *opts,
+                                  const pf_favor_opts *favor, const double *sums) {
+    if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = slice_check(shape, opts, favor, sums);
+    if (st == PF_OK) st = state_check(S, M, shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (!opts->causal && !R) return PF_EINVAL;
+    const size_t n = (size_t)pf_kernel_width(favor->kernel, favor->m) * ((size_t)shape->dv + 1);
+    if (R && pf_nonfinite_f32(R, (size_t)shape->B * (size_t)shape->H * n)) return PF_ENONFINITE;
+    const pf_favor_ext ext = {.sums = sums, .S = S, .M = M, .R = R};
+    return pf_favor_backward_ext(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, &ext);
+}
