@@ -173,6 +173,52 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
+# ---- MPI: sequence-parallel FAVOR+ (include/performer_mpi.h, src/mpi/) ---------------------------
+# Its own library, libperformer_mpi (.a and .so), built only where mpicc is found; the core
+# library, the tool and their tests never include MPI. Its test programs (tests/mpi/) are run
+# under mpirun by tests/test_mpi.sh, which says so and skips where MPI is absent; its benchmark
+# is bench/mpi/ (make bench-mpi).
+MPICC      ?= $(shell command -v mpicc 2>/dev/null)
+MPI_LIB     = $(BUILD)/libperformer_mpi.a
+MPI_SO      = $(BUILD)/libperformer_mpi.so
+MPI_OBJ     = $(patsubst src/mpi/%.c,$(BUILD)/src/mpi/%.o,$(wildcard src/mpi/*.c))
+MPI_TESTS   = $(patsubst tests/mpi/%.c,$(BUILD)/tests/mpi/%,$(wildcard tests/mpi/*.c))
+MPI_BENCHES = $(patsubst bench/mpi/%.c,$(BUILD)/bench/mpi/%,$(wildcard bench/mpi/*.c))
+.PHONY: mpi bench-mpi
+ifneq ($(MPICC),)
+all: $(MPI_LIB) $(MPI_SO)
+test-fast: $(MPI_TESTS)
+mpi: $(MPI_LIB) $(MPI_SO) $(MPI_TESTS) $(MPI_BENCHES)
+
+$(BUILD)/src/mpi/%.o: src/mpi/%.c include/performer_mpi.h include/performer.h
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALLCFLAGS) -DPF_BUILDING_LIBRARY -fvisibility=hidden -c $< -o $@
+
+$(MPI_LIB): $(MPI_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(MPI_SO): $(MPI_OBJ) $(SHARED)
+	$(MPICC) -shared -Wl,-soname,libperformer_mpi.so -o $@ $(MPI_OBJ) -L$(BUILD) -lperformer \
+	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+
+$(BUILD)/tests/mpi/%: tests/mpi/%.c tests/check.h $(MPI_LIB) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALLCFLAGS) -Itests -o $@ $< $(MPI_LIB) $(STATIC) $(LDLIBS)
+
+$(BUILD)/bench/mpi/%: bench/mpi/%.c $(wildcard bench/*.h) $(MPI_LIB) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALLCFLAGS) -Ibench -o $@ $< $(MPI_LIB) $(STATIC) $(LDLIBS)
+
+# Bytes per call against L and time at 1 and 2 ranks (CSV and figure in $(BUILD)/bench/;
+# docs/mpi.md holds a committed run and the scaling model built on it).
+bench-mpi: setup mpi
+	sh bench/mpi/run.sh $(BUILD)
+else
+mpi bench-mpi:
+	@echo "mpicc not found: the MPI library is not built (make setup installs Open MPI)"
+endif
+
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h \
 	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
