@@ -202,6 +202,131 @@ fi
 expect "--escape maybe" 2 "unknown value 'maybe'" $P sample --checkpoint "$R/checkpoint.safetensors" \
     --escape maybe
 
+# ---- the second adversarial pass ---------------------------------------------------------------
+# train's input is never one of its outputs
+mkdir -p "$W/run5"
+cp "$W/two.txt.gz" "$W/run5/log.csv"
+expect "--data is the run's log.csv" 2 "also an output" $P train --out "$W/run5" \
+    --data "$W/run5/log.csv" $TINY --steps 1
+# a run that fails after the model is made keeps an existing log.csv (it is cut back only when
+# the first row is ready): a memory limit makes the activations fail
+printf 'step,lr\n1,2\n' >"$W/run5/log.csv"
+expect "train out of memory keeps log.csv" 1 "memory" sh -c \
+    "ulimit -v 600000; exec $P train --out $W/run5 --data $W/two.txt.gz --layers 1 \
+     --d-model 64 --heads 2 --context 256 --batch 4096 --eval-batches 1 --steps 1 --no-plot"
+# the log's write errors are errors (a file size limit stands in for a full disk)
+(
+    ulimit -f 8
+    trap '' XFSZ
+    exec "$P" train --out "$T/fz" --data "$W/two.txt.gz" --layers 1 --d-model 2 --heads 1 \
+        --context 2 --batch 1 --eval-batches 1 --steps 400 --eval-every 400 --no-plot
+) >/dev/null 2>"$T/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "write error" "$T/err"; then pass
+else fail "log write error: exit $rc: $(tail -n 2 "$T/err")"; fi
+# closed standard streams: messages never land in the files the run opens
+(exec >&-; "$P" train --out "$T/closed" --data "$W/two.txt.gz" $TINY --steps 1 --eval-every 1) \
+    2>/dev/null
+if [ -f "$T/closed/log.csv" ] && ! grep -q "data:\|model:" "$T/closed/log.csv"; then pass
+else fail "train with stdout closed: $(head -n 3 "$T/closed/log.csv" 2>&1)"; fi
+# stdout that cannot be written is a failure, not success
+if [ -w /dev/full ]; then
+    "$P" sample --checkpoint "$T/good.safetensors" --tokens 50 >/dev/full 2>"$T/err"
+    rc=$?
+    if [ $rc -eq 1 ] && grep -q "standard output" "$T/err"; then pass
+    else fail "sample >/dev/full: exit $rc: $(cat "$T/err")"; fi
+    "$P" attn --help >/dev/full 2>/dev/null && fail "attn --help >/dev/full: exit 0" || pass
+fi
+# one run at a time in a folder; only the library's own temporary names count as stale
+mkdir -p "$W/run6"
+echo "mine" >"$W/run6/log.csv.tmp.mine"
+"$P" train --out "$W/run6" --data "$W/two.txt.gz" --layers 1 --d-model 16 --heads 2 \
+    --context 16 --batch 2 --eval-batches 1 --steps 100000 --eval-every 100000 --no-plot \
+    >/dev/null 2>&1 &
+bg=$!
+i=0
+while [ $i -lt 100 ] && [ ! -s "$W/run6/log.csv" ]; do sleep 0.1; i=$((i + 1)); done
+snapshot "$T/b6"
+timeout 20 "$P" train --out "$W/run6" --data "$W/two.txt.gz" $TINY --steps 1 2>"$T/err" >/dev/null
+rc=$?
+if [ $rc -eq 1 ] && grep -q "another" "$T/err"; then pass
+else fail "a second train in the same folder: exit $rc: $(cat "$T/err")"; fi
+kill -TERM $bg 2>/dev/null
+wait $bg 2>/dev/null
+[ -f "$W/run6/log.csv.tmp.mine" ] && pass || fail "train removed a user's log.csv.tmp.mine"
+rm -rf "$W/run6"
+# resuming a finished run reports where it stands, not NaN
+"$P" train --out "$R" --resume >"$T/fin" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "validation loss [0-9]" "$T/fin" && ! grep -qi "nan" "$T/fin"; then
+    pass
+else fail "resume of a finished run: exit $rc: $(cat "$T/fin")"; fi
+cp "$T/good.safetensors" "$R/checkpoint.safetensors"
+# counters and moments from a checkpoint are range-checked too
+for kv in "run.tokens 9223372036854775807" "run.elapsed 1e308" "pf.step 100" \
+          "pf.rho_count 9223372036854775807"; do
+    set -- $kv
+    edit "$1" "$2"
+    expect "resume with $1 = $2" 1 "$1" "$P" train --out "$R" --resume
+done
+$PY -c '
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+off = 8 + n + h["adamw.v.wte"]["data_offsets"][0]
+b[off:off + 4] = struct.pack("<f", -1.0)
+open(sys.argv[2], "wb").write(bytes(b))
+' "$T/good.safetensors" "$R/checkpoint.safetensors"
+expect "resume with a negative second moment" 1 "negative" "$P" train --out "$R" --resume
+cp "$T/good.safetensors" "$R/checkpoint.safetensors"
+# a large file that is not a checkpoint is refused from its first bytes, not read whole
+truncate -s 3G "$T/sparse.safetensors"
+expect "a 3 GB non-checkpoint" 1 "header length 0" "$P" sample --checkpoint "$T/sparse.safetensors"
+rm -f "$T/sparse.safetensors"
+# flags that do not apply, flags given twice, values that are not numbers as written
+expect "train exact --kernel" 2 "exact attention does not use it" "$P" train --out "$T/x" \
+    --kernel trig
+expect "train exact --features" 2 "exact attention does not use it" "$P" train --out "$T/x" \
+    --features 8
+expect "train favor++ --kernel" 2 "favor++ has its own" "$P" train --out "$T/x" \
+    --attention favor++ --kernel trig
+expect "train bible --format" 2 "--format is for --data FILE" "$P" train --out "$T/x" \
+    --data bible --format fasta
+expect "attn --chunk without --causal" 2 "for --causal only" $P $A --out o.npy --chunk 16
+expect "attn --w with --features" 2 "with --w, W is given" $P $A --out o.npy --w "$W/k.npy" \
+    --features 9
+expect "sample --temperature 0 --top-k" 2 "does not apply with --temperature 0" "$P" sample \
+    --checkpoint "$T/good.safetensors" --temperature 0 --top-k 5
+expect "demo --quick --max-len" 2 "one or the other" "$P" demo --quick --max-len 600
+expect "--out given twice" 2 "--out is given twice" $P $A --out o1.npy --out o2.npy
+expect "--causal given twice" 2 "--causal is given twice" $P $A --out o.npy --causal --causal
+expect "--scale with a newline" 2 "--scale" $P $A --out o.npy --scale "$(printf '\n1')"
+expect "--scale in hex" 2 "--scale" $P $A --out o.npy --scale 0x10
+expect "--features above 2^20" 2 "at most" $P $A --out o.npy --features 2000000
+expect "--version with an argument" 2 "takes no arguments" "$P" --version extra
+expect "help with two names" 2 "help takes one" "$P" help attn extra
+# a flag's value may be -h: it is a value, not a request for help
+"$P" sample --checkpoint "$T/good.safetensors" --prompt -h --tokens 0 >"$T/h" 2>/dev/null
+[ "$(cat "$T/h")" = "-h" ] && pass || fail "--prompt -h: $(head -c 80 "$T/h")"
+# approx: a CSV and its plot are replaced together; a plot that fails keeps the earlier pair
+"$P" approx norms --quick --draws 3 --no-plot --out "$W/apx" >/dev/null 2>&1
+mkdir -p "$T/badplot"
+printf 'import sys\nsys.exit(1)\n' >"$T/badplot/plot_approx.py"
+expect "approx with a failing plot" 1 "drawing" env PERFORMER_SCRIPTS="$T/badplot" "$P" approx \
+    norms --quick --draws 3 --out "$W/apx"
+ln -s "$W/precious.txt" "$W/apx/norms.png"
+if "$P" approx norms --quick --draws 3 --no-plot --out "$W/apx" >/dev/null 2>"$T/err"; then pass
+else fail "approx --no-plot with a link where no plot is written: $(cat "$T/err")"; fi
+expect "approx plot over a link" 1 "symbolic link" "$P" approx norms --quick --draws 3 \
+    --out "$W/apx"
+rm -rf "$W/apx"
+# a dangling symbolic link as train's folder
+ln -s "$T/nowhere" "$W/dangling-dir"
+expect "train --out a dangling link" 1 "symbolic link to nothing" "$P" train \
+    --out "$W/dangling-dir" --data "$W/two.txt.gz" $TINY --steps 1
+rm "$W/dangling-dir"
+
 # ---- flags that do not apply are errors --------------------------------------------------------
 for f in "--kernel trig" "--features 64" "--eps 0.1" "--chunk 16" "--proj iid" "--norm qmc" \
          "--seed 3" "--save-w w.npy" "--w q.npy" "--samples 4" "--proposals 2" "--deterministic"; do

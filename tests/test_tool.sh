@@ -301,7 +301,7 @@ else fail "favor per-head W: $(cat "$T/err")"; fi
 # --save-w then --w: identical output, byte for byte; a different seed gives another output
 if run --q "$T/fq.npy" --k "$T/fk.npy" --v "$T/fv.npy" --out "$O" --seed 9 --save-w "$W"; then
     cp "$O" "$T/o1.npy"
-    if run --q "$T/fq.npy" --k "$T/fk.npy" --v "$T/fv.npy" --out "$O" --w "$W" --features 3; then
+    if run --q "$T/fq.npy" --k "$T/fk.npy" --v "$T/fv.npy" --out "$O" --w "$W"; then
         check "--w round trip identical" cmp -s "$O" "$T/o1.npy"
     else fail "--w round trip: $(cat "$T/err")"; fi
     if run --q "$T/fq.npy" --k "$T/fk.npy" --v "$T/fv.npy" --out "$O" --seed 10; then

@@ -870,12 +870,8 @@ static void fmt_num(char *buf, size_t cap, double v) {
         snprintf(buf, cap, "%.6g", v);
 }
 
-/* DIR/NAME.csv, atomically (tool_text). 0 or -1 after a message. */
-static int write_csv(const lab *lb, const char *dir, char *path, size_t cap) {
-    snprintf(path, cap, "%s/%s.csv", dir, lb->name);
-    tool_text t;
-    if (tool_text_begin(&t, CMD, path) != 0) return -1;
-    FILE *f = t.f;
+/* The rows as CSV to f. 0, or -1 if a write failed. */
+static int write_csv(const lab *lb, FILE *f) {
     fprintf(f, "panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse\n");
     for (int i = 0; i < lb->n; i++) {
         const row *r = &lb->rows[i];
@@ -887,7 +883,9 @@ static int write_csv(const lab *lb, const char *dir, char *path, size_t cap) {
         fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s\n", r->panel, r->series, r->xvar, r->x, r->draws,
                 r->failed, a, b, c, e);
     }
-    return tool_text_end(&t, path, 1) == 0 ? 0 : -1;
+    int bad = ferror(f);
+    bad |= fclose(f) != 0;
+    return bad ? -1 : 0;
 }
 
 /* The table: per panel, x down and series across, mean MSE (and the failed draws, if any). */
@@ -940,11 +938,12 @@ enum { PLOT_OK = 0, PLOT_MISSING = 1, PLOT_FAILED = 2 };
 
 /* Draws DIR/NAME.png from the CSV (temporary name, then renamed); says once why plots are
  * missing. */
-static int plot(const lab *lb, const char *dir, const char *csv) {
+/* Draws the staged CSV into the staged PNG (png names it in messages). */
+static int plot(const lab *lb, const char *csv, const char *staged_png, const char *png) {
     static int warned;
-    char script[4200], png[4200];
-    snprintf(png, sizeof(png), "%s/%s.png", dir, lb->name);
-    switch (tool_plot("plot_approx.py", csv, png, lb->title, lb->metric, script, sizeof(script))) {
+    char script[4200];
+    switch (tool_plot("plot_approx.py", csv, staged_png, lb->title, lb->metric, script,
+                      sizeof(script))) {
     case TOOL_PLOT_OK:
         return PLOT_OK;
     case TOOL_PLOT_NO_PYTHON:
@@ -1050,7 +1049,7 @@ int cmd_approx(int argc, char **argv) {
     /* every CSV and plot this run writes must be a regular file or new: checked now, so a
      * link or a device there stops the run before its work, not after */
     for (int e = 0; e < N_EXP; e++) {
-        for (int k = 0; k < 2 && c.want[e]; k++) {
+        for (int k = 0; k < (c.no_plot ? 1 : 2) && c.want[e]; k++) {
             char p[4200], msg[1024];
             snprintf(p, sizeof(p), "%s/%s.%s", c.out, experiments[e].name, k ? "png" : "csv");
             if (pf_io_check_dest(p, msg, sizeof(msg)) != PF_OK) {
@@ -1077,21 +1076,40 @@ int cmd_approx(int argc, char **argv) {
             free(lb.rows);
             continue;
         }
-        char csv[4200];
-        if (write_csv(&lb, c.out, csv, sizeof(csv)) != 0) {
+        /* the CSV and its plot are staged and replaced together: a plot that fails leaves
+         * the experiment's earlier files as they were */
+        char csv[4200], png[4200];
+        snprintf(csv, sizeof(csv), "%s/%s.csv", c.out, ex->name);
+        snprintf(png, sizeof(png), "%s/%s.png", c.out, ex->name);
+        tool_outputs outs;
+        tool_outputs_init(&outs, CMD);
+        int bad = tool_outputs_add(&outs, "--out", csv) != 0 ||
+                  (!c.no_plot && tool_outputs_add(&outs, "--out", png) != 0);
+        FILE *f = bad ? NULL : tool_outputs_open(&outs, 0);
+        if (!f || write_csv(&lb, f) != 0) {
+            if (f) tool_fail(CMD, "%s: write failed: %s", csv, strerror(errno));
+            tool_outputs_discard(&outs);
+            failed = 1;
+            free(lb.rows);
+            continue;
+        }
+        int p = PLOT_MISSING;
+        if (!c.no_plot) {
+            const char *staged = tool_outputs_stage(&outs, 1);
+            p = staged ? plot(&lb, outs.o[0].tmp, staged, png) : PLOT_FAILED;
+            if (p == PLOT_MISSING) tool_outputs_drop(&outs, 1); /* the CSV alone */
+        }
+        if (p == PLOT_FAILED || tool_outputs_commit(&outs) != 0) {
+            tool_outputs_discard(&outs);
             failed = 1;
             free(lb.rows);
             continue;
         }
         print_table(&lb, secs);
         printf("  -> %s", csv);
-        if (!c.no_plot) {
-            int p = plot(&lb, c.out, csv);
-            if (p == PLOT_OK) {
-                printf(", %s/%s.png", c.out, ex->name);
-                plotted++;
-            }
-            failed |= p == PLOT_FAILED;
+        if (p == PLOT_OK) {
+            printf(", %s", png);
+            plotted++;
         }
         printf("\n");
         fflush(stdout);

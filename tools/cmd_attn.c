@@ -16,6 +16,9 @@
 #include "tool.h"
 
 #define CMD "attn"
+/* The most random features --features draws: 2^20 (W alone is then 4 MiB a unit of d, and a
+ * head's features 4 MiB a row; more would fail only after seconds of drawing). */
+#define MAX_FEATURES (1 << 20)
 
 const char cmd_attn_synopsis[] =
     "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor|ra|lara]\n"
@@ -54,16 +57,17 @@ void cmd_attn_help(void) {
            "                      Q and K (Likhosherstov et al. 2022, 2023)       [positive]\n"
            "  --oprf-a A          FAVOR++'s A, A < 1/8 (0 is FAVOR+); required with --causal\n"
            "                      (a causal A must not look at the sequence)  [fitted per head]\n"
-           "  --features M        random projections m (r = m features, 2m for hyperbolic\n"
-           "                      and trig)                                       [256]\n"
+           "  --features M        random projections m, at most 2^20 (r = m features, 2m\n"
+           "                      for hyperbolic and trig)                        [256]\n"
            "  --proj NAME         orthogonal | iid: how W's rows are drawn        [orthogonal]\n"
            "  --norm NAME         chi | sqrtd | qmc: W's row lengths              [chi]\n"
            "  --seed S            the seed W (or RA's and LARA's samples) is drawn from\n"
            "                      (the same on every machine and thread count)    [0]\n"
            "  --eps E             kernel epsilon, E >= 0 (see pf_features)        [0]\n"
-           "  --chunk C           causal chunk length, 0 = chosen from d and r    [0]\n"
-           "  --w FILE            use this W, (m,d), or (H,m,d) for one per head; overrides\n"
-           "                      --features, --proj, --norm and --seed           [drawn]\n"
+           "  --chunk C           causal chunk length (--causal only), 0: chosen  [0]\n"
+           "  --w FILE            use this W, (m,d), or (H,m,d) for one per head, instead\n"
+           "                      of drawing one (--features, --proj, --norm, --seed\n"
+           "                      are then refused)                               [drawn]\n"
            "  --save-w FILE       write the W used, so another implementation can use it\n"
            "\n"
            "RA and LARA (--method ra|lara; bidirectional only, no --causal, no gradients):\n"
@@ -76,6 +80,13 @@ void cmd_attn_help(void) {
            "  --grad-out FILE     dO, float32, the output's shape\n"
            "  --grad-prefix P     writes P.dq.npy, P.dk.npy, P.dv.npy: the gradients of\n"
            "                      sum(out * dO) with respect to Q, K and V\n"
+           "\n"
+           "Files: inputs must be regular files (a FIFO or device is refused). Each output\n"
+           "must be a new name or a regular file: a symbolic link, device, FIFO or folder\n"
+           "there is refused, never replaced nor written through; no output may be an input\n"
+           "or another output. Outputs are written to temporary names beside them and renamed\n"
+           "into place together once all are ready: a failed or interrupted run leaves every\n"
+           "file as it was.\n"
            "\n"
            "Exit status: 0 success, 1 bad input file or failed computation, 2 bad command line.\n",
            cmd_attn_synopsis);
@@ -102,7 +113,8 @@ typedef struct attn_cfg {
     unsigned given; /* bit i: method_flags[i] was given */
     int oprf_a_given;
     double oprf_a;
-    int timings; /* --timings */
+    int timings;       /* --timings */
+    int features_over; /* --features above MAX_FEATURES */
 } attn_cfg;
 
 /* ---- command line -------------------------------------------------------------------------- */
@@ -212,7 +224,8 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
             if (v && (idx = tool_parse_choice(&a, "--norm", v, norms)) >= 0)
                 c->norm = idx == 0 ? PF_NORM_CHI : idx == 1 ? PF_NORM_SQRTD : PF_NORM_QMC;
         } else if (tool_opt(&a, "--features", &v)) {
-            if (v) tool_parse_int(&a, "--features", v, 1, INT_MAX, &c->m);
+            if (v && tool_parse_int(&a, "--features", v, 1, INT_MAX, &c->m))
+                c->features_over = c->m > MAX_FEATURES;
         } else if (tool_opt(&a, "--seed", &v)) {
             if (v) tool_parse_u64(&a, "--seed", v, &c->seed);
         } else if (tool_opt(&a, "--scale", &v)) {
@@ -243,6 +256,15 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
         return tool_usage(CMD, "--grad-out and --grad-prefix go together");
     int rc = check_flags_apply(c);
     if (rc) return rc;
+    if (tool_given(&a, "--chunk") && !c->causal)
+        return tool_usage(CMD, "--chunk is the causal scan's chunk: it is for --causal only");
+    static const char *const drawn[] = {"--features", "--proj", "--norm", "--seed"};
+    for (int k = 0; k < 4 && c->w; k++) {
+        if (tool_given(&a, drawn[k]))
+            return tool_usage(CMD, "%s is for drawing W; with --w, W is given", drawn[k]);
+    }
+    if (c->features_over) /* checked here, after --w, which makes --features moot */
+        return tool_usage(CMD, "--features: at most %d", MAX_FEATURES);
     if (c->oprf_a_given && c->kernel != PF_KERNEL_OPRF)
         return tool_usage(CMD, "--oprf-a is for --kernel oprf only");
     if (c->favor && c->causal && c->kernel == PF_KERNEL_OPRF && !c->oprf_a_given)

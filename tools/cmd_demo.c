@@ -417,7 +417,9 @@ int cmd_demo(int argc, char **argv) {
         }
     }
     if (a.failed) return TOOL_EXIT_USAGE;
-    if (c.quick && !max_len_set) c.max_len = 4096;
+    if (c.quick && max_len_set)
+        return tool_usage(CMD, "--quick sets --max-len 4096: give one or the other");
+    if (c.quick) c.max_len = 4096;
 
     row rows[MAX_ROWS];
     int n = 0;

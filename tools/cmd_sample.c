@@ -86,6 +86,10 @@ int cmd_sample(int argc, char **argv) {
     }
     if (a.failed) return TOOL_EXIT_USAGE;
     if (!ckpt) return tool_usage(CMD, "missing --checkpoint FILE");
+    if (temperature == 0 && (tool_given(&a, "--top-k") || tool_given(&a, "--seed")))
+        return tool_usage(CMD, "%s does not apply with --temperature 0, which always takes the "
+                               "likeliest byte",
+                          tool_given(&a, "--top-k") ? "--top-k" : "--seed");
     if (escape < 0) escape = isatty(1);
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
@@ -141,7 +145,7 @@ int cmd_sample(int argc, char **argv) {
         if (st != PF_OK) break;
         text[n++] = next;
         put_byte(next, escape);
-        fflush(stdout);
+        if (fflush(stdout) != 0) break; /* stdout is gone (main reports it): stop */
     }
     double ms = tool_now_ms() - t0;
     if (st == PF_OK) {

@@ -5,7 +5,10 @@
  * Every step is a function of (settings, step): the batch is drawn from (seed, step), the
  * learning rate from the schedule, FAVOR's W from (seed, step / redraw). So a run stopped after
  * its last checkpoint and resumed gives the same parameters as one never stopped. */
+#include <ctype.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -87,6 +90,12 @@ void cmd_train_help(void) {
            "                      --stop-after may be given); the result is bit for bit that\n"
            "                      of an uninterrupted run\n"
            "  --stop-after N      stop after step N with a checkpoint, as if killed there\n"
+           "\n"
+           "Files: --data must be a regular file of at most 2 GiB (also once inflated). The\n"
+           "files in DIR are replaced atomically and must be regular files or absent (a\n"
+           "symbolic link or device there is refused); one run at a time holds DIR (locked\n"
+           "with flock). A run that fails before its first checkpoint leaves\n"
+           "no folder it made behind, and an existing log.csv as it was.\n"
            "\n"
            "Exit status: 0 success, 1 bad data or a failed run, 2 bad command line.\n",
            cmd_train_synopsis);
@@ -224,6 +233,20 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
                           c->model.heads);
     if (c->model.positions == PF_LM_ROTARY && (c->model.d_model / c->model.heads) % 2)
         return tool_usage(CMD, "rotary positions need an even head width (d-model/heads)");
+    /* flags the chosen settings do not use are refused, not ignored */
+    static const char *const favor_flags[] = {"--kernel", "--features", "--redraw"};
+    for (int k = 0; k < 3 && c->model.attention == PF_LM_EXACT; k++) {
+        if (tool_given(&a, favor_flags[k]))
+            return tool_usage(CMD, "%s is for --attention favor or favor++; exact attention does "
+                                   "not use it",
+                              favor_flags[k]);
+    }
+    if (c->model.attention == PF_LM_FAVORPP && tool_given(&a, "--kernel"))
+        return tool_usage(CMD, "--attention favor++ has its own feature map (OPRF): --kernel is "
+                               "for --attention favor");
+    if (tool_given(&a, "--format") && (strcmp(c->data, "proteins") == 0 || strcmp(c->data, "bible") == 0))
+        return tool_usage(CMD, "--format is for --data FILE; --data %s has a format of its own",
+                          c->data);
     return TOOL_EXIT_OK;
 }
 
@@ -311,11 +334,16 @@ static int settings_from_meta(train_cfg *c, const pf_model *m, const char *path,
     if (!tool_parse_int(&a, name, val[3], PF_CORPUS_AUTO, PF_CORPUS_TEXT, &fmt))
         return TOOL_EXIT_FAIL;
     snprintf(name, sizeof(name), "%s: run.elapsed", path);
-    if (!tool_parse_double(&a, name, val[4], 0, HUGE_VAL, 0, elapsed)) return TOOL_EXIT_FAIL;
+    if (!tool_parse_double(&a, name, val[4], 0, 1e12, 0, elapsed)) return TOOL_EXIT_FAIL;
     if (!val[0][0] || strlen(val[0]) >= sizeof(data))
         return tool_fail(CMD, "%s: run.data is empty or too long", path);
     if (c->lr_min > c->lr)
         return tool_fail(CMD, "%s: run.lr_min %g exceeds run.lr %g", path, c->lr_min, c->lr);
+    if (pf_model_steps(m) > c->steps)
+        return tool_fail(CMD, "%s: pf.step %lld is beyond run.steps %d", path,
+                         (long long)pf_model_steps(m), c->steps);
+    if (ntok > (uint64_t)INT64_MAX / 4)
+        return tool_fail(CMD, "%s: run.tokens %llu is out of range", path, (unsigned long long)ntok);
     snprintf(data, sizeof(data), "%s", val[0]);
     c->data = data;
     c->format = fmt;
@@ -500,17 +528,23 @@ static const char *const run_files[] = {"checkpoint.safetensors", "log.csv", "cu
                                         "bible-kjv.txt"};
 enum { N_RUN_FILES = (int)(sizeof(run_files) / sizeof(run_files[0])) };
 
-/* Removes the temporary files a killed run may have left ("checkpoint.safetensors.tmp.*" and
- * the like, see pf_io_atomic_begin): they are never complete. */
+/* Removes the temporary files a killed run may have left ("checkpoint.safetensors.tmp.XXXXXX"
+ * and the like, see pf_io_atomic_begin): they are never complete. Called only while holding
+ * the folder's lock, so no live run is writing them. */
 static void remove_stale_temps(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
+        /* exactly "<run file>.tmp.XXXXXX" (pf_io_atomic_begin's names), nothing else */
         int ours = 0;
         for (int i = 0; i < N_RUN_FILES; i++) {
             size_t n = strlen(run_files[i]);
-            ours |= strncmp(e->d_name, run_files[i], n) == 0 && strncmp(e->d_name + n, ".tmp.", 5) == 0;
+            const char *x = e->d_name + n + 5;
+            int six = strncmp(e->d_name, run_files[i], n) == 0 &&
+                      strncmp(e->d_name + n, ".tmp.", 5) == 0 && strlen(x) == 6;
+            for (int k = 0; six && k < 6; k++) six = isalnum((unsigned char)x[k]) != 0;
+            ours |= six;
         }
         if (!ours) continue;
         char p[4400];
@@ -549,6 +583,20 @@ static int save(const run_state *r, const train_cfg *c, const char *path, uint64
     return 0;
 }
 
+/* Appends one row to the log, cutting it back to the rows of steps <= from (truncate_log) and
+ * opening it first if this is the run's first row. Every row reaches the file or the run
+ * fails: a full disk is an error, not a log that silently stops. 0 or an exit code. */
+static int log_row(run_state *r, const char *path, int64_t from, const char *row) {
+    if (!r->log) {
+        int rc = truncate_log(path, from);
+        if (rc) return rc;
+        if (!(r->log = fopen(path, "a"))) return tool_fail(CMD, "%s: %s", path, strerror(errno));
+    }
+    if (fputs(row, r->log) < 0 || fflush(r->log) != 0)
+        return tool_fail(CMD, "%s: write error: %s", path, strerror(errno));
+    return 0;
+}
+
 static int train_in(train_cfg *c, int *saved);
 
 /* Runs train_in in DIR, made here if missing; a run that fails before its first checkpoint
@@ -558,11 +606,25 @@ static int train(train_cfg *c) {
     int made = 0;
     if (stat(c->out, &sb) != 0) {
         if (c->resume) return tool_fail(CMD, "cannot resume: %s: %s", c->out, strerror(errno));
+        if (lstat(c->out, &sb) == 0 && S_ISLNK(sb.st_mode))
+            return tool_fail(CMD, "%s: a symbolic link to nothing; give a folder", c->out);
         if (mkdir(c->out, 0777) != 0)
             return tool_fail(CMD, "%s: cannot create: %s", c->out, strerror(errno));
         made = 1;
     } else if (!S_ISDIR(sb.st_mode)) {
         return tool_fail(CMD, "%s: not a folder", c->out);
+    }
+    /* one run at a time in a folder: a second would replace the first's files under it. The
+     * folder itself is locked (flock on its descriptor): no lock file to leave behind */
+    int lfd = open(c->out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lfd < 0) {
+        int e = errno;
+        if (made) rmdir(c->out);
+        return tool_fail(CMD, "%s: cannot lock the folder: %s", c->out, strerror(e));
+    }
+    if (flock(lfd, LOCK_EX | LOCK_NB) != 0) {
+        close(lfd);
+        return tool_fail(CMD, "%s: another `performer train` is running in this folder", c->out);
     }
     int saved = 0;
     int rc = train_in(c, &saved);
@@ -573,8 +635,9 @@ static int train(train_cfg *c) {
             unlink(p);
         }
         remove_stale_temps(c->out);
-        rmdir(c->out);
     }
+    close(lfd); /* (the lock goes with it) */
+    if (rc && made && !saved) rmdir(c->out);
     return rc;
 }
 
@@ -589,6 +652,18 @@ static int train_in(train_cfg *c, int *saved) {
         char p[4400];
         snprintf(p, sizeof(p), "%s/%s", c->out, run_files[i]);
         if (pf_io_check_dest(p, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    }
+    /* the data must not be one of them (the log would replace it) */
+    struct stat ds, rs;
+    if (stat(c->data, &ds) == 0) {
+        for (int i = 0; i < N_RUN_FILES; i++) {
+            char p[4400];
+            snprintf(p, sizeof(p), "%s/%s", c->out, run_files[i]);
+            if (stat(p, &rs) == 0 && rs.st_dev == ds.st_dev && rs.st_ino == ds.st_ino)
+                return tool_usage(CMD, "--data %s is also an output of the run (%s): an input is "
+                                       "never overwritten",
+                                  c->data, p);
+        }
     }
 
     run_state r;
@@ -650,17 +725,15 @@ static int train_in(train_cfg *c, int *saved) {
             run_free(&r);
             return tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
         }
-        rc = truncate_log(log_path, -1);
-    } else {
-        rc = truncate_log(log_path, pf_model_steps(r.model));
     }
+    /* the log is cut back (to the checkpoint's step, or to nothing for a new run) only when the
+     * first row is ready: a run that fails before that leaves an existing log as it was */
+    const int64_t log_from = c->resume ? pf_model_steps(r.model) : -1;
     size_t bt = (size_t)B * T;
     r.tok = malloc(sizeof(int32_t) * bt);
     r.tgt = malloc(sizeof(int32_t) * bt);
     r.logits = malloc(sizeof(float) * bt * PF_LM_VOCAB);
     if (!rc && (!r.tok || !r.tgt || !r.logits)) rc = tool_fail(CMD, "out of memory");
-    if (!rc && !(r.log = fopen(log_path, "a")))
-        rc = tool_fail(CMD, "%s: %s", log_path, strerror(errno));
     if (rc) {
         run_free(&r);
         return rc;
@@ -687,17 +760,18 @@ static int train_in(train_cfg *c, int *saved) {
     eval_result ev = {NAN, NAN};
     pf_status st = PF_OK;
 
-    if (step == 0) {
+    char row[512];
+    if (step == 0 || step >= c->steps) { /* a new run, or a finished one: where it stands */
         st = evaluate(r.model, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
-        if (st == PF_OK) {
-            fprintf(r.log, "0,,,,,0,%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
-            fflush(r.log);
+        if (st == PF_OK && step == 0) {
+            snprintf(row, sizeof(row), "0,,,,,0,%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
+            rc = log_row(&r, log_path, log_from, row);
         }
     }
     pf_model_set_training(r.model, 1);
     double session_t = 0;
     int64_t session_steps = 0;
-    while (st == PF_OK && step < c->steps) {
+    while (st == PF_OK && !rc && step < c->steps) {
         double t0 = tool_now_ms();
         double lr = pf_lr_schedule(step, c->steps, c->warmup, c->lr, c->lr_min);
         float loss = NAN, gnorm = NAN;
@@ -714,15 +788,17 @@ static int train_in(train_cfg *c, int *saved) {
         tokens += (int64_t)bt;
         step++;
         int do_eval = step % c->eval_every == 0 || step == c->steps;
-        fprintf(r.log, "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)step, lr, loss, gnorm,
-                (double)bt / dt, elapsed);
+        int n = snprintf(row, sizeof(row), "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)step, lr,
+                         loss, gnorm, (double)bt / dt, elapsed);
         if (do_eval) {
             st = evaluate(r.model, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
             if (st != PF_OK) break;
-            fprintf(r.log, ",%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
+            snprintf(row + n, sizeof(row) - (size_t)n, ",%.6f,%.6f,%.6f\n", ev.loss,
+                     exp(ev.loss), ev.acc);
         } else {
-            fprintf(r.log, ",,,\n");
+            snprintf(row + n, sizeof(row) - (size_t)n, ",,,\n");
         }
+        if ((rc = log_row(&r, log_path, log_from, row))) break;
         /* progress */
         double tps = (double)session_steps * (double)bt / session_t;
         char eta[32];
@@ -736,7 +812,6 @@ static int train_in(train_cfg *c, int *saved) {
         }
         int stop = c->stop_after && step >= c->stop_after;
         if (step % c->checkpoint_every == 0 || step == c->steps || stop) {
-            fflush(r.log);
             rc = save(&r, c, ckpt, hash, elapsed, tokens);
             if (rc) break;
             *saved = 1;
@@ -754,7 +829,8 @@ static int train_in(train_cfg *c, int *saved) {
             tool_fail(CMD, "step %lld: %s", (long long)step + 1, pf_status_str(st));
         rc = TOOL_EXIT_FAIL;
     }
-    fclose(r.log);
+    if (r.log && fclose(r.log) != 0 && !rc)
+        rc = tool_fail(CMD, "%s: write error: %s", log_path, strerror(errno));
     r.log = NULL;
     if (!rc) {
         printf("step %lld/%d: validation loss %.4f (perplexity %.3f, accuracy %.4f); %.0f "

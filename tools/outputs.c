@@ -132,6 +132,7 @@ int tool_outputs_commit(tool_outputs *s) {
     for (int i = 0; i < s->n; i++) {
         tool_output *o = &s->o[i];
         if (!o->tmp) continue;
+        pf_io_temp_forget(o->tmp);
         if (rename(o->tmp, o->path) != 0) {
             int e = errno;
             tool_outputs_discard(s);
@@ -147,6 +148,7 @@ int tool_outputs_commit(tool_outputs *s) {
 void tool_outputs_discard(tool_outputs *s) {
     for (int i = 0; i < s->n; i++) {
         if (!s->o[i].tmp) continue;
+        pf_io_temp_forget(s->o[i].tmp);
         unlink(s->o[i].tmp);
         free(s->o[i].tmp);
         s->o[i].tmp = NULL;
@@ -176,4 +178,13 @@ int tool_text_end(tool_text *t, const char *path, int ok) {
                                        sizeof(msg));
     if (ok && st != PF_OK) return tool_fail(t->cmd, "%s", msg);
     return ok ? 0 : TOOL_EXIT_FAIL;
+}
+
+void tool_outputs_drop(tool_outputs *s, int i) {
+    tool_output *o = &s->o[i];
+    if (!o->tmp) return;
+    pf_io_temp_forget(o->tmp);
+    unlink(o->tmp);
+    free(o->tmp);
+    o->tmp = NULL;
 }

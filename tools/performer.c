@@ -1,8 +1,11 @@
 /* performer.c: the `performer` command: dispatch to a subcommand, --help, --version, and the
  * argument helpers every subcommand uses (tool.h). */
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,28 +46,49 @@ int tool_usage(const char *cmd, const char *fmt, ...) {
 /* ---- the argument cursor ------------------------------------------------------------------ */
 
 void tool_args_init(tool_args *a, const char *cmd, int argc, char **argv) {
+    memset(a, 0, sizeof(*a));
     a->cmd = cmd;
     a->argc = argc;
     a->argv = argv;
-    a->i = 0;
-    a->failed = 0;
 }
+
+static void command_help(const char *cmd);
 
 int tool_next(tool_args *a) {
     if (a->failed) return 0;
     a->i++;
+    if (a->i < a->argc && (strcmp(a->argv[a->i], "--help") == 0 || strcmp(a->argv[a->i], "-h") == 0)) {
+        command_help(a->cmd);
+        exit(fflush(stdout) == 0 && !ferror(stdout) ? TOOL_EXIT_OK : TOOL_EXIT_FAIL);
+    }
     return a->i < a->argc;
+}
+
+/* Records that flag `name` matched; a usage error if it already had. 1 if it is new. */
+static int first_time(tool_args *a, const char *name) {
+    for (int k = 0; k < a->nseen; k++) {
+        if (strcmp(a->seen[k], name) == 0) {
+            tool_usage(a->cmd, "%s is given twice", name);
+            a->failed = 1;
+            return 0;
+        }
+    }
+    if (a->nseen < TOOL_MAX_FLAGS) a->seen[a->nseen++] = name;
+    return 1;
 }
 
 int tool_opt(tool_args *a, const char *name, const char **value) {
     const char *arg = a->argv[a->i];
     size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0) return 0;
+    if (strncmp(arg, name, n) != 0 || (arg[n] != '=' && arg[n] != '\0')) return 0;
+    if (!first_time(a, name)) {
+        *value = NULL;
+        return 1;
+    }
     if (arg[n] == '=') {
         *value = arg + n + 1;
         return 1;
     }
-    if (arg[n] != '\0') return 0;
     if (a->i + 1 >= a->argc) {
         tool_usage(a->cmd, "%s: missing value", name);
         a->failed = 1;
@@ -88,13 +112,21 @@ int tool_path_opt(tool_args *a, const char *name, const char **value) {
 int tool_flag(tool_args *a, const char *name) {
     const char *arg = a->argv[a->i];
     size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0) return 0;
+    if (strncmp(arg, name, n) != 0 || (arg[n] != '=' && arg[n] != '\0')) return 0;
+    if (!first_time(a, name)) return 1;
     if (arg[n] == '=') {
         tool_usage(a->cmd, "%s takes no value", name);
         a->failed = 1;
         return 1;
     }
     return arg[n] == '\0';
+}
+
+int tool_given(const tool_args *a, const char *name) {
+    for (int k = 0; k < a->nseen; k++) {
+        if (strcmp(a->seen[k], name) == 0) return 1;
+    }
+    return 0;
 }
 
 int tool_unknown(tool_args *a) {
@@ -154,7 +186,9 @@ int tool_parse_double(tool_args *a, const char *flag, const char *s, double lo, 
                       int lo_open, double *out) {
     char *end = NULL;
     errno = 0;
-    int ok = s && *s && s[0] != ' ' && s[0] != '\t';
+    /* a number as written: no leading white space (strtod skips it) and no hexadecimal */
+    int ok = s && (isdigit((unsigned char)s[0]) || s[0] == '-' || s[0] == '+' || s[0] == '.') &&
+             !strpbrk(s, "xXpP");
     double v = ok ? strtod(s, &end) : 0;
     ok = ok && *end == '\0' && errno != ERANGE && isfinite(v) && v <= hi &&
          (lo_open ? v > lo : v >= lo);
@@ -269,9 +303,10 @@ tool_plot_status tool_plot(const char *name, const char *in, const char *png, co
         st = TOOL_PLOT_FAILED;
     else if (WEXITSTATUS(status) == 3) /* the scripts' code for "no matplotlib / numpy" */
         st = TOOL_PLOT_NO_MATPLOTLIB;
-    else if (WEXITSTATUS(status) != 0 || pf_io_check_dest(png, NULL, 0) != PF_OK ||
-             rename(tmp, png) != 0)
+    else if (WEXITSTATUS(status) != 0 || pf_io_check_dest(png, NULL, 0) != PF_OK)
         st = TOOL_PLOT_FAILED;
+    pf_io_temp_forget(tmp);
+    if (st == TOOL_PLOT_OK && rename(tmp, png) != 0) st = TOOL_PLOT_FAILED;
     if (st != TOOL_PLOT_OK) unlink(tmp);
     free(w.tmp);
     return st;
@@ -332,45 +367,76 @@ static void print_help(void) {
            "error), 2 bad command line.\n");
 }
 
+/* The help of command `cmd` (tool_next's --help). */
+static void command_help(const char *cmd) {
+    for (int c = 0; c < n_commands; c++) {
+        if (strcmp(cmd, commands[c].name) == 0) commands[c].help();
+    }
+}
+
+/* A command's exit status, made a failure if what it wrote to stdout was lost (a full disk,
+ * a closed or broken pipe): a run whose results did not arrive did not succeed. */
+static int finish(int rc) {
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "performer: cannot write to standard output: %s\n", strerror(errno));
+        return rc ? rc : TOOL_EXIT_FAIL;
+    }
+    return rc;
+}
+
+/* Removes the temporary files of outputs still being written, then dies of the signal as it
+ * would have: an interrupted run leaves what was there before and nothing else. */
+static void on_signal(int sig) {
+    pf_io_temp_remove_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv) {
+    /* 0, 1 and 2 open (on /dev/null if closed): else the first file opened would become the
+     * standard output, and messages would land in it */
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd) return 127;
+    }
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    for (int k = 0; k < 4; k++) {
+        if (signal(sigs[k], on_signal) == SIG_IGN) signal(sigs[k], SIG_IGN); /* kept ignored */
+    }
     if (argc < 2) {
         print_help();
         return TOOL_EXIT_USAGE;
     }
     const char *name = argv[1];
+    if ((strcmp(name, "--version") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) &&
+        argc > 2)
+        return tool_usage(NULL, "%s takes no arguments, got '%s'", name, argv[2]);
+    if (strcmp(name, "help") == 0 && argc > 3)
+        return tool_usage(NULL, "help takes one command name, got '%s' too", argv[3]);
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
         print_help();
-        return TOOL_EXIT_OK;
+        return finish(TOOL_EXIT_OK);
     }
     if (strcmp(name, "--version") == 0) {
         printf("performer %s (vector kernels: %s; OpenBLAS kernels: %s)\n", pf_version(),
                pf_simd_path(), pf_blas_core());
-        return TOOL_EXIT_OK;
+        return finish(TOOL_EXIT_OK);
     }
     if (strcmp(name, "help") == 0) {
         if (argc < 3) {
             print_help();
-            return TOOL_EXIT_OK;
+            return finish(TOOL_EXIT_OK);
         }
         name = argv[2];
         for (int c = 0; c < n_commands; c++) {
             if (strcmp(name, commands[c].name) == 0) {
                 commands[c].help();
-                return TOOL_EXIT_OK;
+                return finish(TOOL_EXIT_OK);
             }
         }
         return tool_usage(NULL, "unknown command '%s'", name);
     }
     for (int c = 0; c < n_commands; c++) {
-        if (strcmp(name, commands[c].name) == 0) {
-            for (int i = 2; i < argc; i++) {
-                if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-                    commands[c].help();
-                    return TOOL_EXIT_OK;
-                }
-            }
-            return commands[c].run(argc - 1, argv + 1);
-        }
+        if (strcmp(name, commands[c].name) == 0) return finish(commands[c].run(argc - 1, argv + 1));
     }
     if (name[0] == '-') return tool_usage(NULL, "unknown option '%s'", name);
     return tool_usage(NULL, "unknown command '%s'", name);

@@ -53,25 +53,34 @@ int tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 /* Walks argv[1..argc). A command loops `while (tool_next(&a))` and tests the current
  * argument with tool_opt / tool_flag; anything unmatched goes to tool_unknown. A value can be
  * given as "--name value" or "--name=value". */
+#define TOOL_MAX_FLAGS 64
+
 typedef struct tool_args {
     const char *cmd;
     int argc;
     char **argv;
     int i;      /* the argument being looked at */
     int failed; /* a usage error was reported */
+    const char *seen[TOOL_MAX_FLAGS]; /* the flags matched so far: each may be given once */
+    int nseen;
 } tool_args;
 
 void tool_args_init(tool_args *a, const char *cmd, int argc, char **argv);
 
-/* Advances to the next argument; 0 when there is none or a usage error happened. */
+/* Advances to the next argument; 0 when there is none or a usage error happened. An argument
+ * --help or -h in a flag's place (not a flag's value) prints the command's help and exits 0. */
 int tool_next(tool_args *a);
 
 /* 1 if the current argument is the valued flag `name` ("--q"); *value is then its value. A
- * missing value is reported (usage error, a->failed set) and still returns 1 with *value NULL. */
+ * missing value, or a flag given twice, is reported (usage error, a->failed set) and still
+ * returns 1 with *value NULL. */
 int tool_opt(tool_args *a, const char *name, const char **value);
 
 /* 1 if the current argument is the boolean flag `name`. "--name=..." is a usage error. */
 int tool_flag(tool_args *a, const char *name);
+
+/* 1 if flag `name` was matched by tool_opt or tool_flag (given on the command line). */
+int tool_given(const tool_args *a, const char *name);
 
 /* Reports the current argument as unknown. Returns TOOL_EXIT_USAGE. */
 int tool_unknown(tool_args *a);
@@ -141,6 +150,9 @@ int tool_outputs_commit(tool_outputs *s);
 
 /* Removes the staged files (a failed run); the destinations are untouched. */
 void tool_outputs_discard(tool_outputs *s);
+
+/* Removes output i's staged file only: tool_outputs_commit then leaves its destination alone. */
+void tool_outputs_drop(tool_outputs *s, int i);
 
 /* One text file written atomically through stdio: to a temporary file beside path, renamed
  * over it at the end (path must be a regular file or new). */
