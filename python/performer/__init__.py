@@ -1,0 +1,632 @@
+"""performer: fast attention with random features (FAVOR+), from Python.
+
+A thin layer over the C library libperformer (include/performer.h), loaded with ctypes: no
+compiler is needed to install it, and every number is computed by the same C code the
+`performer` tool runs, so the results are the tool's, bit for bit, given the same W.
+
+    import numpy as np, performer
+    q, k, v = (np.random.default_rng(0).standard_normal((8, 1024, 64), np.float32)
+               for _ in range(3))
+    out = performer.attention(q, k, v, causal=True, features=256, seed=0)   # FAVOR+
+    ref = performer.attention(q, k, v, causal=True, method="exact")
+
+Arrays. Tensors are (L,d) one head, (H,L,d) heads, or (B,H,L,d) a batch, as `performer attn`
+takes them: q (..,Lq,d), k (..,Lk,d), v (..,Lk,dv), all of one rank, out (..,Lq,dv). A float32
+array in C order is passed to C as it is (no copy); any other real floating or integer array
+(float64, a transposed view, ...) is converted to a float32 C-order copy once. Complex, bool,
+object and string arrays are refused with TypeError.
+
+Errors. Python-side checks (ranks, shapes, names, options that do not apply) raise ValueError
+or TypeError with a message saying what is wrong. A status from the library raises a subclass
+of `performer.Error` that is also the built-in exception for it, carrying pf_status_str's
+message: PF_EINVAL ValueError, PF_ENOMEM MemoryError, PF_ENONFINITE FloatingPointError (NaN or
+Inf in an input, named), PF_EDOMAIN ArithmeticError (a zero attention denominator), PF_ENOTSUP
+NotImplementedError.
+
+Threads: `threads=0` is OpenMP's default (OMP_NUM_THREADS or every core); results never depend
+on the thread count. ctypes releases the GIL during each call, so calls from several Python
+threads run in parallel (each DecodeState must stay with one thread at a time).
+
+performer.torch (import it explicitly) has an autograd function and performer-pytorch's
+FastAttention running on the same kernels.
+"""
+import ctypes
+import functools
+import math
+
+import numpy as np
+
+from . import _lib
+from ._lib import (Error, FormatError, InvalidArgument, LibraryIOError, NonFinite, NotSupported,
+                   OutOfMemory, UndefinedResult, library_path)
+
+__all__ = ["attention", "attention_grad", "projection", "features", "oprf_optimal_a",
+           "sderf_params", "kernel_width", "DecodeState", "Error", "InvalidArgument",
+           "OutOfMemory", "NonFinite", "UndefinedResult", "NotSupported", "FormatError",
+           "LibraryIOError", "version", "simd_path", "blas_core", "library_path"]
+
+_L = _lib.lib
+__version__ = _L.pf_version().decode()
+_INT_MAX = 2**31 - 1
+_FLT_MAX = float(np.finfo(np.float32).max)
+_FLT_MIN = float(np.finfo(np.float32).tiny)
+_METHODS = ("favor", "exact", "ra", "lara")
+
+
+def version():
+    """The C library's version, "MAJOR.MINOR.PATCH"."""
+    return __version__
+
+
+def simd_path():
+    """The vector path of the library's kernels: "avx512", "avx2" or "ref"."""
+    return _L.pf_simd_path().decode()
+
+
+def blas_core():
+    """The OpenBLAS kernel set exact attention, RA and LARA run on ("Haswell", ...)."""
+    return _L.pf_blas_core().decode()
+
+
+def kernel_width(kernel, m):
+    """The feature width r of a kernel with m projections: m, or 2m (hyperbolic, trig)."""
+    return _L.pf_kernel_width(_lib.kernel_id(kernel), int(m))
+
+
+# ---- argument conversion --------------------------------------------------------------------
+
+def _f32(x, name):
+    """x as a float32 C-order array: itself when it already is one (zero copy), else one copy.
+    TypeError for what is not real numbers."""
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous \
+            and x.flags.aligned:
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name}: dtype {a.dtype} is not supported: real numbers only (float32 "
+                        "is used as it is; other floating and integer types are converted)")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _ptr(a):
+    return None if a is None else a.ctypes.data
+
+
+def _scale(scale):
+    if scale is None:
+        return 0.0
+    s = float(scale)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if s > _FLT_MAX or s < _FLT_MIN:
+        raise ValueError(f"scale {s:g} is outside float32's normal range")
+    return s
+
+
+def _nonneg(value, name):
+    x = float(value)
+    if not (math.isfinite(x) and x >= 0) or x > _FLT_MAX:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return x
+
+
+def _int(value, name, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+def _shape(q, k, v, causal):
+    """The pf_shape of q, k, v (ValueError naming what disagrees)."""
+    r = q.ndim
+    if r not in (2, 3, 4):
+        raise ValueError(f"q has shape {q.shape}: expected (L,d), (H,L,d) or (B,H,L,d)")
+    if k.ndim != r or v.ndim != r:
+        raise ValueError(f"q, k and v must have the same rank: shapes {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must agree in their leading (batch, head) dimensions: "
+                         f"shapes {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same width d: shapes {q.shape}, {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length Lk: shapes {k.shape}, {v.shape}")
+    if min(q.shape + k.shape + v.shape) < 1 or max(q.shape + k.shape + v.shape) > _INT_MAX:
+        raise ValueError(f"every dimension must be in [1, 2^31 - 1]: shapes {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    B = q.shape[0] if r == 4 else 1
+    H = q.shape[-3] if r >= 3 else 1
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    if causal and Lq != Lk:
+        raise ValueError(f"causal attention needs as many queries as keys (Lq = {Lq}, "
+                         f"Lk = {Lk})")
+    return _lib.pf_shape(B, H, Lq, Lk, q.shape[-1], v.shape[-1])
+
+
+def _key_lengths(key_lengths, sh):
+    """key_lengths as an int32 (B,) array with every value in [1, Lk], or None."""
+    if key_lengths is None:
+        return None
+    a = np.asarray(key_lengths)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"key_lengths must hold integers, got dtype {a.dtype}")
+    if a.ndim == 0:
+        a = a.reshape(1)
+    if a.shape != (sh.B,):
+        raise ValueError(f"key_lengths has shape {a.shape}: expected ({sh.B},), one length per "
+                         "batch item")
+    if a.min() < 1 or a.max() > sh.Lk:
+        bad = int(np.flatnonzero((a < 1) | (a > sh.Lk))[0])
+        raise ValueError(f"key_lengths[{bad}] = {int(a[bad])} is out of range [1, {sh.Lk}]")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _attn_opts(sh, scale, causal, key_len, threads):
+    return _lib.pf_attn_opts(_scale(scale), 1 if causal else 0, _ptr(key_len),
+                             _int(threads, "threads", 0, _lib.PF_MAX_THREADS))
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn_w(m, d, kind, norm, seed):
+    W = projection(m, d, kind=kind, norm=norm, seed=seed)
+    W.flags.writeable = False
+    return W
+
+
+def _favor_opts(sh, *, kernel, W, features, proj, norm, seed, eps, chunk, oprf_a, causal):
+    """(pf_favor_opts, W array it points into)."""
+    kid = _lib.kernel_id(kernel)
+    if W is None:
+        m = _int(features, "features", 1, _INT_MAX)
+        _lib.choice("proj", proj, _lib.PROJ_KINDS)
+        _lib.choice("norm", norm, _lib.NORMS)
+        W = _drawn_w(m, sh.d, proj, norm, _int(seed, "seed", 0, 2**64 - 1))
+    else:
+        if proj != "orthogonal" or norm != "chi" or seed != 0:
+            raise ValueError("W is given: proj, norm and seed (which draw a W) do not apply")
+        W = _f32(W, "W")
+        ok = (W.ndim == 2 or (W.ndim == 3 and W.shape[0] == sh.H)) and W.shape[-1] == sh.d
+        if not ok or W.shape[-2] < 1:
+            raise ValueError(f"W has shape {W.shape}: expected (m, {sh.d}) or ({sh.H}, m, "
+                             f"{sh.d}) (one W per head)")
+        if features not in (256, W.shape[-2]):
+            raise ValueError(f"features={features} disagrees with W's m = {W.shape[-2]}")
+    if oprf_a is not None and kid != 4:
+        raise ValueError("oprf_a is for kernel='oprf' only")
+    if kid == 4 and causal and oprf_a is None:
+        raise ValueError("kernel='oprf' with causal=True needs oprf_a: a causal A must be fixed "
+                         "beforehand, not fitted to the sequence (whose later keys a query must "
+                         "not see)")
+    if kid == 5 and causal:
+        raise NotSupported("kernel='sderf' is bidirectional only: its A is fitted to the "
+                           "sequence's own queries and keys, which a causal query must not see; "
+                           "use kernel='oprf' with oprf_a", _lib.PF_ENOTSUP, None)
+    a = 0.0
+    if oprf_a is not None:
+        a = float(oprf_a)
+        if not (math.isfinite(a) and a < 0.125):
+            raise ValueError(f"oprf_a must be a finite number below 1/8, got {oprf_a!r}")
+    fav = _lib.pf_favor_opts(kid, _ptr(W), W.shape[-2], 1 if W.ndim == 3 else 0,
+                             _nonneg(eps, "eps"), _int(chunk, "chunk", 0, _INT_MAX),
+                             1 if oprf_a is not None else 0, a)
+    return fav, W
+
+
+def _nonfinite_detail(named):
+    for name, a in named:
+        if a is not None and not np.isfinite(a).all():
+            idx = np.unravel_index(int(np.argmin(np.isfinite(a))), a.shape)
+            return f"{name} holds {a[idx]} at index {tuple(int(i) for i in idx)}"
+    return ("a result is not finite: try kernel='positive', a smaller scale, or eps > 0")
+
+
+def _raise(st, function, named=()):
+    detail = ""
+    if st == _lib.PF_ENONFINITE:
+        detail = _nonfinite_detail(named)
+    elif st == _lib.PF_EDOMAIN:
+        detail = ("a softmax or feature denominator is zero or not finite: try "
+                  "kernel='positive', a smaller scale, or eps > 0")
+    raise _lib.error(st, function, detail)
+
+
+def _out(out, shape, inputs):
+    if out is None:
+        return np.empty(shape, np.float32)
+    if not (type(out) is np.ndarray and out.dtype == np.float32 and out.flags.c_contiguous
+            and out.flags.writeable and out.shape == shape):
+        raise ValueError(f"out must be a writable float32 C-order array of shape {shape}")
+    for a in inputs:
+        if a is not None and np.may_share_memory(out, a):
+            raise ValueError("out must not overlap an input")
+    return out
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+_FAVOR_ONLY = ("kernel", "features", "W", "proj", "norm", "eps", "chunk", "oprf_a")
+
+
+def _check_method(method, kernel="positive", features=256, W=None, proj="orthogonal",
+                  norm="chi", eps=0.0, chunk=0, oprf_a=None, seed=0, samples=None,
+                  proposals=None, deterministic=False):
+    """ValueError for an unknown method, or an option given away from its default that the
+    method does not use (the tool refuses such flags too)."""
+    if method not in _METHODS:
+        raise ValueError(f"method '{method}' is not known: one of {', '.join(_METHODS)}")
+    if method != "favor":
+        moved = (kernel != "positive", features != 256, W is not None, proj != "orthogonal",
+                 norm != "chi", eps != 0, chunk != 0, oprf_a is not None)
+        if any(moved):
+            name = _FAVOR_ONLY[moved.index(True)]
+            raise ValueError(f"{name} is for method='favor' only; method='{method}' does not "
+                             "use it")
+    for name, moved, users in (("seed", seed != 0, ("favor", "ra", "lara")),
+                               ("samples", samples is not None, ("ra", "lara")),
+                               ("proposals", proposals is not None, ("lara",)),
+                               ("deterministic", bool(deterministic), ("lara",))):
+        if moved and method not in users:
+            raise ValueError(f"{name} is for method='{' or '.join(users)}' only; "
+                             f"method='{method}' does not use it")
+
+
+def attention(q, k, v, *, method="favor", causal=False, kernel="positive", features=256, W=None,
+              seed=0, scale=None, key_lengths=None, threads=0, proj="orthogonal", norm="chi",
+              eps=0.0, chunk=0, oprf_a=None, samples=None, proposals=None, deterministic=False,
+              out=None):
+    """Attention of q on k and v: out (..,Lq,dv). Shapes (L,d), (H,L,d) or (B,H,L,d).
+
+    method   "favor" (FAVOR+ random features, the default), "exact" (softmax, online, never an
+             L x L matrix), "ra" (randomized attention), "lara" (bidirectional only).
+    causal   query i sees keys j <= i only (needs Lq == Lk).
+    scale    the logit scale s in exp(s q.k); None is 1/sqrt(d).
+    key_lengths  B valid key lengths in [1, Lk] (the keys after them are padding), or None.
+    threads  0: OpenMP's default; the result does not depend on it.
+    out      an optional float32 C-order array of the output's shape to write into.
+
+    FAVOR+ (method "favor"):
+    kernel   "positive" (FAVOR+), "hyperbolic", "trig", "relu", "oprf" (FAVOR++: A fitted per
+             head, or oprf_a given; causal needs oprf_a), "sderf" (FAVOR#, bidirectional).
+    W        the projection, (m,d) or (H,m,d) one per head, used as it is. None draws
+             projection(features, d, kind=proj, norm=norm, seed=seed), the W `performer attn
+             --features M --proj P --norm N --seed S` draws (the last 16 are cached).
+    eps      kernel epsilon (see pf_features); chunk: causal chunk length (0: chosen).
+
+    RA and LARA: seed, samples (per query / per proposal: 16 / 1), proposals (LARA: 16 or
+    fewer), deterministic (LARA, samples 1).
+
+    An option the chosen method does not use is refused (ValueError), as the tool does.
+    Raises ValueError/TypeError for bad arguments; the library's statuses as the module
+    docstring says (FloatingPointError names an input holding NaN or Inf).
+    """
+    _check_method(method, kernel, features, W, proj, norm, eps, chunk, oprf_a, seed, samples,
+                  proposals, deterministic)
+    q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+    sh = _shape(q, k, v, causal)
+    key_len = _key_lengths(key_lengths, sh)
+    opts = _attn_opts(sh, scale, causal, key_len, threads)
+    o = _out(out, q.shape[:-1] + (sh.dv,), (q, k, v))
+    P = ctypes.byref
+    if method == "favor":
+        fav, Wa = _favor_opts(sh, kernel=kernel, W=W, features=features, proj=proj, norm=norm,
+                              seed=seed, eps=eps, chunk=chunk, oprf_a=oprf_a, causal=causal)
+        st = _L.pf_attn_favor(o.ctypes.data, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                              P(sh), P(opts), P(fav))
+        name, named = "pf_attn_favor", (("q", q), ("k", k), ("v", v), ("W", Wa))
+    elif method == "exact":
+        st = _L.pf_attn_exact(o.ctypes.data, None, q.ctypes.data, k.ctypes.data,
+                              v.ctypes.data, P(sh), P(opts))
+        name, named = "pf_attn_exact", (("q", q), ("k", k), ("v", v))
+    else:
+        if causal:
+            raise NotSupported(f"method='{method}' is bidirectional only: causal randomized "
+                               "attention is an open research question", _lib.PF_ENOTSUP, None)
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            if not np.isfinite(a).all():
+                _raise(_lib.PF_ENONFINITE, f"pf_attn_{method}", ((name, a),))
+        samp = _sampling_opts(method, sh, key_len, seed, samples, proposals, deterministic)
+        fn = _L.pf_attn_ra if method == "ra" else _L.pf_attn_lara
+        st = fn(o.ctypes.data, q.ctypes.data, k.ctypes.data, v.ctypes.data, P(sh), P(opts),
+                P(samp))
+        name, named = f"pf_attn_{method}", (("q", q), ("k", k), ("v", v))
+    if st != 0:
+        _raise(st, name, named)
+    return o
+
+
+def _sampling_opts(method, sh, key_len, seed, samples, proposals, deterministic):
+    fit = min(sh.Lq, sh.Lk, int(key_len.min()) if key_len is not None else sh.Lk)
+    s = _int(samples, "samples", 1, _INT_MAX) if samples is not None else \
+        (16 if method == "ra" else 1)
+    c = _int(proposals, "proposals", 1, _INT_MAX) if proposals is not None else min(fit, 16)
+    if deterministic and s != 1:
+        raise ValueError(f"deterministic takes one sample per proposal (omega = mu): samples "
+                         f"must be 1, got {s}")
+    if method == "lara" and c > fit:
+        raise ValueError(f"proposals={c}: LARA needs every chunk to hold a query and a valid "
+                         f"key, so at most {fit} here")
+    return _lib.pf_sampling_opts(s, c, 1 if deterministic else 0,
+                                 _int(seed, "seed", 0, 2**64 - 1))
+
+
+def attention_grad(q, k, v, dout, *, method="favor", causal=False, kernel="positive",
+                   features=256, W=None, seed=0, scale=None, key_lengths=None, threads=0,
+                   proj="orthogonal", norm="chi", eps=0.0, chunk=0, oprf_a=None):
+    """The forward and the gradients of sum(out * dout): (out, dq, dk, dv), each shaped like
+    the array it belongs to. method "favor" (the forward keeps its features for the backward,
+    pf_attn_favor_save; the gradients are the bits of pf_attn_favor_backward) or "exact" (the
+    flash-style backward from the forward's log-sum-exp). Options as in attention(); the
+    bits of `performer attn --grad-out DO --grad-prefix P` given the same W."""
+    if method not in ("favor", "exact"):
+        raise ValueError(f"method '{method}' has no backward pass: 'favor' or 'exact'")
+    _check_method(method, kernel, features, W, proj, norm, eps, chunk, oprf_a, seed)
+    q, k, v, dout = _f32(q, "q"), _f32(k, "k"), _f32(v, "v"), _f32(dout, "dout")
+    sh = _shape(q, k, v, causal)
+    oshape = q.shape[:-1] + (sh.dv,)
+    if dout.shape != oshape:
+        raise ValueError(f"dout has shape {dout.shape}: expected the output's shape {oshape}")
+    key_len = _key_lengths(key_lengths, sh)
+    opts = _attn_opts(sh, scale, causal, key_len, threads)
+    o = np.empty(oshape, np.float32)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    P = ctypes.byref
+    named = (("q", q), ("k", k), ("v", v), ("dout", dout))
+    if method == "exact":
+        lse = np.empty(q.shape[:-1], np.float32)
+        st = _L.pf_attn_exact(o.ctypes.data, lse.ctypes.data, q.ctypes.data, k.ctypes.data,
+                              v.ctypes.data, P(sh), P(opts))
+        if st:
+            _raise(st, "pf_attn_exact", named)
+        st = _L.pf_attn_exact_backward(dq.ctypes.data, dk.ctypes.data, dv.ctypes.data,
+                                       dout.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                       v.ctypes.data, o.ctypes.data, lse.ctypes.data, P(sh),
+                                       P(opts))
+        if st:
+            _raise(st, "pf_attn_exact_backward", named)
+        return o, dq, dk, dv
+    fav, Wa = _favor_opts(sh, kernel=kernel, W=W, features=features, proj=proj, norm=norm,
+                          seed=seed, eps=eps, chunk=chunk, oprf_a=oprf_a, causal=causal)
+    named += (("W", Wa),)
+    saved = _Saved(sh, opts, fav, 0)
+    st = _L.pf_attn_favor_save(o.ctypes.data, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                               P(sh), P(opts), P(fav), saved.ptr)
+    if st:
+        _raise(st, "pf_attn_favor_save", named)
+    st = _L.pf_attn_favor_backward_saved(dq.ctypes.data, dk.ctypes.data, dv.ctypes.data,
+                                         dout.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                         v.ctypes.data, o.ctypes.data, P(sh), P(opts), P(fav),
+                                         saved.ptr)
+    saved.free()
+    if st:
+        _raise(st, "pf_attn_favor_backward_saved", named)
+    return o, dq, dk, dv
+
+
+class _Saved:
+    """A pf_favor_saved: the features a FAVOR+ forward keeps for its backward, for as many
+    heads as fit in max_bytes (0: every head). Freed by free() or when collected."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, sh, opts, fav, max_bytes):
+        p = ctypes.c_void_p()
+        st = _L.pf_favor_saved_create(ctypes.byref(p), ctypes.byref(sh), ctypes.byref(opts),
+                                      ctypes.byref(fav), max_bytes)
+        if st:
+            _raise(st, "pf_favor_saved_create")
+        self.ptr = p.value
+
+    @property
+    def bytes(self):
+        return _L.pf_favor_saved_bytes(self.ptr)
+
+    @property
+    def heads(self):
+        return _L.pf_favor_saved_heads(self.ptr)
+
+    def free(self):
+        if self.ptr:
+            _L.pf_favor_saved_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # at interpreter exit the module may be gone: the process frees all
+            pass
+
+
+# ---- projections and features ---------------------------------------------------------------
+
+def projection(m, d, kind="orthogonal", norm="chi", seed=0, stream=0):
+    """A random projection W (m,d), float32, from the counter-based generator: the same
+    (seed, stream) gives the same W on every machine and thread count.
+
+    kind  "orthogonal" (stacked Haar-random orthogonal d x d blocks, the last one cut) or "iid"
+          (every entry N(0,1)).
+    norm  row lengths: "chi" (each that of an independent N(0,I_d) vector, so each row is
+          marginally N(0,I): unbiased), "sqrtd" (every row sqrt(d)), "qmc" (chi quantiles at
+          i/(m+1), permuted). For iid with chi the rows are used as drawn.
+    """
+    m, d = _int(m, "m", 1, _INT_MAX), _int(d, "d", 1, _INT_MAX)
+    W = np.empty((m, d), np.float32)
+    st = _L.pf_projection_draw(W.ctypes.data, m, d, _lib.choice("kind", kind, _lib.PROJ_KINDS),
+                               _lib.choice("norm", norm, _lib.NORMS),
+                               _int(seed, "seed", 0, 2**64 - 1),
+                               _int(stream, "stream", 0, 2**64 - 1))
+    if st:
+        _raise(st, "pf_projection_draw")
+    return W
+
+
+def _kernel_params(kid, d, oprf_a, sderf):
+    if kid == 4:
+        if oprf_a is None:
+            raise ValueError("kernel='oprf' needs oprf_a (oprf_optimal_a gives the best one)")
+        return _lib.pf_kernel_params(float(oprf_a), None, None, 0.0), ()
+    if oprf_a is not None:
+        raise ValueError("oprf_a is for kernel='oprf' only")
+    if kid == 5:
+        if sderf is None:
+            raise ValueError("kernel='sderf' needs sderf=(A, B, log_D), as sderf_params gives")
+        A, B, log_D = sderf
+        A, B = _f32(A, "sderf A"), _f32(B, "sderf B")
+        if A.shape != (d, d) or B.shape != (d, d):
+            raise ValueError(f"sderf's A and B must be ({d}, {d}), got {A.shape}, {B.shape}")
+        return _lib.pf_kernel_params(0.0, A.ctypes.data, B.ctypes.data, float(log_D)), (A, B)
+    if sderf is not None:
+        raise ValueError("sderf is for kernel='sderf' only")
+    return None, ()
+
+
+def features(x, W, kernel="positive", *, scale=None, eps=0.0, stabilize=False, oprf_a=None,
+             sderf=None):
+    """The random features phi(x) (..,r) of rows x (..,d) with W (m,d), r = kernel_width(kernel,
+    m), such that phi(q).phi(k) estimates exp(scale q.k) (scale None: 1/sqrt(d); inputs are
+    scaled by sqrt(scale) first). Maps as in performer.h: positive exp(Wx - |x|^2/2)/sqrt(m),
+    hyperbolic, trig, relu relu(Wx)/sqrt(m) + eps, oprf (oprf_a=A), sderf
+    (sderf=(A, B, log_D) from sderf_params).
+
+    stabilize False returns phi itself (FloatingPointError if it overflows float32); True
+    returns (phi / exp(c), c) with c (..,) the removed log factor of each row, chosen so the
+    row's largest |feature| is O(1) (0 for relu)."""
+    kid = _lib.kernel_id(kernel)
+    x, W = _f32(x, "x"), _f32(W, "W")
+    if x.ndim < 1 or W.ndim != 2 or W.shape[1] != x.shape[-1]:
+        raise ValueError(f"x (..,d) and W (m,d) must share d: shapes {x.shape}, {W.shape}")
+    n, d, m = x.size // max(x.shape[-1], 1), x.shape[-1], W.shape[0]
+    if n < 1 or d < 1 or m < 1 or max(n, d, m) > _INT_MAX:
+        raise ValueError(f"x {x.shape} and W {W.shape} must be non-empty")
+    params, keep = _kernel_params(kid, d, oprf_a, sderf)
+    r = _L.pf_kernel_width(kid, m)
+    phi = np.empty(x.shape[:-1] + (r,), np.float32)
+    c = np.empty(x.shape[:-1], np.float32) if stabilize else None
+    st = _L.pf_features_ex(phi.ctypes.data, _ptr(c), x.ctypes.data, n, d, W.ctypes.data, m, kid,
+                           _scale(scale), _nonneg(eps, "eps"),
+                           ctypes.byref(params) if params is not None else None)
+    if st:
+        _raise(st, "pf_features_ex", (("x", x), ("W", W)) + tuple(zip(("A", "B"), keep)))
+    return (phi, c) if stabilize else phi
+
+
+def _two_sides(q, k):
+    q, k = _f32(q, "q"), _f32(k, "k")
+    if q.ndim != 2 or k.ndim != 2 or q.shape[1] != k.shape[1] or min(q.shape + k.shape) < 1:
+        raise ValueError(f"q (Lq,d) and k (Lk,d) must be non-empty and share d: shapes "
+                         f"{q.shape}, {k.shape}")
+    return q, k
+
+
+def oprf_optimal_a(q, k, scale=None):
+    """FAVOR++'s A minimising the features' variance for queries q (Lq,d) and keys k (Lk,d)
+    (pass the valid rows only): a float <= 0."""
+    q, k = _two_sides(q, k)
+    a = ctypes.c_float()
+    st = _L.pf_oprf_optimal_a(ctypes.byref(a), q.ctypes.data, q.shape[0], k.ctypes.data,
+                              k.shape[0], q.shape[1], _scale(scale))
+    if st:
+        _raise(st, "pf_oprf_optimal_a", (("q", q), ("k", k)))
+    return a.value
+
+
+def sderf_params(q, k, scale=None):
+    """FAVOR#'s parameters for queries q (Lq,d) and keys k (Lk,d) (valid rows only):
+    (A (d,d), B (d,d), log_D), for features(..., kernel="sderf", sderf=...)."""
+    q, k = _two_sides(q, k)
+    d = q.shape[1]
+    A, B, log_D = np.empty((d, d), np.float32), np.empty((d, d), np.float32), ctypes.c_double()
+    st = _L.pf_sderf_params(A.ctypes.data, B.ctypes.data, ctypes.byref(log_D), q.ctypes.data,
+                            q.shape[0], k.ctypes.data, k.shape[0], d, _scale(scale))
+    if st:
+        _raise(st, "pf_sderf_params", (("q", q), ("k", k)))
+    return A, B, log_D.value
+
+
+# ---- decoding -------------------------------------------------------------------------------
+
+class DecodeState:
+    """Causal FAVOR+ one token (or a few) at a time: the running state (S, z, key maximum) of
+    `heads` heads of one sequence, pf_favor_state_*. Memory and time per token O(heads r dv)
+    whatever the context length; the rows are those the causal attention() gives (bit for bit
+    for steps of whole chunks under performer.h's conditions, else to float rounding).
+
+        st = performer.DecodeState(8, 64, 64, W)      # heads, d, dv, W (m,d) or (8,m,d)
+        for t in range(T):
+            o = st.step(q[:, t], k[:, t], v[:, t])    # (8,64) each -> (8,64)
+
+    W is copied by the library. kernel: positive, hyperbolic, trig, relu, or oprf with oprf_a
+    (a causal A is fixed beforehand). scale None is 1/sqrt(d). Not to be shared by threads
+    without a lock. close() (or a `with` block) frees it at once; it is freed when collected
+    anyway."""
+
+    def __init__(self, heads, d, dv, W, *, kernel="positive", scale=None, eps=0.0, chunk=0,
+                 oprf_a=None):
+        self._ptr = None
+        H = _int(heads, "heads", 1, _INT_MAX)
+        self.heads, self.d, self.dv = H, _int(d, "d", 1, _INT_MAX), _int(dv, "dv", 1, _INT_MAX)
+        sh = _lib.pf_shape(1, H, 1, 1, self.d, self.dv)
+        fav, _ = _favor_opts(sh, kernel=kernel, W=W, features=256, proj="orthogonal",
+                             norm="chi", seed=0, eps=eps, chunk=chunk, oprf_a=oprf_a,
+                             causal=True)
+        p = ctypes.c_void_p()
+        st = _L.pf_favor_state_create(ctypes.byref(p), H, self.d, self.dv, _scale(scale),
+                                      ctypes.byref(fav))
+        if st:
+            _raise(st, "pf_favor_state_create", (("W", _f32(W, "W")),))
+        self._ptr = p.value
+
+    @property
+    def position(self):
+        """Tokens consumed since creation or the last reset()."""
+        return _L.pf_favor_state_position(self._live())
+
+    def _live(self):
+        if not self._ptr:
+            raise ValueError("this DecodeState is closed")
+        return self._ptr
+
+    def reset(self):
+        """Empties the state (position 0), keeping W."""
+        st = _L.pf_favor_state_reset(self._live())
+        if st:
+            _raise(st, "pf_favor_state_reset")
+
+    def step(self, q, k, v):
+        """Feeds tokens: q, k (heads,d) and v (heads,dv) for one token, giving out (heads,dv);
+        or (heads,n,d), (heads,n,dv) for n tokens, giving (heads,n,dv). Each row attends to
+        every earlier token and itself."""
+        ptr = self._live()
+        q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+        one = q.ndim == 2
+        H, d, dv = self.heads, self.d, self.dv
+        n = 1 if one else (q.shape[1] if q.ndim == 3 else 0)
+        want = ((H, d), (H, d), (H, dv)) if one else ((H, n, d), (H, n, d), (H, n, dv))
+        if (q.shape, k.shape, v.shape) != want or n < 1:
+            raise ValueError(f"step takes q, k (heads,d), v (heads,dv) or q, k (heads,n,d), "
+                             f"v (heads,n,dv) with heads={H}, d={d}, dv={dv}; got shapes "
+                             f"{q.shape}, {k.shape}, {v.shape}")
+        out = np.empty(want[2], np.float32)
+        st = _L.pf_favor_state_step(ptr, out.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                    v.ctypes.data, n)
+        if st:
+            _raise(st, "pf_favor_state_step", (("q", q), ("k", k), ("v", v)))
+        return out
+
+    def close(self):
+        if self._ptr:
+            _L.pf_favor_state_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the module may be gone: the process frees all
+            pass

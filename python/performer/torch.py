@@ -1,0 +1,341 @@
+"""performer.torch: FAVOR+ and exact attention for PyTorch, forward and backward in the C kernels.
+
+    import torch, performer, performer.torch as pt
+    W = torch.from_numpy(performer.projection(256, 64, seed=0))
+    out = pt.attention(q, k, v, W=W, causal=True)      # q, k, v (B,H,L,d), requires_grad
+    out.sum().backward()                               # pf_attn_favor_backward_saved
+
+    attn = pt.FastAttention(dim_heads=64, causal=True)  # performer-pytorch's module, same call
+    out = attn(q, k, v)
+
+Tensors: CPU, strided. float32 in C order is passed to C as it is (zero copy); float64,
+float16 and bfloat16 are converted to float32 (by a differentiable .to(), so gradients come
+back in the input's dtype, and the output is in q's dtype); a non-contiguous tensor is made
+contiguous once. Other dtypes (integers, complex) and tensors on another device (CUDA, meta)
+are refused with TypeError: the library has CPU kernels only. Shapes as in performer.attention:
+(L,d), (H,L,d) or (B,H,L,d).
+
+Threads: `threads=None` follows torch.get_num_threads() at each call; results do not depend on
+it. ctypes releases the GIL during the C call. Errors are performer's (performer.Error
+subclasses that are ValueError, MemoryError, FloatingPointError, ... as the status says).
+"""
+import ctypes
+import math
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+import performer as _pf
+from . import _lib
+
+__all__ = ["attention", "FastAttention", "SAVE_BYTES"]
+
+_L = _lib.lib
+_P = ctypes.byref
+
+#: The default memory budget of one FAVOR+ call's kept features (bytes): heads whose features
+#: fit are kept for the backward (6 units of L d r matrix work instead of 9, bidirectional),
+#: the others recomputed there (the same bits). 0 means no limit.
+SAVE_BYTES = 1 << 30
+
+_CONVERTED = (torch.float64, torch.float16, torch.bfloat16)
+
+
+def _t32(x, name):
+    """x as a contiguous float32 CPU tensor (itself if it is one), through differentiable ops."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cpu":
+        raise TypeError(f"{name} is on {x.device}: performer.torch runs on the CPU (the C "
+                        "library has no CUDA kernels); move it with .cpu()")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} has layout {x.layout}: dense (strided) tensors only")
+    if x.dtype != torch.float32:
+        if x.dtype not in _CONVERTED:
+            raise TypeError(f"{name}: dtype {x.dtype} is not supported: float32 (used as it "
+                            "is), or float64, float16, bfloat16 (converted to float32)")
+        x = x.to(torch.float32)
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def _threads(threads):
+    return torch.get_num_threads() if threads is None else threads
+
+
+def _nonfinite(st, function, named):
+    arrays = tuple((n, t.detach().numpy()) for n, t in named if t is not None)
+    _pf._raise(st, function, arrays)
+
+
+class _Plan:
+    """The C structs of one call and what they point into (kept alive with them)."""
+
+    __slots__ = ("sh", "opts", "fav", "key_len", "oshape", "budget", "W")
+
+
+def _plan(q, k, v, W, *, method, causal, kernel, key_lengths, scale, eps, chunk, oprf_a,
+          threads, save_bytes):
+    p = _Plan()
+    p.sh = _pf._shape(q, k, v, causal)
+    if isinstance(key_lengths, torch.Tensor):
+        key_lengths = key_lengths.detach().cpu().numpy()
+    p.key_len = _pf._key_lengths(key_lengths, p.sh)
+    p.opts = _pf._attn_opts(p.sh, scale, causal, p.key_len, _threads(threads))
+    p.oshape = tuple(q.shape[:-1]) + (p.sh.dv,)
+    p.fav, p.W = None, None
+    if method == "favor":
+        if W is None:
+            raise ValueError("method='favor' needs W (m,d) or (H,m,d): performer.projection(m, d) "
+                             "or a FastAttention's projection_matrix")
+        p.W = _t32(W, "W").detach()
+        p.fav, _ = _pf._favor_opts(p.sh, kernel=kernel, W=p.W.numpy(), features=256,
+                                   proj="orthogonal", norm="chi", seed=0, eps=eps, chunk=chunk,
+                                   oprf_a=oprf_a, causal=causal)
+        p.budget = SAVE_BYTES if save_bytes is None else int(save_bytes)
+        if p.budget < 0:
+            raise ValueError(f"save_bytes must be >= 0, got {save_bytes}")
+    elif method == "exact":
+        if W is not None or kernel != "positive" or eps != 0 or chunk != 0 or oprf_a is not None:
+            raise ValueError("W, kernel, eps, chunk and oprf_a are for method='favor' only")
+    else:
+        raise ValueError(f"method '{method}' is not known here: 'favor' or 'exact'")
+    return p
+
+
+def _forward(p, q, k, v, saved=None, lse=None):
+    """Runs the plan's forward into a new tensor (FAVOR+ keeping features if saved is given,
+    exact writing lse if given)."""
+    out = torch.empty(p.oshape, dtype=torch.float32)
+    named = (("q", q), ("k", k), ("v", v), ("W", p.W))
+    if p.fav is not None:
+        if saved is not None:
+            st = _L.pf_attn_favor_save(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                       _P(p.sh), _P(p.opts), _P(p.fav), saved.ptr)
+            fn = "pf_attn_favor_save"
+        else:
+            st = _L.pf_attn_favor(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                  _P(p.sh), _P(p.opts), _P(p.fav))
+            fn = "pf_attn_favor"
+    else:
+        st = _L.pf_attn_exact(out.data_ptr(), None if lse is None else lse.data_ptr(),
+                              q.data_ptr(), k.data_ptr(), v.data_ptr(), _P(p.sh), _P(p.opts))
+        fn = "pf_attn_exact"
+    if st:
+        _nonfinite(st, fn, named)
+    return out
+
+
+class _FavorFunction(torch.autograd.Function):
+    """FAVOR+ whose forward keeps the features (pf_attn_favor_save, within the plan's budget)
+    and whose backward is pf_attn_favor_backward_saved. The kept features are freed by the
+    first backward; a second one (retain_graph=True) recomputes them with
+    pf_attn_favor_backward, which gives the same bits. W is a constant (no gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, W, p):
+        saved = _pf._Saved(p.sh, p.opts, p.fav, p.budget)
+        out = _forward(p, q, k, v, saved=saved)
+        ctx.save_for_backward(q, k, v, W, out)
+        ctx.plan, ctx.kept = p, saved
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, W, out = ctx.saved_tensors
+        p = ctx.plan
+        dout = dout.to(torch.float32).contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        args = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), q.data_ptr(),
+                k.data_ptr(), v.data_ptr(), out.data_ptr(), _P(p.sh), _P(p.opts), _P(p.fav))
+        kept, ctx.kept = ctx.kept, None
+        if kept is not None:
+            st = _L.pf_attn_favor_backward_saved(*args, kept.ptr)
+            kept.free()
+            fn = "pf_attn_favor_backward_saved"
+        else:
+            st = _L.pf_attn_favor_backward(*args)
+            fn = "pf_attn_favor_backward"
+        if st:
+            _nonfinite(st, fn, (("q", q), ("k", k), ("v", v), ("dout", dout)))
+        return dq, dk, dv, None, None
+
+
+class _ExactFunction(torch.autograd.Function):
+    """Exact softmax attention: online-softmax forward keeping the log-sum-exp of each row,
+    flash-style backward (pf_attn_exact_backward) recomputing the scores block by block."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, p):
+        lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32)
+        out = _forward(p, q, k, v, lse=lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = p
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        p = ctx.plan
+        dout = dout.to(torch.float32).contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        st = _L.pf_attn_exact_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                       dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                       out.data_ptr(), lse.data_ptr(), _P(p.sh), _P(p.opts))
+        if st:
+            _nonfinite(st, "pf_attn_exact_backward", (("q", q), ("k", k), ("v", v),
+                                                      ("dout", dout)))
+        return dq, dk, dv, None
+
+
+def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor",
+              key_lengths=None, scale=None, eps=0.0, chunk=0, oprf_a=None, threads=None,
+              save_bytes=None):
+    """Attention of q on k and v through the C kernels, differentiable in q, k and v.
+
+    method "favor": FAVOR+ with the projection W (m,d), or (H,m,d) one per head, a constant
+    (no gradient flows into it); kernel "positive" (default), "hyperbolic", "trig", "relu",
+    "oprf" (FAVOR++: oprf_a given, or fitted per head when bidirectional) or "sderf" (FAVOR#,
+    bidirectional). The forward keeps the features for the backward (pf_attn_favor_save) for
+    as many heads as fit in save_bytes (None: SAVE_BYTES, 1 GiB; 0: every head), the backward
+    is pf_attn_favor_backward_saved; heads beyond the budget are recomputed (the same bits).
+    method "exact": softmax attention, online forward keeping the log-sum-exp, flash-style
+    backward (pf_attn_exact_backward); W and the kernel options do not apply.
+
+    causal: query i sees keys j <= i. key_lengths: B valid key lengths (a list, array or
+    tensor) in [1, Lk]; padded keys get zero gradients. scale: None is 1/sqrt(d). eps, chunk:
+    as in performer.attention. threads: None follows torch.get_num_threads().
+
+    The output is float32, or q's dtype when q is float64, float16 or bfloat16. Without grad
+    mode, or when no input requires grad, the plain forward runs (nothing is kept). Double
+    backward is not supported."""
+    q0 = q
+    q, k, v = _t32(q, "q"), _t32(k, "k"), _t32(v, "v")
+    p = _plan(q, k, v, W, method=method, causal=causal, kernel=kernel, key_lengths=key_lengths,
+              scale=scale, eps=eps, chunk=chunk, oprf_a=oprf_a, threads=threads,
+              save_bytes=save_bytes)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not grad:
+        with torch.no_grad():
+            out = _forward(p, q.detach(), k.detach(), v.detach())
+    elif method == "favor":
+        out = _FavorFunction.apply(q, k, v, p.W, p)
+    else:
+        out = _ExactFunction.apply(q, k, v, p)
+    return out if q0.dtype == torch.float32 else out.to(q0.dtype)
+
+
+# ---- performer-pytorch's FastAttention ------------------------------------------------------
+
+def _is_relu(fn):
+    return isinstance(fn, torch.nn.ReLU) or fn in (torch.relu, torch.nn.functional.relu)
+
+
+class FastAttention(torch.nn.Module):
+    """performer-pytorch's FastAttention (lucidrains/performer-pytorch), same constructor and
+    call, computed by the C kernels: a model built on it swaps one import,
+
+        from performer_pytorch import FastAttention     # before
+        from performer.torch import FastAttention       # after
+
+    FastAttention(dim_heads, nb_features=None, ortho_scaling=0, causal=False,
+                  generalized_attention=False, kernel_fn=torch.nn.ReLU(), no_projection=False)
+    forward(q, k, v) on (B,H,L,dim_heads) (v (B,H,Lk,dv)) -> (B,H,Lq,dv).
+
+    - nb_features: None is int(dim_heads * ln(dim_heads)), as there.
+    - projection_matrix: a buffer (nb_features, dim_heads) of orthogonal random rows (stacked
+      Haar-random dim_heads x dim_heads blocks, the last one cut) with lengths chi-distributed
+      (ortho_scaling=0: each row as long as an N(0,I) vector) or all sqrt(dim_heads)
+      (ortho_scaling=1); any other value is ValueError, as there. It is drawn by the library
+      (performer.projection) from a seed taken from torch's default generator, so
+      torch.manual_seed reproduces it; the numbers differ from performer-pytorch's (which QRs
+      torch.randn blocks, without the sign fix that makes them exactly Haar), the distribution
+      is the same. redraw_projection_matrix(device=None) draws a new one in place.
+    - Softmax attention (the default): the FAVOR+ estimate of softmax(q k^T / sqrt(d)) v with
+      positive features exp(w.x' - |x'|^2/2)/sqrt(m), x' = x d^(-1/4), exactly that formula.
+      performer-pytorch differs in two ways, both on purpose here: it adds 1e-4 (times
+      m^(-1/2)) to every *stabilised* feature, so its result depends on the stabilisers, and
+      its key stabiliser is one maximum over all keys of the head, which in causal mode lets
+      future keys change earlier outputs (through that 1e-4). Here keys are stabilised by a
+      running maximum (causal) and nothing is added: the result is the estimator itself, and
+      causal outputs never depend on later tokens.
+    - generalized_attention=True: features kernel_fn(w.x') + 1e-3, x' = x d^(-1/4), exactly
+      performer-pytorch's (computed as (relu(w.x') + 1e-3)/sqrt(m), the same attention: a
+      constant factor cancels). Only kernel_fn = ReLU runs in the C kernels: another kernel_fn
+      is NotImplementedError.
+    - Causal: performer-pytorch's CPU path adds 1e-6 to every running key sum in the
+      denominator; here the denominator is the plain sum (a zero one is an error, never a NaN).
+    - no_projection=True (softmax-normalised q and k, no random features) is not a FAVOR+
+      computation and is NotImplementedError.
+    - forward also takes key_lengths (B valid key lengths, padding after them), which
+      performer-pytorch lacks (it masks values in its SelfAttention instead).
+    Gradients flow to q, k and v (through pf_attn_favor_save / _backward_saved), never to
+    projection_matrix, as there (it is a buffer). CPU tensors only; float64/16 converted.
+    Extra keyword arguments: threads (None: torch.get_num_threads()), save_bytes (the kept
+    features' budget per call, None: SAVE_BYTES).
+    """
+
+    def __init__(self, dim_heads, nb_features=None, ortho_scaling=0, causal=False,
+                 generalized_attention=False, kernel_fn=torch.nn.ReLU(), no_projection=False,
+                 *, threads=None, save_bytes=None):
+        super().__init__()
+        if nb_features is None:
+            nb_features = int(dim_heads * math.log(dim_heads))
+        if ortho_scaling not in (0, 1):
+            raise ValueError(f"Invalid scaling {ortho_scaling}: 0 (chi row norms) or 1 "
+                             "(sqrt(dim_heads))")
+        if not (isinstance(dim_heads, int) and dim_heads >= 1):
+            raise ValueError(f"dim_heads must be a positive integer, got {dim_heads!r}")
+        if not (isinstance(nb_features, int) and nb_features >= 1):
+            raise ValueError(f"nb_features must be a positive integer, got {nb_features!r} "
+                             "(the default int(dim_heads * ln(dim_heads)) is 0 for dim_heads 1)")
+        if no_projection:
+            raise NotImplementedError("no_projection=True (softmax-normalised q and k without "
+                                      "random features) is not a FAVOR+ computation; the C "
+                                      "kernels do not run it")
+        if generalized_attention and not _is_relu(kernel_fn):
+            raise NotImplementedError(f"generalized_attention runs kernel_fn = ReLU in the C "
+                                      f"kernels; {kernel_fn!r} is not supported")
+        self.dim_heads = dim_heads
+        self.nb_features = nb_features
+        self.ortho_scaling = ortho_scaling
+        self.causal = causal
+        self.generalized_attention = generalized_attention
+        self.kernel_fn = kernel_fn
+        self.no_projection = no_projection
+        self.threads = threads
+        self.save_bytes = save_bytes
+        self.register_buffer("projection_matrix", self.create_projection())
+
+    def create_projection(self, device=None):
+        """A new (nb_features, dim_heads) projection, from a seed drawn from torch's default
+        generator."""
+        if device is not None and torch.device(device).type != "cpu":
+            raise TypeError(f"device {device}: performer.torch runs on the CPU")
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        W = _pf.projection(self.nb_features, self.dim_heads, kind="orthogonal",
+                           norm="chi" if self.ortho_scaling == 0 else "sqrtd", seed=seed)
+        return torch.from_numpy(W)
+
+    @torch.no_grad()
+    def redraw_projection_matrix(self, device=None):
+        self.projection_matrix.copy_(self.create_projection(device))
+
+    def extra_repr(self):
+        kind = "generalized relu" if self.generalized_attention else "softmax (positive)"
+        return (f"dim_heads={self.dim_heads}, nb_features={self.nb_features}, "
+                f"causal={self.causal}, kernel={kind}")
+
+    def forward(self, q, k, v, key_lengths=None):
+        if q.ndim != 4 or q.shape[-1] != self.dim_heads:
+            raise ValueError(f"q has shape {tuple(q.shape)}: expected (B, H, L, "
+                             f"{self.dim_heads})")
+        if self.generalized_attention:
+            kernel, eps = "relu", 1e-3 / math.sqrt(self.nb_features)
+        else:
+            kernel, eps = "positive", 0.0
+        return attention(q, k, v, W=self.projection_matrix, causal=self.causal, kernel=kernel,
+                         eps=eps, key_lengths=key_lengths, threads=self.threads,
+                         save_bytes=self.save_bytes)

@@ -1,0 +1,391 @@
+"""performer.torch: gradients of attention() (every kernel, causal or not, padded keys) against
+torch autograd through a float64 formula written here, FastAttention against the same formula
+with its own projection_matrix (and performer-pytorch's generalized kernel), the bits of the
+numpy layer (which test_numpy holds to the tool's), dtypes and devices, budgets, threads,
+errors, and resident memory over 1000 forward+backward calls.
+
+Tolerances: the C kernels compute in float32, the reference in float64, on inputs of norm
+about 1 (entries N(0, 0.5^2)) where every denominator is well away from 0; the relative
+error ||x - ref|| / ||ref|| of outputs and of each gradient must be below 1e-5 (float32
+rounding through a few sums of at most a few hundred terms gives about 1e-6).
+"""
+import math
+import unittest
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # the whole module is skipped, with this message
+    raise unittest.SkipTest("torch is not installed (Debian's python3-torch): performer.torch "
+                            "not tested")
+
+import performer
+import performer.torch as pt
+from common import ASAN, rss_bytes, same_bits
+
+TOL = 1e-5
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item()
+
+
+def ref_phi(x, W, kernel, scale, eps=0.0, A=None, sderf=None):
+    """phi(x) in float64 from performer.h's formulas. x (..,H,L,d); W (m,d) or (H,m,d)."""
+    x = x.double() * math.sqrt(scale)
+    W = W.double()
+    m, d = W.shape[-2], W.shape[-1]
+    Wh = W  # (H,m,d): its leading H meets x's heads in the batched product
+    if sderf is not None:
+        Am, Bm, logD = sderf
+        u = x @ Bm.T @ Wh.transpose(-1, -2) + torch.einsum("fi,ij,fj->f", W, Am, W)
+    else:
+        u = x @ Wh.transpose(-1, -2)
+    h = (x * x).sum(-1, keepdim=True) / 2
+    if kernel == "positive":
+        phi = torch.exp(u - h) / math.sqrt(m)
+    elif kernel == "hyperbolic":
+        phi = torch.cat([torch.exp(u - h), torch.exp(-u - h)], -1) / math.sqrt(2 * m)
+    elif kernel == "trig":
+        phi = torch.exp(h) * torch.cat([torch.sin(u), torch.cos(u)], -1) / math.sqrt(m)
+    elif kernel == "relu":
+        return torch.relu(u) / math.sqrt(m) + eps
+    elif kernel == "oprf":  # A: a number, or a (B,H) tensor of one A per head
+        A = torch.as_tensor(A, dtype=torch.float64)[..., None, None]
+        wsq = (W * W).sum(-1)
+        phi = ((1 - 4 * A) ** (d / 4) / math.sqrt(m)
+               * torch.exp(A * wsq + torch.sqrt(1 - 4 * A) * u - h))
+    elif kernel == "sderf":
+        phi = math.exp(sderf[2]) / math.sqrt(m) * torch.exp(u - h)
+    return phi + eps * phi.abs().amax(-1, keepdim=True)
+
+
+def ref_linear(pq, pk, v, causal, lens):
+    """out = (pq pk^T masked) v / row sums, float64; pq (B,H,Lq,r), pk (B,H,Lk,r)."""
+    Lq, Lk = pq.shape[-2], pk.shape[-2]
+    if lens is not None:
+        keep = torch.arange(Lk)[None, :] < torch.as_tensor(lens)[:, None]  # (B,Lk)
+        pk = pk * keep[:, None, :, None]
+    S = pq @ pk.transpose(-1, -2)
+    if causal:
+        S = S * torch.tril(torch.ones(Lq, Lk, dtype=S.dtype))
+    return (S @ v.double()) / S.sum(-1, keepdim=True)
+
+
+def ref_attention(q, k, v, W, kernel, causal, lens, scale=None, eps=0.0, A=None, sderf=None):
+    s = scale or 1 / math.sqrt(q.shape[-1])
+    return ref_linear(ref_phi(q, W, kernel, s, eps, A, sderf[0] if sderf else None),
+                      ref_phi(k, W, kernel, s, eps, A, sderf[1] if sderf else None),
+                      v, causal, lens)
+
+
+def ref_exact(q, k, v, causal, lens):
+    s = 1 / math.sqrt(q.shape[-1])
+    S = (q.double() @ k.double().transpose(-1, -2)) * s
+    Lq, Lk = S.shape[-2:]
+    mask = torch.ones(q.shape[0], 1, Lq, Lk, dtype=torch.bool)
+    if causal:
+        mask &= torch.tril(torch.ones(Lq, Lk, dtype=torch.bool))
+    if lens is not None:
+        mask &= (torch.arange(Lk)[None, :] < torch.as_tensor(lens)[:, None])[:, None, None]
+    return torch.softmax(S.masked_fill(~mask, -math.inf), -1) @ v.double()
+
+
+def inputs(seed, B=2, H=2, Lq=24, Lk=24, d=8, dv=8, sigma=0.5):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, H, Lq, d, generator=g) * sigma).requires_grad_()
+    k = (torch.randn(B, H, Lk, d, generator=g) * sigma).requires_grad_()
+    v = torch.randn(B, H, Lk, dv, generator=g).requires_grad_()
+    G = torch.randn(B, H, Lq, dv, generator=g)  # the upstream gradient
+    return q, k, v, G
+
+
+def grads(out, G, *xs):
+    for x in xs:
+        x.grad = None
+    (out * G).sum().backward()
+    return [x.grad.clone() for x in xs]
+
+
+class TestGradients(unittest.TestCase):
+    def compare(self, ours, ref, q, k, v, G, what, lens=None):
+        self.assertLess(rel(ours, ref), TOL, f"{what}: output")
+        g1 = grads(ours, G, q, k, v)
+        g2 = grads(ref, G.double(), q, k, v)
+        for name, a, b in zip(("dq", "dk", "dv"), g1, g2):
+            self.assertLess(rel(a, b), TOL, f"{what}: {name}")
+        if lens is not None:  # padded keys get exactly zero gradients
+            for b, n in enumerate(lens):
+                self.assertEqual(g1[1][b, :, n:].abs().sum().item(), 0.0, f"{what}: dk pad")
+                self.assertEqual(g1[2][b, :, n:].abs().sum().item(), 0.0, f"{what}: dv pad")
+        return g1
+
+    def test_every_kernel_causal_or_not_padded(self):
+        q, k, v, G = inputs(1)
+        W = torch.from_numpy(performer.projection(16, 8, seed=3))
+        lens = [24, 17]
+        for kernel in ("positive", "hyperbolic", "trig", "relu", "oprf"):
+            for causal in (False, True):
+                eps = 1e-3 if kernel == "relu" else 0.0
+                A = -0.05 if kernel == "oprf" else None
+                with self.subTest(kernel=kernel, causal=causal):
+                    ours = pt.attention(q, k, v, W=W, kernel=kernel, causal=causal,
+                                        key_lengths=lens, eps=eps, oprf_a=A)
+                    ref = ref_attention(q, k, v, W, kernel, causal, lens, eps=eps, A=A)
+                    self.compare(ours, ref, q, k, v, G, f"{kernel} causal={causal}", lens)
+
+    def test_fitted_oprf_and_sderf(self):
+        """Bidirectional FAVOR++ and FAVOR# fit their A per head to the valid rows (a constant of
+        the forward: no gradient flows through it); the reference takes the same A."""
+        q, k, v, G = inputs(2)
+        W = torch.from_numpy(performer.projection(16, 8, seed=4))
+        lens = [24, 15]
+        qn, kn = q.detach().numpy(), k.detach().numpy()
+        A = torch.tensor([[performer.oprf_optimal_a(qn[b, h], kn[b, h, :lens[b]])
+                           for h in range(2)] for b in range(2)], dtype=torch.float64)
+        ours = pt.attention(q, k, v, W=W, kernel="oprf", key_lengths=lens)
+        self.compare(ours, ref_attention(q, k, v, W, "oprf", False, lens, A=A), q, k, v, G,
+                     "oprf fitted", lens)
+        ours = pt.attention(q, k, v, W=W, kernel="sderf", key_lengths=lens)
+        s = 1 / math.sqrt(8)
+        ref = torch.empty_like(ours, dtype=torch.float64)
+        for b in range(2):
+            for h in range(2):
+                A_, B_, logD = performer.sderf_params(qn[b, h], kn[b, h, :lens[b]])
+                p = (torch.from_numpy(A_).double(), torch.from_numpy(B_).double(), logD)
+                pq = ref_phi(q[b, h], W, "sderf", s, sderf=p)
+                pk = ref_phi(k[b, h], W, "sderf", s, sderf=p)
+                ref[b, h] = ref_linear(pq[None, None], pk[None, None], v[b, h][None, None],
+                                       False, [lens[b]])[0, 0]
+        self.compare(ours, ref, q, k, v, G, "sderf fitted", lens)
+
+    def test_exact(self):
+        q, k, v, G = inputs(3)
+        lens = [24, 11]
+        for causal in (False, True):
+            with self.subTest(causal=causal):
+                ours = pt.attention(q, k, v, method="exact", causal=causal, key_lengths=lens)
+                self.compare(ours, ref_exact(q, k, v, causal, lens), q, k, v, G,
+                             f"exact causal={causal}", lens)
+
+    def test_cross_attention_per_head_w_and_scale(self):
+        q, k, v, G = inputs(4, Lq=19, Lk=30, dv=5)
+        W = torch.from_numpy(np.stack([performer.projection(12, 8, seed=s) for s in (1, 2)]))
+        ours = pt.attention(q, k, v, W=W, scale=0.2, key_lengths=torch.tensor([30, 21]))
+        ref = ref_attention(q, k, v, W, "positive", False, [30, 21], scale=0.2)
+        self.compare(ours, ref, q, k, v, G, "cross, per-head W", [30, 21])
+
+    def test_bits_of_the_numpy_layer(self):
+        """Output and gradients are the bits of performer.attention_grad (and so the tool's)."""
+        q, k, v, G = inputs(5)
+        W = performer.projection(16, 8, seed=5)
+        lens = np.array([24, 20], np.int32)
+        for causal in (False, True):
+            for method in ("favor", "exact"):
+                kw = dict(W=W) if method == "favor" else {}
+                o = pt.attention(q, k, v, causal=causal, method=method, key_lengths=lens,
+                                 **{a: torch.from_numpy(b) for a, b in kw.items()})
+                got = [o] + grads(o, G, q, k, v)
+                want = performer.attention_grad(q.detach().numpy(), k.detach().numpy(),
+                                                v.detach().numpy(), G.numpy(), method=method,
+                                                causal=causal, key_lengths=lens, **kw)
+                for a, b in zip(got, want):
+                    self.assertTrue(same_bits(a.detach().numpy(), b), f"{method} {causal}")
+
+    def test_budget_retain_graph_and_no_grad(self):
+        """A budget that keeps fewer heads, a second backward (recomputing: the kept features
+        are freed by the first) and the no-grad forward all give the same bits."""
+        q, k, v, G = inputs(6, B=2, H=3, Lq=40, Lk=40)
+        W = torch.from_numpy(performer.projection(16, 8, seed=6))
+        base = pt.attention(q, k, v, W=W, causal=True)
+        g0 = grads(base, G, q, k, v)
+        small = pt.attention(q, k, v, W=W, causal=True, save_bytes=1)
+        self.assertTrue(torch.equal(small, base))
+        for a, b in zip(grads(small, G, q, k, v), g0):
+            self.assertTrue(torch.equal(a, b))
+        o = pt.attention(q, k, v, W=W, causal=True)
+        for x in (q, k, v):
+            x.grad = None
+        (o * G).sum().backward(retain_graph=True)
+        first = [x.grad.clone() for x in (q, k, v)]
+        for x in (q, k, v):
+            x.grad = None
+        (o * G).sum().backward()
+        for a, b, c in zip(first, (q.grad, k.grad, v.grad), g0):
+            self.assertTrue(torch.equal(a, c) and torch.equal(b, c))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(pt.attention(q, k, v, W=W, causal=True), base))
+
+    def test_dtypes_layouts_threads(self):
+        q, k, v, G = inputs(7)
+        W = torch.from_numpy(performer.projection(16, 8, seed=7))
+        o32 = pt.attention(q, k, v, W=W)
+        g32 = grads(o32, G, q, k, v)
+        q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+        o64 = pt.attention(q64, k64, v64, W=W.double())
+        self.assertEqual(o64.dtype, torch.float64)
+        self.assertTrue(torch.equal(o64, o32.double()))
+        for a, b in zip(grads(o64, G.double(), q64, k64, v64), g32):
+            self.assertEqual(a.dtype, torch.float64)
+            self.assertTrue(torch.equal(a, b.double()))
+        self.assertEqual(pt.attention(q.bfloat16(), k, v, W=W).dtype, torch.bfloat16)
+        # a non-contiguous view is made contiguous once: same result
+        qt = q.detach().transpose(-1, -2).contiguous().transpose(-1, -2)
+        self.assertFalse(qt.is_contiguous())
+        self.assertTrue(torch.equal(pt.attention(qt, k, v, W=W), o32))
+        # threads follow torch.get_num_threads() unless given; bits never depend on them
+        old = torch.get_num_threads()
+        try:
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                p = pt._plan(q, k, v, W, method="favor", causal=False, kernel="positive",
+                             key_lengths=None, scale=None, eps=0.0, chunk=0, oprf_a=None,
+                             threads=None, save_bytes=None)
+                self.assertEqual(p.opts.threads, n)
+                self.assertTrue(torch.equal(pt.attention(q, k, v, W=W), o32))
+            self.assertTrue(torch.equal(pt.attention(q, k, v, W=W, threads=2), o32))
+        finally:
+            torch.set_num_threads(old)
+
+
+class TestErrors(unittest.TestCase):
+    def test_refusals(self):
+        q, k, v, _ = inputs(8)
+        W = torch.from_numpy(performer.projection(16, 8))
+        cases = [
+            (TypeError, "runs on the CPU", dict(q=torch.empty(2, 2, 24, 8, device="meta"))),
+            (TypeError, "dtype torch.int64", dict(q=torch.ones(2, 2, 24, 8, dtype=torch.long))),
+            (TypeError, "dtype torch.complex64", dict(q=torch.ones(2, 2, 24, 8,
+                                                                   dtype=torch.complex64))),
+            (TypeError, "must be a torch.Tensor", dict(q=q.detach().numpy())),
+            (ValueError, "needs W", dict(W=None)),
+            (ValueError, "for method='favor' only", dict(method="exact")),
+            (ValueError, "method 'ra'", dict(method="ra")),
+            (ValueError, "same width", dict(k=k[..., :4])),
+            (ValueError, "key_lengths[1] = 25", dict(key_lengths=[3, 25])),
+            (ValueError, "save_bytes", dict(save_bytes=-1)),
+            (ValueError, "kernel 'gauss'", dict(kernel="gauss")),
+        ]
+        for exc, text, kw in cases:
+            args = dict(q=q, k=k, v=v, W=W)
+            args.update(kw)
+            with self.subTest(text):
+                with self.assertRaises(exc) as cm:
+                    pt.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+                self.assertIn(text, str(cm.exception))
+        bad = q.detach().clone()
+        bad[1, 1, 2, 3] = float("nan")
+        for method, kw in (("favor", dict(W=W)), ("exact", {})):
+            with self.assertRaises(FloatingPointError) as cm:
+                pt.attention(bad.requires_grad_(), k, v, method=method, **kw)
+            self.assertIn("q holds nan at index (1, 1, 2, 3)", str(cm.exception))
+            self.assertIsInstance(cm.exception, performer.NonFinite)
+        with self.assertRaises(ArithmeticError):  # relu features all 0: zero denominator
+            pt.attention(q.abs() + 0.1, q.abs() + 0.1, v, W=-W.abs() - 0.1, kernel="relu")
+        with self.assertRaises(NotImplementedError):
+            pt.attention(q, k, v, W=W, kernel="sderf", causal=True)
+
+    def test_fast_attention_refusals(self):
+        with self.assertRaisesRegex(ValueError, "Invalid scaling 2"):
+            pt.FastAttention(16, ortho_scaling=2)
+        with self.assertRaisesRegex(NotImplementedError, "no_projection"):
+            pt.FastAttention(16, no_projection=True)
+        with self.assertRaisesRegex(NotImplementedError, "GELU"):
+            pt.FastAttention(16, generalized_attention=True, kernel_fn=torch.nn.GELU())
+        with self.assertRaisesRegex(ValueError, "nb_features"):
+            pt.FastAttention(1)
+        fa = pt.FastAttention(8)
+        with self.assertRaisesRegex(ValueError, r"expected \(B, H, L, 8\)"):
+            fa(torch.ones(2, 24, 8), torch.ones(2, 24, 8), torch.ones(2, 24, 8))
+        with self.assertRaisesRegex(TypeError, "CPU"):
+            fa.redraw_projection_matrix("cuda")
+
+
+class TestFastAttention(unittest.TestCase):
+    def test_constructor_and_projection(self):
+        fa = pt.FastAttention(64)
+        self.assertEqual(fa.nb_features, int(64 * math.log(64)))  # 266, as performer-pytorch
+        self.assertEqual(tuple(fa.projection_matrix.shape), (266, 64))
+        self.assertIn("projection_matrix", fa.state_dict())
+        self.assertEqual(list(fa.parameters()), [])
+        W = fa.projection_matrix
+        blk = W[:64] / W[:64].norm(dim=1, keepdim=True)  # rows of one block are orthonormal
+        self.assertLess((blk @ blk.T - torch.eye(64)).abs().max().item(), 1e-5)
+        f1 = pt.FastAttention(16, nb_features=40, ortho_scaling=1)
+        self.assertLess((f1.projection_matrix.norm(dim=1) - 4).abs().max().item(), 1e-5)
+        torch.manual_seed(3)
+        a = pt.FastAttention(16).projection_matrix.clone()
+        torch.manual_seed(3)
+        self.assertTrue(torch.equal(pt.FastAttention(16).projection_matrix, a))
+        buf = fa.projection_matrix
+        old = buf.clone()
+        fa.redraw_projection_matrix()
+        self.assertIs(fa.projection_matrix, buf)  # redrawn in place
+        self.assertFalse(torch.equal(buf, old))
+
+    def test_against_float64_with_its_projection(self):
+        q, k, v, G = inputs(9, B=2, H=3, Lq=32, Lk=32, d=16, dv=16)
+        for causal in (False, True):
+            for generalized in (False, True):
+                fa = pt.FastAttention(16, causal=causal, generalized_attention=generalized)
+                ours = fa(q, k, v)
+                W = fa.projection_matrix
+                if generalized:  # performer-pytorch's generalized_kernel, as written there
+                    phi = [torch.relu((x.double() * 16 ** -0.25) @ W.double().T) + 1e-3
+                           for x in (q, k)]
+                    ref = ref_linear(phi[0], phi[1], v, causal, None)
+                else:
+                    ref = ref_attention(q, k, v, W, "positive", causal, None)
+                with self.subTest(causal=causal, generalized=generalized):
+                    TestGradients.compare(self, ours, ref, q, k, v, G,
+                                          f"FastAttention causal={causal} gen={generalized}")
+
+    def test_in_a_module(self):
+        """Used as performer-pytorch's is: built once, called on (B,H,L,d) projections."""
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(32, 96)
+        fa = pt.FastAttention(8, nb_features=16, causal=True)
+        x = torch.randn(2, 20, 32)
+        q, k, v = lin(x).view(2, 20, 3, 4, 8).permute(2, 0, 3, 1, 4)  # non-contiguous views
+        out = fa(q, k, v)
+        self.assertEqual(tuple(out.shape), (2, 4, 20, 8))
+        out.square().mean().backward()
+        self.assertTrue(torch.isfinite(lin.weight.grad).all())
+        self.assertGreater(lin.weight.grad.abs().sum().item(), 0)
+
+
+class TestMemory(unittest.TestCase):
+    """1000 forward+backward calls add at most 4 MiB to the resident set after 100 warm-up
+    calls; each call allocates at least 64 KiB (inputs' gradients, output, kept features)."""
+
+    def test_calls_do_not_leak(self):
+        if ASAN:
+            self.skipTest("ASan build: its quarantine keeps freed memory resident")
+        q, k, v, G = inputs(10, B=1, H=2, Lq=128, Lk=128, d=16, dv=16)
+        W = torch.from_numpy(performer.projection(32, 16))
+        fa = pt.FastAttention(16, causal=True)
+
+        def favor():
+            grads(pt.attention(q, k, v, W=W, causal=True), G, q, k, v)
+
+        def exact():
+            grads(pt.attention(q, k, v, method="exact"), G, q, k, v)
+
+        def module():
+            grads(fa(q, k, v), G, q, k, v)
+
+        for name, fn in (("favor", favor), ("exact", exact), ("FastAttention", module)):
+            for _ in range(100):
+                fn()
+            before = rss_bytes()
+            for _ in range(1000):
+                fn()
+            grew = rss_bytes() - before
+            with self.subTest(name):
+                self.assertLess(grew, 4 << 20, f"{name}: resident set grew by {grew} bytes")
+
+
+if __name__ == "__main__":
+    unittest.main()
