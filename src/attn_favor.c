@@ -616,7 +616,11 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
     for (int bh = 0; bh < heads && worst == PF_OK; bh++)
         if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
     const int nk1 = opts->causal ? j.nkb - 1 : (ext_state ? 0 : j.nkb); /* key units per head */
+    /* no more threads than units of work in any phase: each idle one would only cost its
+     * scratch (and, where threads cannot be made, a libgomp exit) */
+    int64_t most = (int64_t)heads * (nk1 > nqb ? (nk1 > 1 ? nk1 : 1) : (nqb > 1 ? nqb : 1));
     int nt = pf_threads(opts->threads);
+    if (nt > most) nt = (int)most;
     if (worst == PF_OK) {
         int nomem = 0;
 #pragma omp parallel num_threads(nt)

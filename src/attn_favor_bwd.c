@@ -1066,7 +1066,11 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
         worst = PF_ENOMEM;
     for (int bh = 0; bh < heads && worst == PF_OK; bh++)
         if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
-    const int nt = pf_threads(opts->threads);
+    /* no more threads than units of work in any phase (as the forward) */
+    int64_t units = j.nkb > j.nqb ? j.nkb : j.nqb;
+    if (j.nsb > units) units = j.nsb;
+    const int64_t most = (int64_t)heads * (units > 1 ? units : 1);
+    const int nt = pf_threads(opts->threads) < most ? pf_threads(opts->threads) : (int)most;
     if (worst == PF_OK) {
         int nomem = 0;
 #pragma omp parallel num_threads(nt)
