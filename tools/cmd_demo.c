@@ -336,11 +336,12 @@ static void print_table(const row *rows, int n, const demo_cfg *c, double exact_
             snprintf(s, sizeof(s), "—");
         cell(s, width[6]);
         const double err[2] = {r->rel_err, r->rel_err_pp};
+        const int ran[2] = {r->favor.ok, !r->exact_run || r->favorpp.ok};
         for (int j = 0; j < 2; j++) {
             if (!isnan(err[j]))
                 snprintf(s, sizeof(s), "%.3f", err[j]);
             else
-                snprintf(s, sizeof(s), "—");
+                snprintf(s, sizeof(s), ran[j] ? "—" : "failed");
             cell(s, width[7 + j]);
         }
         putchar('\n');
@@ -454,8 +455,8 @@ int cmd_demo(int argc, char **argv) {
     print_table(rows, n, &c, c.budget);
     int failed = 0;
     for (int i = 0; i < n; i++) {
-        failed |=
-            !rows[i].favor.ok || !rows[i].causal.ok || (rows[i].exact_run && !rows[i].exact.ok);
+        failed |= !rows[i].favor.ok || !rows[i].causal.ok ||
+                  (rows[i].exact_run && (!rows[i].exact.ok || !rows[i].favorpp.ok));
     }
     return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
 }
