@@ -14,18 +14,22 @@
 BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O2
-BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-pthread
-BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
+BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
+BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 
 WARN     = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wno-unknown-pragmas
 CFLAGS  ?= $(OPT) -g
 ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp \
             -Iinclude -Isrc -I$(BLAS_INC) $(EXTRA_CFLAGS)
-# OpenBLAS's pthread build, pinned to one thread by pf_threads(): the library runs its own
-# threads (OpenMP) around single-threaded BLAS calls, so BLAS never oversubscribes the cores and
-# results do not depend on threads. Not the serial build: Debian's is compiled without locking,
-# and two threads calling its sgemm at once can share one packing buffer (wrong results).
+# OpenBLAS's OpenMP build: the library runs its own threads (OpenMP) around single-threaded BLAS
+# calls (a call from inside a parallel region runs on one thread; pf_blas_pin covers a region of
+# one), so BLAS never oversubscribes the cores and results do not depend on threads. It has no
+# threads of its own. Not the pthread build: its worker threads, started when it loads, spin in
+# sched_yield for up to 0.1 s whatever openblas_set_num_threads says, on the cores the library's
+# threads run on (41% of a `performer attn` call's samples at L = 4096 on an Intel family 6 model
+# 207). Not the serial build: Debian's is compiled without locking, and two threads calling its
+# sgemm at once can share one packing buffer (wrong results); the OpenMP build locks each buffer.
 LDLIBS   = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
 
 LIB_SRC   = $(sort $(wildcard src/*.c src/simd/*.c src/io/*.c src/model/*.c))
@@ -125,9 +129,15 @@ demo: setup all
 	$(TOOL) demo
 
 # Tables on stdout; CSVs and plots in $(BUILD)/bench/ (docs/figures/ holds a committed run).
+# They run on the OpenBLAS kernels the tool runs on: the set it chose when OpenBLAS's own choice
+# is a fallback (as tests/run.sh does).
 bench: setup all $(BENCHES)
-	$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv
-	@if [ -x $(BUILD)/bench/bench_decode ]; then \
+	@core=$$($(TOOL) --version | \
+	  sed -n 's/.*OpenBLAS kernels: \([A-Za-z0-9_]*\), set by performer over.*/\1/p'); \
+	if [ -z "$${OPENBLAS_CORETYPE-}" ] && [ -n "$$core" ]; then export OPENBLAS_CORETYPE=$$core; fi; \
+	echo "$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv" && \
+	$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv && \
+	if [ -x $(BUILD)/bench/bench_decode ]; then \
 	  $(BUILD)/bench/bench_decode --csv $(BUILD)/bench/decode.csv; fi
 	/usr/bin/python3 scripts/plot_bench.py $(BUILD)/bench/attn.csv $(BUILD)/bench/decode.csv \
 	  $(BUILD)/bench

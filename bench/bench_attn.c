@@ -3,8 +3,9 @@
  * Every figure is a median over repeats, and every speed is reported as a ratio to something
  * measured in the same run, since absolute times drift on a shared machine:
  *   - machine sgemm GFLOP/s: every thread running its own single-threaded cblas_sgemm of a
- *     large square product at once (the BLAS is OpenBLAS's serial build; this is the machine's
- *     matrix-multiply throughput with the same threads the library uses);
+ *     large square product at once (inside the threads' parallel region OpenBLAS runs each call
+ *     on its calling thread; this is the machine's matrix-multiply throughput with the same
+ *     threads the library uses);
  *   - exact attention, for FAVOR+.
  *
  * FLOP model (multiply-add = 2 FLOPs; B*H heads):
@@ -400,14 +401,14 @@ int main(int argc, char **argv) {
     const int reps = quick ? 3 : 7;
     double sg = sgemm_gflops(threads, reps);
     float *sgbuf = sgemm_buffer(threads);
-    char cpu[192];
+    char cpu[192], blas[128];
     printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
            "machine sgemm: %.1f GFLOP/s (OpenBLAS, median of %d, %d x 1024^3; \"of sgemm\" is the\n"
            "median over repeats of the forward's GFLOP/s over that of the same probe run right\n"
            "after it, as this shared machine's speed drifts; exact attention's products run in\n"
            "OpenBLAS, FAVOR+'s in the library's own vector kernels)\n",
-           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(), pf_blas_core(), sg,
-           reps, threads);
+           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(),
+           blas_kernels(blas, sizeof blas), sg, reps, threads);
     printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
            "the peak resident size of a process running one call, less that of one only holding\n"
            "the same tensors (the method's own working memory)\n\n",

@@ -58,11 +58,11 @@ int main(int argc, char **argv) {
     fill(k, nq, 2, 0.5f);
     fill(v, nq, 3, 1.0f);
     double *t = xmalloc(sizeof(double) * NCTX * (size_t)tokens);
-    char cpu[192];
+    char cpu[192], blas[128];
     printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
            "streaming causal FAVOR+ decode, H=%d d=%d m=%d, positive\n",
-           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(), pf_blas_core(), H, d,
-           m);
+           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(),
+           blas_kernels(blas, sizeof blas), H, d, m);
     printf("%8s %14s %10s\n", "context", "us per token", "vs 1024");
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {

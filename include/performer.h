@@ -70,6 +70,17 @@ PF_API const char *pf_version(void);
  * variable OPENBLAS_CORETYPE); static storage. Timings depend on it (README, Speed). */
 PF_API const char *pf_blas_core(void);
 
+/* NULL when pf_blas_core() is the best OpenBLAS kernel set for this CPU's instructions; else the
+ * set to ask for: "SkylakeX" when the CPU has AVX-512 (F, BW, VL, DQ), "Haswell" when it has
+ * AVX2 and FMA, and OpenBLAS runs an older set. OpenBLAS chooses from a table of CPU models and
+ * falls back to a generic set on a model it does not know (0.3.21 on Intel family 6 model 207:
+ * "Prescott", SSE3, whose sgemm runs at a fifth of the speed: exact attention and the language
+ * model's linear layers slow down as much as 3x). The remedy: the environment variable
+ * OPENBLAS_CORETYPE set to this name before OpenBLAS loads, that is before the process starts
+ * (`OPENBLAS_CORETYPE=SkylakeX ./app`); setting it later has no effect. The performer tool does
+ * this itself. Static storage. */
+PF_API const char *pf_blas_core_advised(void);
+
 /* The vector path of the library's own kernels: "avx512", "avx2" or "ref" (portable C), the
  * widest this CPU runs unless the environment variable PF_SIMD names another it runs. They make
  * the features (exp, sin, cos) and run every FAVOR+ matrix product; static storage. */

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs the Debian packages performer needs, only those that are missing.
 #   gcc, make         the compiler and build (C11, OpenMP)
-#   libopenblas-pthread-dev  cblas_sgemm and LAPACK's ssyev; the thread-safe build, pinned
-#                     to one thread: the library runs its own OpenMP threads around BLAS calls
+#   libopenblas-openmp-dev  cblas_sgemm and LAPACK's ssyev; the OpenMP build: the library runs
+#                     its own OpenMP threads around BLAS calls, each on its calling thread, and
+#                     this build starts no threads of its own (the Makefile says why)
 #   zlib1g-dev        reading gzip-compressed FASTA (the protein data)
 #   python3-numpy     test fixtures and independent references in the end-to-end tests
 #   python3-matplotlib  plots of benchmarks and experiments
@@ -11,12 +12,10 @@
 #   pkg-config        the install test builds programs with performer.pc's flags
 #   g++               the install test compiles a C++ program against the installed header
 #   groff-base, man-db  the install test formats the man page with warnings on (groff, man)
-#   libopenmpi-dev, openmpi-bin  Open MPI: mpicc builds libperformer_mpi (sequence-parallel
-#                     FAVOR+, include/performer_mpi.h) and mpirun runs its tests and benchmark
 set -e
 need=""
-for p in gcc make libc6-dev libopenblas-pthread-dev zlib1g-dev python3-numpy python3-matplotlib \
-         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db libopenmpi-dev openmpi-bin; do
+for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy python3-matplotlib \
+         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0

@@ -158,6 +158,7 @@ pf_status pf_attn_exact(float *out, float *lse, const float *Q, const float *K, 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
 #endif
     for (int64_t t = 0; t < items; t++) {
+        pf_blas_pin();
         /* Causal blocks late in the sequence cost the most: hand them out first. */
         int qb = nqb - 1 - (int)(t % nqb);
         int64_t bh = t / nqb;
@@ -365,6 +366,7 @@ pf_status pf_attn_exact_backward(float *dQ, float *dK, float *dV, const float *d
 #pragma omp parallel num_threads(nt)
 #endif
     {
+        pf_blas_pin();
         float *P = scratch + (size_t)thread_id() * per;
         float *dP = P + (size_t)BQ * BK;
 #ifdef _OPENMP

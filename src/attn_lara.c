@@ -275,6 +275,7 @@ pf_status pf_attn_lara(float *out, const float *Q, const float *K, const float *
 #pragma omp parallel num_threads(nt)
 #endif
     {
+        pf_blas_pin();
         lara_scratch w;
         int ok = lscratch_alloc(&w, Lk, d, dv, C, C * S);
         if (!ok) set_status(&st, PF_ENOMEM);

@@ -227,6 +227,7 @@ pf_status pf_attn_ra(float *out, const float *Q, const float *K, const float *V,
 #pragma omp parallel num_threads(nt)
 #endif
     {
+        pf_blas_pin();
         ra_scratch w;
         int ok = scratch_alloc(&w, Lk, d, dv);
         if (!ok) set_status(&st, PF_ENOMEM);

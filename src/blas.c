@@ -9,8 +9,15 @@
  * its AVX-512 ("Cooperlake") ones at about 195; the vector paths' own tiles (simd/gemm_tmpl.h, no
  * packing: the operands sit in L1 and L2) at 210-230 on AVX-512. They also give each element of
  * C the same bits whatever the rows beside it, which BLAS does not promise: FAVOR+'s results
- * do not depend on the BLAS, and a decoding step runs the very arithmetic of the full pass. */
+ * do not depend on the BLAS, and a decoding step runs the very arithmetic of the full pass.
+ *
+ * OpenBLAS picks its kernel set when it loads, from a table of CPU models; 0.3.21 gives a model
+ * it does not know its generic SSE3 set ("Prescott") whatever the CPU runs (Intel family 6
+ * model 207: 32 GFLOP/s a core where its AVX-512 set runs 150). pf_blas_core_advised compares
+ * the set running with the CPU's instructions and names the remedy. */
 #include <assert.h>
+#include <string.h>
+#include <strings.h>
 
 #include <cblas.h>
 
@@ -23,6 +30,57 @@ const char *pf_simd_path(void) {
 const char *pf_blas_core(void) {
     const char *core = openblas_get_corename();
     return core ? core : "unknown";
+}
+
+/* OpenBLAS's x86-64 kernel sets by the widest instructions their sgemm uses: 2 AVX-512, 1 AVX2
+ * and FMA, 0 older (SSE; AVX alone; AMD's FMA4 families). -1: a name not listed here (a later
+ * OpenBLAS's, another architecture's), never advised against. These are OpenBLAS's names for
+ * its kernel sets, not CPU models: which set a model gets is OpenBLAS's table, the one that
+ * falls short. */
+static int core_level(const char *core) {
+    static const char *const avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    static const char *const avx2[] = {"Haswell", "Zen", "Excavator"};
+    static const char *const older[] = {
+        "Katmai",  "Coppermine", "Northwood", "Prescott",   "Banias",       "Atom",
+        "Core2",   "Penryn",     "Dunnington", "Nehalem",   "Athlon",       "Opteron",
+        "Opteron_SSE3", "Barcelona", "Nano",  "Sandybridge", "Bobcat",      "Bulldozer",
+        "Piledriver", "Steamroller"};
+    for (size_t i = 0; i < sizeof avx512 / sizeof *avx512; i++)
+        if (strcasecmp(core, avx512[i]) == 0) return 2;
+    for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++)
+        if (strcasecmp(core, avx2[i]) == 0) return 1;
+    for (size_t i = 0; i < sizeof older / sizeof *older; i++)
+        if (strcasecmp(core, older[i]) == 0) return 0;
+    return -1;
+}
+
+/* The same scale for this CPU, from cpuid (and the OS's saving of the vector registers, which
+ * the compiler's checks include): AVX-512 F, BW, VL and DQ, what OpenBLAS's SkylakeX kernels are
+ * compiled for; AVX2 and FMA, its Haswell kernels. */
+static int cpu_level(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return 2;
+    return 1;
+#else
+    return -1;
+#endif
+}
+
+const char *pf_blas_core_advice(const char *core, int cpu) {
+    /* SkylakeX, not Cooperlake, for AVX-512: the two have the same sgemm kernels (Cooperlake
+     * adds bfloat16 ones), and OPENBLAS_CORETYPE=Cooperlake is not accepted by 0.3.21. */
+    static const char *const name[] = {NULL, "Haswell", "SkylakeX"};
+    const int have = core ? core_level(core) : -1;
+    if (have < 0 || cpu <= have || cpu > 2) return NULL;
+    return name[cpu];
+}
+
+const char *pf_blas_core_advised(void) {
+    return pf_blas_core_advice(pf_blas_core(), cpu_level());
 }
 
 void pf_transpose(float *dst, const float *src, int rows, int cols, int lds) {

@@ -289,6 +289,7 @@ pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favo
         return pf_fmap_bind(fm, kw, a, NULL, NULL, 0.0);
     }
     if (fm->kernel == PF_KERNEL_SDERF) {
+        pf_blas_pin(); /* the fit's BLAS and LAPACK calls run in the heads' parallel regions */
         double ld = 0;
         pf_status st = pf_sderf_fit(kw, &ld, Q, Lq, K, klen, fm->d, fm->sqrt_s);
         if (st != PF_OK) return st;

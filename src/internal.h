@@ -17,6 +17,16 @@ PF_INTERNAL void pf_free(void *p);
 /* The number of threads a call with opts->threads == t should use (t > 0: t; 0: OpenMP's). */
 PF_INTERNAL int pf_threads(int t);
 
+/* Called by each thread of a parallel region before its BLAS calls: they run on this thread
+ * alone until the region ends. OpenBLAS's OpenMP build runs a call made inside an active region
+ * on one thread, but a region of one thread (threads = 1) is not active, and there it would start
+ * a team of its own. No effect outside a parallel region or without OpenMP. */
+PF_INTERNAL void pf_blas_pin(void);
+
+/* pf_blas_core_advised's rule, for OpenBLAS kernel set `core` on a CPU of `cpu`: 2 AVX-512 (F,
+ * BW, VL, DQ), 1 AVX2 and FMA, 0 neither. The tests ask it about CPUs they do not run on. */
+PF_INTERNAL const char *pf_blas_core_advice(const char *core, int cpu);
+
 /* 1 if any of x[0..n) is NaN or Inf. */
 PF_INTERNAL int pf_any_nonfinite(const float *x, size_t n);
 

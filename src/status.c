@@ -48,10 +48,14 @@ void pf_free(void *p) {
 
 int pf_threads(int t) {
     /* Every parallel loop asks here first. Its threads call BLAS concurrently, so OpenBLAS must
-     * not start threads of its own inside them: pin it to one, once (a benign race). */
+     * not start threads of its own inside them. Its pthread build is pinned to one thread here,
+     * once (a benign race). Not its OpenMP build (the one the Makefile links): there
+     * openblas_set_num_threads is omp_set_num_threads, which would leave the calling thread, and
+     * so the library, one OpenMP thread; that build runs a call from inside an active parallel
+     * region on one thread by itself, and pf_blas_pin covers a region of one thread. */
     static volatile int blas_pinned = 0;
     if (!blas_pinned) {
-        openblas_set_num_threads(1);
+        if (openblas_get_parallel() == OPENBLAS_THREAD) openblas_set_num_threads(1);
         blas_pinned = 1;
     }
     if (t > 0) return t < PF_MAX_THREADS ? t : PF_MAX_THREADS;
@@ -60,6 +64,15 @@ int pf_threads(int t) {
     return n < PF_MAX_THREADS ? n : PF_MAX_THREADS;
 #else
     return 1;
+#endif
+}
+
+void pf_blas_pin(void) {
+#ifdef _OPENMP
+    /* This thread's OpenMP thread count, which OpenBLAS's OpenMP build reads before each call,
+     * belongs to the region's implicit task and ends with it. Outside every region (level 0) it
+     * would be the caller's own: left alone, as a call there may use BLAS threads. */
+    if (omp_get_level() > 0) omp_set_num_threads(1);
 #endif
 }
 

@@ -9,6 +9,17 @@ fail=0
 failed=""
 log="$build/test-logs"
 mkdir -p "$log"
+# OpenBLAS falls back to a generic kernel set on a CPU model it does not know; the tool then
+# starts again with OPENBLAS_CORETYPE set (pf_blas_core_advised). The test programs run on the
+# same kernels: the set the tool chose, exported when it chose one.
+if [ -z "${OPENBLAS_CORETYPE-}" ] && [ -x "$build/performer" ]; then
+    core=$("$build/performer" --version 2>/dev/null |
+        sed -n "s/.*OpenBLAS kernels: \([A-Za-z0-9_]*\), set by performer over.*/\1/p")
+    if [ -n "$core" ]; then
+        export OPENBLAS_CORETYPE="$core"
+        echo "  (OpenBLAS kernels: OPENBLAS_CORETYPE=$core, as performer sets them on this CPU)"
+    fi
+fi
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")

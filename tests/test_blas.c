@@ -6,12 +6,23 @@
  * float inputs summed in float agree with float64 to k * 2^-24 relative to the sum of |terms|;
  * the bound used is 1e-6 * (k + 1) of it. Each row must also get the same bits alone as among
  * others (what makes a decoding step equal the full pass). pf_simd_path names the path in use,
- * pf_blas_core OpenBLAS's kernel set. */
+ * pf_blas_core OpenBLAS's kernel set, pf_blas_core_advised the set it should run (its rule is
+ * checked for CPUs this one is not).
+ *
+ * OpenBLAS as the library calls it: sgemm from several OpenMP threads at once, each pinned to
+ * itself by pf_blas_pin, gives every product the bits it has alone (a BLAS that shared a packing
+ * buffer between threads would not), in regions of several threads and of one; the pin ends
+ * with its region, and the library leaves the caller's OpenMP thread count as it was. */
 #include <math.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "check.h"
 #include "internal.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 enum { PAD = 3 };
 
@@ -80,7 +91,105 @@ static void check_case(const pf_simd_table *t, int ta, int tb, int m, int n, int
     free(A), free(B), free(C), free(C0);
 }
 
+/* pf_blas_core_advice: the set to ask for by the CPU's level (2 AVX-512, 1 AVX2, 0 neither)
+ * when OpenBLAS runs an older one; nothing for a set as good, or for a name it does not know. */
+static void check_advice(void) {
+    static const struct {
+        const char *core;
+        int cpu;
+        const char *want;
+    } cases[] = {
+        {"Prescott", 2, "SkylakeX"}, {"Prescott", 1, "Haswell"},   {"Prescott", 0, NULL},
+        {"NEHALEM", 2, "SkylakeX"},  {"Sandybridge", 1, "Haswell"}, {"Haswell", 2, "SkylakeX"},
+        {"Zen", 2, "SkylakeX"},      {"Zen", 1, NULL},              {"Haswell", 1, NULL},
+        {"SkylakeX", 2, NULL},       {"Cooperlake", 2, NULL},       {"SkylakeX", 1, NULL},
+        {"ThunderX2", 2, NULL},      {"unknown", 2, NULL},          {NULL, 2, NULL},
+        {"Prescott", -1, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *got = pf_blas_core_advice(cases[i].core, cases[i].cpu);
+        const char *want = cases[i].want;
+        CHECK(got == want || (got && want && strcmp(got, want) == 0),
+              "advice for %s on a CPU of level %d: %s, expected %s",
+              cases[i].core ? cases[i].core : "(null)", cases[i].cpu, got ? got : "none",
+              want ? want : "none");
+    }
+    const char *advised = pf_blas_core_advised();
+    printf("OpenBLAS kernels: %s%s%s\n", pf_blas_core(), advised ? "; this CPU runs " : "",
+           advised ? advised : "");
+}
+
+/* NPROD products of exact attention's block shapes (and a square one), each computed alone
+ * first (on one thread: a threaded BLAS need not give the same bits), then all of them ROUNDS
+ * times over by `nt` threads at once in dynamic order. */
+enum { NPROD = 12, ROUNDS = 4 };
+static void check_concurrent_sgemm(int nt) {
+    static const int shape[4][5] = {/* ta, tb, m, n, k */
+                                    {0, 1, 128, 512, 64},
+                                    {0, 0, 128, 64, 512},
+                                    {1, 0, 512, 64, 128},
+                                    {0, 0, 200, 200, 200}};
+    float *A[NPROD], *B[NPROD], *C[NPROD], *R[NPROD];
+#ifdef _OPENMP
+#pragma omp parallel num_threads(1)
+#endif
+    for (int p = 0; p < NPROD; p++) {
+        pf_blas_pin();
+        const int *s = shape[p % 4];
+        const size_t na = (size_t)s[2] * s[4], nb = (size_t)s[4] * s[3], nc = (size_t)s[2] * s[3];
+        A[p] = xmalloc(sizeof(float) * na), B[p] = xmalloc(sizeof(float) * nb);
+        C[p] = xmalloc(sizeof(float) * nc * ROUNDS), R[p] = xmalloc(sizeof(float) * nc);
+        fill_normal(A[p], na, 1.0f, 11, (uint64_t)p);
+        fill_normal(B[p], nb, 1.0f, 12, (uint64_t)p);
+        cblas_sgemm(CblasRowMajor, s[0] ? CblasTrans : CblasNoTrans,
+                    s[1] ? CblasTrans : CblasNoTrans, s[2], s[3], s[4], 1.0f, A[p],
+                    s[0] ? s[2] : s[4], B[p], s[1] ? s[4] : s[3], 0.0f, R[p], s[3]);
+    }
+    int outer = 1, inner = 0;
+#ifdef _OPENMP
+    outer = omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(max : inner)
+#endif
+    for (int u = 0; u < NPROD * ROUNDS; u++) {
+        pf_blas_pin();
+#ifdef _OPENMP
+        if (omp_get_max_threads() > inner) inner = omp_get_max_threads();
+#endif
+        const int p = u % NPROD, *s = shape[p % 4];
+        float *c = C[p] + (size_t)(u / NPROD) * (size_t)s[2] * (size_t)s[3];
+        cblas_sgemm(CblasRowMajor, s[0] ? CblasTrans : CblasNoTrans,
+                    s[1] ? CblasTrans : CblasNoTrans, s[2], s[3], s[4], 1.0f, A[p],
+                    s[0] ? s[2] : s[4], B[p], s[1] ? s[4] : s[3], 0.0f, c, s[3]);
+    }
+    int same = 1;
+    for (int p = 0; p < NPROD; p++) {
+        const size_t nc = (size_t)shape[p % 4][2] * (size_t)shape[p % 4][3];
+        for (int r = 0; r < ROUNDS; r++) same &= memcmp(C[p] + r * nc, R[p], 4 * nc) == 0;
+        free(A[p]), free(B[p]), free(C[p]), free(R[p]);
+    }
+    CHECK(same, "sgemm from %d threads at once: a product differs from its bits alone", nt);
+#ifdef _OPENMP
+    CHECK(inner == 1, "pf_blas_pin in a region of %d threads: BLAS may use %d", nt, inner);
+    CHECK(omp_get_max_threads() == outer, "after a pinned region: %d OpenMP threads, was %d",
+          omp_get_max_threads(), outer);
+#else
+    (void)outer, (void)inner;
+#endif
+}
+
 int main(void) {
+#ifdef _OPENMP
+    const int omp_threads = omp_get_max_threads();
+#endif
+    check_advice();
+    check_concurrent_sgemm(4); /* more threads than this machine may have cores: interleaved */
+    check_concurrent_sgemm(1);
+#ifdef _OPENMP
+    pf_threads(0); /* (pins OpenBLAS's pthread build; must not take the caller's threads) */
+    CHECK(omp_get_max_threads() == omp_threads && pf_threads(0) == omp_threads,
+          "the library changed OpenMP's thread count: %d, pf_threads %d, was %d",
+          omp_get_max_threads(), pf_threads(0), omp_threads);
+#endif
     const float betas[3] = {0.0f, 1.0f, 0.5f};
     /* rows 1..7 and 13 (tiles of 6 and of 3 or 4, and their remainders),
      * columns about 8 and 16 wide (one or two columns apart, masked tails, 4 x 16 tiles) */
@@ -110,6 +219,5 @@ int main(void) {
           path ? path : "(null)", pf_simd()->name);
     const char *core = pf_blas_core();
     CHECK(core && core[0], "pf_blas_core: empty");
-    printf("OpenBLAS kernels: %s\n", core);
     TEST_MAIN_END();
 }

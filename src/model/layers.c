@@ -14,8 +14,8 @@ enum { ROW_BLOCK = 128, COL_BLOCK = 64, CHAN_BLOCK = 32 };
 
 /* The threads for a loop touching `work` floats: one below 32K, where waking a team costs more
  * than it saves (a decoder step works on single rows); else OpenMP's count. The partition of the
- * work does not depend on it, so neither do the results. pf_threads also pins BLAS to one
- * thread, which our threads calling sgemm concurrently need. */
+ * work does not depend on it, so neither do the results. Each thread of a loop that calls sgemm
+ * first pins BLAS to itself (pf_blas_pin), which our threads calling sgemm concurrently need. */
 static int threads_for(size_t work) {
     int nt = pf_threads(0);
     return work < ((size_t)1 << 15) ? 1 : nt;
@@ -177,6 +177,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     int nb = nblocks(N, ROW_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int rb = 0; rb < nb; rb++) {
+        pf_blas_pin();
         int r0 = rb * ROW_BLOCK, rows = imin(N, r0 + ROW_BLOCK) - r0;
         float *o = out + (size_t)r0 * OC;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f,
@@ -202,6 +203,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
         int nb = nblocks(N, ROW_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int rb = 0; rb < nb; rb++) {
+            pf_blas_pin();
             int r0 = rb * ROW_BLOCK, rows = imin(N, r0 + ROW_BLOCK) - r0;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f,
                         dout + (size_t)r0 * OC, OC, weight, C, 0.0f, dinp + (size_t)r0 * C, C);
@@ -210,6 +212,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     int nb = nblocks(OC, COL_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int ob = 0; ob < nb; ob++) {
+        pf_blas_pin();
         int o0 = ob * COL_BLOCK, cols = imin(OC, o0 + COL_BLOCK) - o0;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, C, N, 1.0f, dout + o0, OC, inp,
                     C, 1.0f, dweight + (size_t)o0 * C, C);
