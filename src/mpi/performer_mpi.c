@@ -389,9 +389,16 @@ static pf_status begin(run *u, const pf_shape *shape, const pf_attn_opts *opts,
         part_free(&sm);
         part_free(&sy);
     }
-    /* 3: this rank's key state, then the one it reads */
-    pf_status s3 = pf_favor_slice_state(u->mine.f, u->mine.d, K, V, shape, &u->o, favor, u->sums);
-    if (s3 > *work) *work = s3;
+    /* 3: this rank's key state, then the one it reads. Causal: no rank reads the last rank's
+     * (it is above every other), so the last rank does not make it (an empty state, never sent;
+     * its scan still checks its keys) */
+    if (opts->causal && u->c.rank == u->c.size - 1) {
+        empty(&u->pst, &u->mine);
+    } else {
+        pf_status s3 =
+            pf_favor_slice_state(u->mine.f, u->mine.d, K, V, shape, &u->o, favor, u->sums);
+        if (s3 > *work) *work = s3;
+    }
     if (opts->causal) {
         if (scan(&u->c, &u->pst, PREFIX, &u->mine, &u->st, &u->y) != 0) *work = PF_EIO;
     } else {
