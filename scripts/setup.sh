@@ -12,10 +12,12 @@
 #   pkg-config        the install test builds programs with performer.pc's flags
 #   g++               the install test compiles a C++ program against the installed header
 #   groff-base, man-db  the install test formats the man page with warnings on (groff, man)
+#   libopenmpi-dev, openmpi-bin  Open MPI: mpicc builds libperformer_mpi (sequence-parallel
+#                     FAVOR+, include/performer_mpi.h) and mpirun runs its tests and benchmark
 set -e
 need=""
 for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy python3-matplotlib \
-         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db; do
+         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db libopenmpi-dev openmpi-bin; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0

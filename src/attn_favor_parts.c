@@ -84,7 +84,8 @@ pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *K, cons
     }
     const int sd = favor->kernel == PF_KERNEL_SDERF;
     int nomem = 0;
-    /* one head per unit (bits independent of the thread count) */
+    /* one head per unit; a head's BLAS products on its thread alone (bits independent of the
+     * thread count) */
 #pragma omp parallel num_threads(pf_threads(opts->threads))
     {
         float *fwork = sd ? pf_alloc((size_t)s.d * (size_t)s.d, sizeof(float)) : NULL;
@@ -92,6 +93,7 @@ pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *K, cons
 #pragma omp atomic write
             nomem = 1;
         }
+        pf_blas_pin();
 #pragma omp for schedule(dynamic, 1)
         for (int bh = 0; bh < heads; bh++) {
             if (sd && !fwork) continue;

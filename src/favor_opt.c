@@ -315,6 +315,7 @@ pf_status pf_favor_bind_sums(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts 
         return pf_fmap_bind(fm, kw, a, NULL, NULL, 0.0);
     }
     if (fm->kernel == PF_KERNEL_SDERF) {
+        pf_blas_pin(); /* the fit's BLAS and LAPACK calls run in the heads' parallel regions */
         double ld = 0, *mq = kw->dwork + D * D;
         memcpy(mq, sums + 4, sizeof(double) * 2 * D);
         const double *Mq = sums + 4 + 2 * D;
