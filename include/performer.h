@@ -86,6 +86,12 @@ PF_API const char *pf_blas_core_advised(void);
  * the features (exp, sin, cos) and run every FAVOR+ matrix product; static storage. */
 PF_API const char *pf_simd_path(void);
 
+/* y[i] = exp(x[i]) for n floats with the library's vector kernel (pf_simd_path): the features'
+ * own exp, for callers with exponentials of their own (the language model's GELU). Relative
+ * error within 2 ulp of float (test_simd checks it against double); NaN stays NaN, x > 88.72
+ * gives +inf and x <= -104 gives 0, as expf. y may be x; otherwise they must not overlap. */
+PF_API void pf_exp(float *y, const float *x, size_t n);
+
 /* ---------------------------------------------------------------------------------------------
  * Randomness (SPEC §3): Philox4x32-10, counter based.
  * A (seed, stream) pair gives the same numbers on every machine and at any thread count.
@@ -515,6 +521,18 @@ PF_API size_t pf_favor_saved_bytes(const pf_favor_saved *saved);
 
 /* Heads whose features it keeps (0 for NULL). */
 PF_API int pf_favor_saved_heads(const pf_favor_saved *saved);
+
+/* Empties it (keeping its memory): its backward is PF_EINVAL until the next
+ * pf_attn_favor_save, so features of an older forward are never taken for a newer one's.
+ * Harmless on NULL. */
+PF_API void pf_favor_saved_clear(pf_favor_saved *saved);
+
+/* PF_OK if saved was made for this shape and these options (and, with filled 1, was filled by
+ * a forward with these key lengths), else PF_EINVAL: whether a caller's storage still fits a
+ * new call (the language model makes it again when the batch shape changes). */
+PF_API pf_status pf_favor_saved_match(const pf_favor_saved *saved, const pf_shape *shape,
+                                      const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                      int filled);
 
 /* pf_attn_favor (same out, bit for bit) that also fills saved. PF_EINVAL if saved was made for
  * another shape or options. A forward that fails with PF_ENONFINITE or PF_ENOMEM leaves saved

@@ -815,6 +815,10 @@ int pf_favor_saved_heads(const pf_favor_saved *saved) {
     return saved ? saved->nkeep : 0;
 }
 
+void pf_favor_saved_clear(pf_favor_saved *saved) {
+    if (saved) saved->filled = 0;
+}
+
 pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const float *V,
                              const pf_shape *shape, const pf_attn_opts *opts,
                              const pf_favor_opts *favor, pf_favor_saved *saved) {

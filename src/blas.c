@@ -27,6 +27,10 @@ const char *pf_simd_path(void) {
     return pf_simd()->name;
 }
 
+void pf_exp(float *y, const float *x, size_t n) {
+    if (n) pf_simd()->exp(y, x, n);
+}
+
 const char *pf_blas_core(void) {
     const char *core = openblas_get_corename();
     return core ? core : "unknown";

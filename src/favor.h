@@ -148,7 +148,7 @@ PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, i
                                            const float *V, int L, int klen, int dv,
                                            const pf_favor_keep *keep);
 
-/* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (favor_opt.c) ----------------------------- */
+/* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (fitting: favor_opt.c; binding: features.c) */
 
 /* Storage for one head's OPRF/SDERF parameters, bound into a pf_fmap. */
 typedef struct pf_kernel_ws {
@@ -290,11 +290,6 @@ struct pf_favor_saved {
     size_t bytes;
 };
 
-/* PF_OK if saved was made for this shape and these options (and, when filled is 1, is filled
- * from a forward with these key lengths), else PF_EINVAL. */
-PF_INTERNAL pf_status pf_favor_saved_match(const pf_favor_saved *saved, const pf_shape *shape,
-                                           const pf_attn_opts *opts, const pf_favor_opts *favor,
-                                           int filled);
 
 /* pf_attn_favor_backward (saved NULL) or pf_attn_favor_backward_saved, with a causal head's
  * scan cut into segments of seg rows (rounded up to whole feature blocks; 0: the library's

@@ -2,9 +2,10 @@
  *
  * Both maps are the positive map with a quadratic term in w and a scaled (OPRF) or rotated and
  * scaled (SDERF) projection: phi(x) = D/sqrt(m) exp(u_f - |x'|^2/2), u_f = w_f^T B x' + w_f^T A w_f
- * (OPRF: A, B scalars times I). Binding a map to its parameters precomputes what depends on W
- * only: the bias w_f^T A w_f (in double), and for SDERF the rows B w_f, so that the block path is
- * one product plus a bias per column, exactly as the positive map.
+ * (OPRF: A, B scalars times I). This file finds A and B from the inputs; binding a map to them
+ * (pf_fmap_bind, in features.c beside the maps) precomputes what depends on W only: the bias
+ * w_f^T A w_f (in double), and for SDERF the rows B w_f, so that the block path is one product
+ * plus a bias per column, exactly as the positive map. So the maps never call this file.
  *
  * The statistics come from the inputs scaled once, x' = x sqrt(s), each side averaged over its
  * own rows (the caller passes only valid ones), and one A serves both sides: the three flaws of
@@ -21,50 +22,6 @@
 extern void dsyev_(const char *jobz, const char *uplo, const int *n, double *a, const int *lda,
                    double *w, double *work, const int *lwork, int *info, size_t jobz_len,
                    size_t uplo_len);
-
-/* Rounds a count of 4- or 8-byte items up to a whole number of 64-byte lines. */
-static size_t lines(size_t n, size_t size) {
-    return (n * size + 63) / 64 * 64;
-}
-
-int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d) {
-    memset(kw, 0, sizeof *kw);
-    const int sd = kernel == PF_KERNEL_SDERF, par = sd || kernel == PF_KERNEL_OPRF;
-    const size_t M = (size_t)m, D = (size_t)d;
-    /* dsyev wants lwork >= 3d - 1, and (block size + 2) d to run blocked: 66 d is plenty */
-    kw->lwork = sd ? 66 * d : 0;
-    /* dwork: SDERF binding: W and W A in double (2 m d); fit: P, means (d d + 3 d) + lwork */
-    const size_t nd = sd ? 2 * M * D + D * D + 3 * D + (size_t)kw->lwork : 0;
-    const size_t sz[8] = {lines(sd ? D * D : 0, 4),     lines(sd ? D * D : 0, 4),
-                          lines(sd ? M * D : 0, 4),     lines(par ? M : 0, 4),
-                          lines(par ? M : 0, 8),        lines(nd, 8),
-                          lines(sd ? 2 * D * D : 0, 4), lines(M * D, 4)};
-    size_t total = 0;
-    for (int i = 0; i < 8; i++) total += sz[i];
-    char *p = pf_alloc(total, 1);
-    if (!p) return -1;
-    kw->mem = p;
-    kw->A = (float *)p;
-    p += sz[0];
-    kw->B = (float *)p;
-    p += sz[1];
-    kw->weff = (float *)p;
-    p += sz[2];
-    kw->bias = (float *)p;
-    p += sz[3];
-    kw->bias64 = (double *)p;
-    p += sz[4];
-    kw->dwork = (double *)p;
-    p += sz[5];
-    kw->fwork = (float *)p;
-    p += sz[6];
-    kw->wt = (float *)p;
-    return 0;
-}
-
-void pf_kernel_ws_free(pf_kernel_ws *kw) {
-    if (kw) pf_free(kw->mem);
-}
 
 /* A*(rho) = (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16, the smaller root of
  * 16 A^2 + (4 rho - 2) A - rho = 0. For small rho the same value is -rho / (1 - 2 rho + sqrt(.)),
@@ -216,64 +173,6 @@ void pf_favor_sums(double *sums, pf_kernel kernel, const float *Q, int Lq, const
                         X[side], d, 0.0f, fwork, d);
         for (size_t i = 0; i < D * D; i++) Mx[side][i] = n[side] > 0 ? (double)fwork[i] : 0.0;
     }
-}
-
-pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A, const float *B,
-                       double log_d) {
-    const int m = fm->m, d = fm->d;
-    const size_t D = (size_t)d;
-    if (fm->kernel == PF_KERNEL_OPRF) {
-        /* u_f = B w_f.x' + A |w_f|^2, D = (1 - 4A)^(d/4) */
-        const double a = (double)oprf_a, b = sqrt(1 - 4 * a);
-        for (int f = 0; f < m; f++) {
-            const float *w = fm->W0 + (size_t)f * D;
-            double sq = 0;
-            for (int k = 0; k < d; k++) sq += (double)w[k] * (double)w[k];
-            kw->bias64[f] = a * sq;
-            kw->bias[f] = (float)kw->bias64[f];
-        }
-        fm->oprf_b = b;
-        fm->wscale = (float)((double)fm->sqrt_s * b);
-        fm->wmax *= b; /* pf_fmap_make's max |w_f| */
-        fm->logd = 0.25 * d * log(1 - 4 * a);
-    } else if (fm->kernel == PF_KERNEL_SDERF) {
-        /* rows B w_f (B symmetric: row f of W B) and w_f^T A w_f, in double */
-        double *Wd = kw->dwork, *T = Wd + (size_t)m * D;
-        for (size_t i = 0; i < (size_t)m * D; i++) Wd[i] = (double)fm->W0[i];
-        double *Bd = T + (size_t)m * D; /* (d,d), scratch (the fit's P is done with) */
-        for (size_t i = 0; i < D * D; i++) Bd[i] = (double)B[i];
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, d, 1.0, Wd, d, Bd, d, 0.0, T,
-                    d);
-        double wmax = 0;
-        for (size_t i = 0; i < (size_t)m * D; i++) kw->weff[i] = (float)T[i];
-        for (int f = 0; f < m; f++) {
-            double sq = 0;
-            for (int k = 0; k < d; k++) sq += T[(size_t)f * D + k] * T[(size_t)f * D + k];
-            wmax = fmax(wmax, sqrt(sq));
-        }
-        for (size_t i = 0; i < D * D; i++) Bd[i] = (double)A[i];
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, d, 1.0, Wd, d, Bd, d, 0.0, T,
-                    d);
-        for (int f = 0; f < m; f++) {
-            double acc = 0;
-            for (int k = 0; k < d; k++) acc += T[(size_t)f * D + k] * Wd[(size_t)f * D + k];
-            kw->bias64[f] = acc;
-            kw->bias[f] = (float)acc;
-        }
-        fm->W = kw->weff;
-        fm->wmax = wmax;
-        fm->sderf_B = B;
-        fm->logd = log_d;
-    }
-    /* W^T, for the projection U = X W^T as a product with W^T's rows (pf_mm) */
-    pf_transpose(kw->wt, fm->W, m, d, d);
-    fm->Wt = kw->wt;
-    if (fm->kernel != PF_KERNEL_OPRF && fm->kernel != PF_KERNEL_SDERF) return PF_OK;
-    fm->bias = kw->bias;
-    fm->bias64 = kw->bias64;
-    if (!isfinite(fm->logd) || !isfinite(fm->wmax) || pf_nonfinite_f32(kw->bias, (size_t)m))
-        return PF_ENONFINITE;
-    return PF_OK;
 }
 
 pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor, const float *Q,

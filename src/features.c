@@ -65,6 +65,124 @@ PF_CLONES int pf_nonfinite_f32(const float *x, size_t n) {
     return bad;
 }
 
+/* ---- a map's scratch and its binding to W and the map's parameters ----------------------- */
+
+/* Rounds a count of 4- or 8-byte items up to a whole number of 64-byte lines. */
+static size_t lines(size_t n, size_t size) {
+    return (n * size + 63) / 64 * 64;
+}
+
+int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, int d) {
+    memset(kw, 0, sizeof *kw);
+    const int sd = kernel == PF_KERNEL_SDERF, par = sd || kernel == PF_KERNEL_OPRF;
+    const size_t M = (size_t)m, D = (size_t)d;
+    /* dsyev wants lwork >= 3d - 1, and (block size + 2) d to run blocked: 66 d is plenty */
+    kw->lwork = sd ? 66 * d : 0;
+    /* dwork: SDERF binding: W and W A in double (2 m d); fit: P, means (d d + 3 d) + lwork */
+    const size_t nd = sd ? 2 * M * D + D * D + 3 * D + (size_t)kw->lwork : 0;
+    const size_t sz[8] = {lines(sd ? D * D : 0, 4),     lines(sd ? D * D : 0, 4),
+                          lines(sd ? M * D : 0, 4),     lines(par ? M : 0, 4),
+                          lines(par ? M : 0, 8),        lines(nd, 8),
+                          lines(sd ? 2 * D * D : 0, 4), lines(M * D, 4)};
+    size_t total = 0;
+    for (int i = 0; i < 8; i++) total += sz[i];
+    char *p = pf_alloc(total, 1);
+    if (!p) return -1;
+    kw->mem = p;
+    kw->A = (float *)p;
+    p += sz[0];
+    kw->B = (float *)p;
+    p += sz[1];
+    kw->weff = (float *)p;
+    p += sz[2];
+    kw->bias = (float *)p;
+    p += sz[3];
+    kw->bias64 = (double *)p;
+    p += sz[4];
+    kw->dwork = (double *)p;
+    p += sz[5];
+    kw->fwork = (float *)p;
+    p += sz[6];
+    kw->wt = (float *)p;
+    return 0;
+}
+
+void pf_kernel_ws_free(pf_kernel_ws *kw) {
+    if (kw) pf_free(kw->mem);
+}
+
+/* C (m,d) = X (m,d) Y (d,d) in double, row by row in a fixed order (the binding's products are
+ * small: m d^2 once per head and call, so no BLAS; their bits depend on no library). */
+static void dmm(double *C, const double *X, const double *Y, int m, int d) {
+    const size_t D = (size_t)d;
+    for (int i = 0; i < m; i++) {
+        double *c = C + (size_t)i * D;
+        for (int j = 0; j < d; j++) c[j] = 0.0;
+        for (int k = 0; k < d; k++) {
+            const double x = X[(size_t)i * D + k];
+            const double *y = Y + (size_t)k * D;
+            for (int j = 0; j < d; j++) c[j] += x * y[j];
+        }
+    }
+}
+
+pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A, const float *B,
+                       double log_d) {
+    const int m = fm->m, d = fm->d;
+    const size_t D = (size_t)d;
+    if (fm->kernel == PF_KERNEL_OPRF) {
+        /* u_f = B w_f.x' + A |w_f|^2, D = (1 - 4A)^(d/4) */
+        const double a = (double)oprf_a, b = sqrt(1 - 4 * a);
+        for (int f = 0; f < m; f++) {
+            const float *w = fm->W0 + (size_t)f * D;
+            double sq = 0;
+            for (int k = 0; k < d; k++) sq += (double)w[k] * (double)w[k];
+            kw->bias64[f] = a * sq;
+            kw->bias[f] = (float)kw->bias64[f];
+        }
+        fm->oprf_b = b;
+        fm->wscale = (float)((double)fm->sqrt_s * b);
+        fm->wmax *= b; /* pf_fmap_make's max |w_f| */
+        fm->logd = 0.25 * d * log(1 - 4 * a);
+    } else if (fm->kernel == PF_KERNEL_SDERF) {
+        /* rows B w_f (B symmetric: row f of W B) and w_f^T A w_f, in double */
+        double *Wd = kw->dwork, *T = Wd + (size_t)m * D;
+        for (size_t i = 0; i < (size_t)m * D; i++) Wd[i] = (double)fm->W0[i];
+        double *Bd = T + (size_t)m * D; /* (d,d), scratch (the fit's P is done with) */
+        for (size_t i = 0; i < D * D; i++) Bd[i] = (double)B[i];
+        dmm(T, Wd, Bd, m, d);
+        double wmax = 0;
+        for (size_t i = 0; i < (size_t)m * D; i++) kw->weff[i] = (float)T[i];
+        for (int f = 0; f < m; f++) {
+            double sq = 0;
+            for (int k = 0; k < d; k++) sq += T[(size_t)f * D + k] * T[(size_t)f * D + k];
+            wmax = fmax(wmax, sqrt(sq));
+        }
+        for (size_t i = 0; i < D * D; i++) Bd[i] = (double)A[i];
+        dmm(T, Wd, Bd, m, d);
+        for (int f = 0; f < m; f++) {
+            double acc = 0;
+            for (int k = 0; k < d; k++) acc += T[(size_t)f * D + k] * Wd[(size_t)f * D + k];
+            kw->bias64[f] = acc;
+            kw->bias[f] = (float)acc;
+        }
+        fm->W = kw->weff;
+        fm->wmax = wmax;
+        fm->sderf_B = B;
+        fm->logd = log_d;
+    }
+    /* W^T, for the projection U = X W^T as a product with W^T's rows (pf_mm) */
+    pf_transpose(kw->wt, fm->W, m, d, d);
+    fm->Wt = kw->wt;
+    if (fm->kernel != PF_KERNEL_OPRF && fm->kernel != PF_KERNEL_SDERF) return PF_OK;
+    fm->bias = kw->bias;
+    fm->bias64 = kw->bias64;
+    if (!isfinite(fm->logd) || !isfinite(fm->wmax) || pf_nonfinite_f32(kw->bias, (size_t)m))
+        return PF_ENONFINITE;
+    return PF_OK;
+}
+
+
 pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale, float eps) {
     pf_fmap f;
     f.kernel = kernel;

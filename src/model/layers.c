@@ -5,7 +5,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "favor.h"
 #include "model/model.h"
 
 /* Rows per sgemm block, and output channels per block of a parameter-gradient reduction.
@@ -240,7 +239,7 @@ enum { GELU_BLOCK = 2048 };
 static void gelu_tanh(float *t, const float *x, int n) {
 #pragma omp simd
     for (int i = 0; i < n; i++) t[i] = 2.0f * GELU_K * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
-    pf_simd()->exp(t, t, (size_t)n);
+    pf_exp(t, t, (size_t)n);
 #pragma omp simd
     for (int i = 0; i < n; i++) t[i] = 1.0f - 2.0f / (t[i] + 1.0f);
 }
@@ -432,7 +431,7 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
             if (st == PF_OK) st = pf_attn_favor_save(att, q, k, v, &shape, &opts, &fav, *sv);
         } else {
             /* (a backward after this forward must not see an older forward's features) */
-            if (spec->saved && *spec->saved) (*spec->saved)->filled = 0;
+            if (spec->saved) pf_favor_saved_clear(*spec->saved);
             st = pf_attn_favor(att, q, k, v, &shape, &opts, &fav);
         }
         break;
