@@ -195,11 +195,14 @@ MPI_SO      = $(BUILD)/libperformer_mpi.so
 MPI_OBJ     = $(patsubst src/mpi/%.c,$(BUILD)/src/mpi/%.o,$(wildcard src/mpi/*.c))
 MPI_TESTS   = $(patsubst tests/mpi/%.c,$(BUILD)/tests/mpi/%,$(wildcard tests/mpi/*.c))
 MPI_BENCHES = $(patsubst bench/mpi/%.c,$(BUILD)/bench/mpi/%,$(wildcard bench/mpi/*.c))
+# performer-mpi: `performer attn`'s FAVOR+ under mpirun, a program of its own (tools/mpi/), so
+# that the performer tool itself never links MPI
+MPI_TOOL    = $(BUILD)/performer-mpi
 .PHONY: mpi bench-mpi
 ifneq ($(MPICC),)
-all: $(MPI_LIB) $(MPI_SO)
+all: $(MPI_LIB) $(MPI_SO) $(MPI_TOOL)
 test-fast: $(MPI_TESTS)
-mpi: $(MPI_LIB) $(MPI_SO) $(MPI_TESTS) $(MPI_BENCHES)
+mpi: $(MPI_LIB) $(MPI_SO) $(MPI_TESTS) $(MPI_BENCHES) $(MPI_TOOL)
 
 $(BUILD)/src/mpi/%.o: src/mpi/%.c include/performer_mpi.h include/performer.h
 	@mkdir -p $(dir $@)
@@ -212,6 +215,9 @@ $(MPI_LIB): $(MPI_OBJ)
 $(MPI_SO): $(MPI_OBJ) $(SHARED)
 	$(MPICC) -shared -Wl,-soname,libperformer_mpi.so -o $@ $(MPI_OBJ) -L$(BUILD) -lperformer \
 	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+
+$(MPI_TOOL): tools/mpi/performer_mpi_tool.c $(MPI_LIB) $(STATIC)
+	$(MPICC) $(ALLCFLAGS) -o $@ $< $(MPI_LIB) $(STATIC) $(LDLIBS)
 
 $(BUILD)/tests/mpi/%: tests/mpi/%.c tests/check.h $(MPI_LIB) $(STATIC)
 	@mkdir -p $(dir $@)
