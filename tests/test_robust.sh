@@ -211,9 +211,12 @@ expect "--data is the run's log.csv" 2 "also an output" $P train --out "$W/run5"
 # a run that fails after the model is made keeps an existing log.csv (it is cut back only when
 # the first row is ready): a memory limit makes the activations fail
 printf 'step,lr\n1,2\n' >"$W/run5/log.csv"
-expect "train out of memory keeps log.csv" 1 "memory" sh -c \
-    "ulimit -v 600000; exec $P train --out $W/run5 --data $W/two.txt.gz --layers 1 \
-     --d-model 64 --heads 2 --context 256 --batch 4096 --eval-batches 1 --steps 1 --no-plot"
+# (AddressSanitizer reserves terabytes of address space, which a ulimit -v forbids: not there)
+if ! nm "$P" 2>/dev/null | grep -q __asan_init; then
+    expect "train out of memory keeps log.csv" 1 "memory" sh -c \
+        "ulimit -v 600000; exec $P train --out $W/run5 --data $W/two.txt.gz --layers 1 \
+         --d-model 64 --heads 2 --context 256 --batch 4096 --eval-batches 1 --steps 1 --no-plot"
+fi
 # the log's write errors are errors (a file size limit stands in for a full disk)
 (
     ulimit -f 8
