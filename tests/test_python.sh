@@ -90,7 +90,8 @@ np.save(sys.argv[1], performer.attention(q, k, v, causal=True, features=64, seed
 (cd / && env -u PERFORMER_LIB "$T/venv/bin/python" -c "$same" "$T/o_venv.npy") &&
     PYTHONPATH=python PERFORMER_LIB="$LIB" $PY -c "$same" "$T/o_tree.npy" &&
     cmp -s "$T/o_venv.npy" "$T/o_tree.npy"
-if [ $? -eq 0 ]; then pass; else fail "the installed package computes other bits than the tree's"; fi
+if [ $? -eq 0 ]; then pass; else fail "the installed package computes other bits than the tree's"
+fi
 if [ $has_torch -eq 1 ]; then
     if (cd / && "$T/venv/bin/python" -c 'import performer.torch') 2>"$T/err"; then pass; else
         fail "installed package: import performer.torch: $(cat "$T/err")"; fi
@@ -116,6 +117,8 @@ PERFORMER="$P" PERFORMER_LIB="$LIB" PYTHONPATH=python \
 rc=$?
 grep -E "^  train:|\.\.\. skipped" "$T/unit.log"
 tail -n 3 "$T/unit.log"
-if [ $rc -eq 0 ]; then pass; else fail "python unit tests: $(grep -B 2 -A 25 -E '^(FAIL|ERROR):' "$T/unit.log" | head -n 120)"; fi
+if [ $rc -eq 0 ]; then pass; else
+    fail "python unit tests: $(grep -B 2 -A 25 -E '^(FAIL|ERROR):' "$T/unit.log" | head -n 120)"
+fi
 
 finish

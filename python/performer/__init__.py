@@ -120,29 +120,28 @@ def _int(value, name, lo, hi):
 
 def _shape(q, k, v, causal):
     """The pf_shape of q, k, v (ValueError naming what disagrees)."""
-    r = q.ndim
+    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    r = len(qs)
     if r not in (2, 3, 4):
-        raise ValueError(f"q has shape {q.shape}: expected (L,d), (H,L,d) or (B,H,L,d)")
-    if k.ndim != r or v.ndim != r:
-        raise ValueError(f"q, k and v must have the same rank: shapes {q.shape}, {k.shape}, "
-                         f"{v.shape}")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q has shape {qs}: expected (L,d), (H,L,d) or (B,H,L,d)")
+    if len(ks) != r or len(vs) != r:
+        raise ValueError(f"q, k and v must have the same rank: shapes {qs}, {ks}, {vs}")
+    if not (qs[:-2] == ks[:-2] == vs[:-2]):
         raise ValueError(f"q, k and v must agree in their leading (batch, head) dimensions: "
-                         f"shapes {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same width d: shapes {q.shape}, {k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length Lk: shapes {k.shape}, {v.shape}")
-    if min(q.shape + k.shape + v.shape) < 1 or max(q.shape + k.shape + v.shape) > _INT_MAX:
-        raise ValueError(f"every dimension must be in [1, 2^31 - 1]: shapes {q.shape}, "
-                         f"{k.shape}, {v.shape}")
-    B = q.shape[0] if r == 4 else 1
-    H = q.shape[-3] if r >= 3 else 1
-    Lq, Lk = q.shape[-2], k.shape[-2]
+                         f"shapes {qs}, {ks}, {vs}")
+    if qs[-1] != ks[-1]:
+        raise ValueError(f"q and k must have the same width d: shapes {qs}, {ks}")
+    if ks[-2] != vs[-2]:
+        raise ValueError(f"k and v must have the same length Lk: shapes {ks}, {vs}")
+    dims = qs + ks[-2:] + vs[-1:]
+    if min(dims) < 1 or max(dims) > _INT_MAX:
+        raise ValueError(f"every dimension must be in [1, 2^31 - 1]: shapes {qs}, {ks}, {vs}")
+    Lq, Lk = qs[-2], ks[-2]
     if causal and Lq != Lk:
         raise ValueError(f"causal attention needs as many queries as keys (Lq = {Lq}, "
                          f"Lk = {Lk})")
-    return _lib.pf_shape(B, H, Lq, Lk, q.shape[-1], v.shape[-1])
+    return _lib.pf_shape(qs[0] if r == 4 else 1, qs[-3] if r >= 3 else 1, Lq, Lk, qs[-1],
+                         vs[-1])
 
 
 def _key_lengths(key_lengths, sh):

@@ -22,7 +22,6 @@ subclasses that are ValueError, MemoryError, FloatingPointError, ... as the stat
 import ctypes
 import math
 
-import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
