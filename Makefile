@@ -142,6 +142,7 @@ bench: setup all $(BENCHES)
 	/usr/bin/python3 scripts/plot_bench.py $(BUILD)/bench/attn.csv $(BUILD)/bench/decode.csv \
 	  $(BUILD)/bench
 	/usr/bin/python3 bench/bench_cli.py $(TOOL)
+	/usr/bin/python3 bench/bench_python.py --build $(BUILD)
 
 # make install [PREFIX=/usr/local] [DESTDIR=stage]: PREFIX is where the files will live (it is
 # written into performer.pc); DESTDIR, if given, is prepended to every path, for packaging. Run

@@ -14,10 +14,15 @@
 #   groff-base, man-db  the install test formats the man page with warnings on (groff, man)
 #   libopenmpi-dev, openmpi-bin  Open MPI: mpicc builds libperformer_mpi (sequence-parallel
 #                     FAVOR+, include/performer_mpi.h) and mpirun runs its tests and benchmark
+#   python3-torch     the Python package's PyTorch layer (performer.torch) and its tests: gradients
+#                     against torch autograd, a small model trained through the C kernels
+#   python3-venv, python3-setuptools, python3-wheel  the Python test installs the package with
+#                     pip into a venv, offline (Debian's setuptools builds it; no PyPI)
 set -e
 need=""
 for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy python3-matplotlib \
-         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db libopenmpi-dev openmpi-bin; do
+         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db python3-torch python3-venv \
+         python3-setuptools python3-wheel libopenmpi-dev openmpi-bin; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0
