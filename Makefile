@@ -5,6 +5,8 @@
 #   make demo       the one-minute answer: exact vs FAVOR+ time, memory and error against L
 #   make bench      the benchmarks (medians, ratios to this machine's sgemm)
 #   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
+#   make fuzz       the libFuzzer targets of the file readers (clang): regressions, then
+#                   FUZZ_TIME seconds each (tests/fuzz/)
 #   make install    header, libraries, tool, performer.pc and man page under PREFIX (/usr/local);
 #                   DESTDIR stages them elsewhere; make uninstall removes them
 #
@@ -55,7 +57,8 @@ SHARED_REAL = $(BUILD)/libperformer.so.$(VERSION)
 TOOL   = $(BUILD)/performer
 MAN    = $(BUILD)/performer.1
 
-.PHONY: all setup test test-fast asan demo bench clean format install uninstall
+.PHONY: all setup test test-fast asan demo bench clean format install uninstall \
+        fuzz fuzz-regress fuzz-corpus
 all: $(STATIC) $(SHARED) $(TOOL) $(MAN)
 
 setup:
@@ -105,14 +108,17 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(STATIC) $(LDLIBS)
 
-# The whole suite: the optimised build, then the sanitizer build.
+# The whole suite: the optimised build, then the sanitizer build, then the fuzz targets'
+# regression pass and 30 s of fuzzing each.
 test: setup
 	@$(MAKE) --no-print-directory test-fast; r1=$$?; \
 	$(MAKE) --no-print-directory asan; r2=$$?; \
+	rm -f $(FUZZ_BUILD)/test-counts; $(MAKE) --no-print-directory fuzz FUZZ_TIME=30; r3=$$?; \
 	set -- $$(cat $(BUILD)/test-counts 2>/dev/null || echo 0 1) \
-	       $$(cat build-asan/test-counts 2>/dev/null || echo 0 1); \
-	echo "all: $$(($$1 + $$3)) passed, $$(($$2 + $$4)) failed"; \
-	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ]
+	       $$(cat build-asan/test-counts 2>/dev/null || echo 0 1) \
+	       $$(cat $(FUZZ_BUILD)/test-counts 2>/dev/null || echo 0 1); \
+	echo "all: $$(($$1 + $$3 + $$5)) passed, $$(($$2 + $$4 + $$6)) failed"; \
+	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ]
 
 TEST_LABEL ?= release
 SIMD_PATHS ?= avx2 ref
@@ -124,6 +130,58 @@ asan:
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	  -fno-omit-frame-pointer" EXTRA_LDLIBS="-fsanitize=address,undefined" \
 	  TEST_LABEL=asan SIMD_PATHS= test-fast
+
+# Fuzzing (tests/fuzz/): libFuzzer targets for the .npy, safetensors, checkpoint and FASTA/text
+# readers, built by clang into $(FUZZ_BUILD) with ASan and UBSan. The library's sources are
+# instrumented for coverage (fuzzer-no-link) and built without OpenMP: one thread per input, so a
+# finding replays the same way (and the build without OpenMP is exercised too).
+#   make fuzz          the regression pass (every seed and every file in tests/fuzz/regress/),
+#                      then each target for FUZZ_TIME seconds, FUZZ_JOBS at a time; any finding
+#                      fails (tests/fuzz/run.sh says what counts); FUZZ_ONLY="fuzz_npy ..." picks
+#                      targets
+#   make fuzz-regress  the regression pass alone
+#   make fuzz-corpus   remakes the committed seed corpus, tests/fuzz/corpus/
+FUZZ_BUILD   = build-fuzz
+FUZZ_CC     ?= clang
+FUZZ_TIME   ?= 60
+FUZZ_JOBS   ?= 2
+# Line tables are all the stack traces need, and UBSan stops at its first report through
+# halt_on_error (tests/fuzz/harness.c sets it) rather than -fno-sanitize-recover: with full -g or
+# that flag, clang takes minutes on simd_avx512.c under the three instrumentations (20 s so).
+FUZZ_CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -gline-tables-only -fno-omit-frame-pointer \
+               $(WARN) -fsanitize=address,undefined -Iinclude -Isrc -I$(BLAS_INC)
+FUZZ_LDLIBS  = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lz -lm
+FUZZ_LIB     = $(FUZZ_BUILD)/libperformer.a
+FUZZ_TARGETS = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+$(FUZZ_BUILD)/src/%.o: src/%.c include/performer.h $(wildcard src/*.h src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -DPF_BUILDING_LIBRARY \
+	  -fvisibility=hidden $(SIMD_FLAGS) -c $< -o $@
+$(FUZZ_BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = -mavx2 -mfma
+$(FUZZ_BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = -mavx512f -mavx512dq -mavx2 -mfma
+
+$(FUZZ_LIB): $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/harness.c tests/fuzz/harness.h $(FUZZ_LIB)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests/fuzz -o $@ $< tests/fuzz/harness.c \
+	  $(FUZZ_LIB) $(FUZZ_LDLIBS)
+
+$(FUZZ_BUILD)/make_corpus: tests/fuzz/make_corpus.c $(FUZZ_LIB)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -o $@ $< $(FUZZ_LIB) $(FUZZ_LDLIBS)
+
+fuzz: setup $(FUZZ_TARGETS)
+	@FUZZ_TIME=$(FUZZ_TIME) FUZZ_JOBS=$(FUZZ_JOBS) FUZZ_ONLY="$(FUZZ_ONLY)" \
+	  sh tests/fuzz/run.sh $(FUZZ_BUILD) all
+
+fuzz-regress: $(FUZZ_TARGETS)
+	@FUZZ_ONLY="$(FUZZ_ONLY)" sh tests/fuzz/run.sh $(FUZZ_BUILD) regress
+
+fuzz-corpus: $(FUZZ_BUILD)/make_corpus
+	rm -rf tests/fuzz/corpus
+	$(FUZZ_BUILD)/make_corpus tests/fuzz/corpus
 
 demo: setup all
 	$(TOOL) demo
@@ -242,4 +300,4 @@ format:
 	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

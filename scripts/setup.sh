@@ -18,11 +18,14 @@
 #                     against torch autograd, a small model trained through the C kernels
 #   python3-venv, python3-setuptools, python3-wheel  the Python test installs the package with
 #                     pip into a venv, offline (Debian's setuptools builds it; no PyPI)
+#   clang             builds the fuzz targets (make fuzz): libFuzzer is clang's
+#   libclang-rt-14-dev  clang's runtimes: libFuzzer, ASan and UBSan (libclang_rt.fuzzer-x86_64.a)
 set -e
 need=""
 for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy python3-matplotlib \
          mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db python3-torch python3-venv \
-         python3-setuptools python3-wheel libopenmpi-dev openmpi-bin; do
+         python3-setuptools python3-wheel clang libclang-rt-14-dev libopenmpi-dev \
+         openmpi-bin; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
 [ -z "$need" ] && exit 0
