@@ -19,25 +19,12 @@
 # - --help mentions every flag; demo --quick prints a table.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
-P=${PERFORMER:-build/performer}
-case "$P" in /*) ;; *) P="$(pwd)/$P" ;; esac
-PY=/usr/bin/python3
-checks=0
-fails=0
-
-T=$(mktemp -d "${TMPDIR:-/tmp}/pf_test_tool.XXXXXX") || { echo "mktemp failed"; exit 1; }
-cleanup() { chmod -R u+w "$T" 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-pass() { checks=$((checks + 1)); }
-fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+TEST=test_tool; . "$(dirname "$0")/lib.sh"
 check() { # check "what" command...: the command must succeed
     what=$1; shift
     if "$@"; then pass; else fail "$what"; fi
 }
 
-if [ ! -x "$P" ]; then echo "FAIL: no performer binary at $P"; exit 1; fi
 if ! $PY -c 'import numpy' 2>/dev/null; then echo "FAIL: $PY has no numpy"; exit 1; fi
 
 # ---- the numpy side ---------------------------------------------------------------------------
@@ -617,5 +604,4 @@ else
     grep -q "L=4096" "$T/demo.err" && pass || fail "demo: no progress on stderr"
 fi
 
-echo "test_tool.sh: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish
