@@ -428,7 +428,7 @@ int main(int argc, char **argv) {
     if (csv)
         fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction,"
                      "fwd_mib,fwdbwd_mib,saved_seconds,saved_mib,saved_heads,"
-                     "save_fwd_seconds\n");
+                     "save_fwd_seconds,machine\n");
     for (int li = 0; li < nlen; li++) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
@@ -474,9 +474,11 @@ int main(int argc, char **argv) {
                        cell(cv[5], "%.1f", mem_s));
                 fflush(stdout);
                 if (csv)
-                    fprintf(csv, "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g\n", L,
-                            meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, frac, mem_f,
-                            mem_b, med[2], mem_s, heads, med[3]);
+                    fprintf(csv,
+                            "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g,"
+                            "\"%s, vector kernels %s, OpenBLAS kernels %s\"\n",
+                            L, meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, frac,
+                            mem_f, mem_b, med[2], mem_s, heads, med[3], cpu, pf_simd_path(), blas);
             }
         }
     }

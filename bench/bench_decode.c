@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_decode: cannot write %s\n", csv_path);
         return 1;
     }
-    if (csv) fprintf(csv, "context,seconds_per_token,ratio_to_first\n");
+    if (csv) fprintf(csv, "context,seconds_per_token,ratio_to_first,machine\n");
     /* every context's state first, then the single tokens in turn across them, so that the
      * shared machine's drifts fall on every context alike */
     pf_favor_state *st[NCTX] = {NULL};
@@ -116,7 +116,9 @@ int main(int argc, char **argv) {
         const double med = median(t + (size_t)c * (size_t)tokens, tokens);
         if (c == 0) base = med;
         printf("%8d %14.2f %9.2fx\n", contexts[c], med * 1e6, med / base);
-        if (csv) fprintf(csv, "%d,%.6g,%.4g\n", contexts[c], med, med / base);
+        if (csv)
+            fprintf(csv, "%d,%.6g,%.4g,\"%s, vector kernels %s, OpenBLAS kernels %s\"\n",
+                    contexts[c], med, med / base, cpu, pf_simd_path(), blas);
     }
     if (csv) fclose(csv);
     free(W);

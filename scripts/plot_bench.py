@@ -4,8 +4,9 @@
 usage: plot_bench.py ATTN_CSV [DECODE_CSV] OUTDIR
 
 ATTN_CSV is bench_attn --csv (L, method, causal, fwd_seconds, fwdbwd_seconds, ..., fwd_mib,
-fwdbwd_mib); DECODE_CSV is bench_decode --csv (context, seconds_per_token, ...). Writes
-OUTDIR/bench_time.png, OUTDIR/bench_memory.png and OUTDIR/bench_decode.png.
+fwdbwd_mib, machine); DECODE_CSV is bench_decode --csv (context, seconds_per_token, ...,
+machine). Writes OUTDIR/bench_time.png, OUTDIR/bench_memory.png and OUTDIR/bench_decode.png,
+each naming the machine (CPU and kernel sets) the run was on.
 """
 import csv
 import math
@@ -98,15 +99,26 @@ def score_matrix(ax, data):
             label="an L×L score matrix (naive exact)")
 
 
+def machine(data, wrap=False):
+    """The CPU and kernel sets of the run, as its CSV names them ('' for an older CSV); wrap puts
+    the kernel sets on a line of their own (narrow figures)."""
+    m = data[0].get("machine") if data else None
+    if m and wrap:
+        m = m.replace(", vector kernels", ",\nvector kernels", 1)
+    return "\n" + m if m else ""
+
+
 def plot_time(data, path):
     plot_pair(data, path, ("fwd_seconds", "fwdbwd_seconds", "saved_seconds"), 1e3,
-              "time (ms, median)", "attention time, B=1 H=8 d=64 m=256 (this machine, 2 threads)",
+              "time (ms, median)",
+              "attention time, B=1 H=8 d=64 m=256, 2 threads" + machine(data),
               legend_size=8, legend_loc="lower right")
 
 
 def plot_memory(data, path):
     plot_pair(data, path, ("fwd_mib", "fwdbwd_mib", "saved_mib"), 1.0, "working memory (MiB)",
-              "peak memory beyond the caller's tensors, B=1 H=8 d=64 m=256", score_matrix, 8)
+              "peak memory beyond the caller's tensors, B=1 H=8 d=64 m=256" + machine(data),
+              score_matrix, 8)
 
 
 def plot_decode(data, path):
@@ -116,7 +128,7 @@ def plot_decode(data, path):
     ax.plot(xs, ys, "-", color="#1f77b4", marker="o", ms=3, label="FAVOR+ streaming state")
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, max(ys) * 1.3)
-    ax.set_title("decoding: time per token, H=8 d=64 m=256")
+    ax.set_title("decoding: time per token, H=8 d=64 m=256" + machine(data, True), fontsize=9)
     ax.set_xlabel("context length (tokens already decoded)")
     ax.set_ylabel("µs per token (median)")
     ax.grid(True, which="both", alpha=0.3)
