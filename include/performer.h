@@ -668,6 +668,56 @@ PF_API pf_status pf_model_forward(pf_model *model, float *loss, float *logits,
 /* Gradients of the last forward's loss (it must have had targets), overwriting the previous. */
 PF_API pf_status pf_model_backward(pf_model *model);
 
+/* ---- Training across processes ------------------------------------------------------------
+ * A model can be one of several processes that train together, each running a share of every
+ * step: a share of the batch (data parallel) or a contiguous slice of every sequence (sequence
+ * parallel). libperformer_mpi (performer_mpi.h, pf_mpi_trainer) does this over MPI with the
+ * functions below; they carry no MPI themselves, and a model given none of them trains alone. */
+
+/* The loss of the last forward as a sum: *sum (float64) of the counted positions' losses and
+ * *counted their number. PF_EINVAL if the last forward had no targets or failed. */
+PF_API pf_status pf_model_loss_sum(const pf_model *model, double *sum, int64_t *counted);
+
+/* pf_model_backward for a loss that is the sum of this forward's losses over `total` counted
+ * positions of every process (total >= the forward's own count; 0 only if it counted none):
+ * the gradients of (sum of this process's losses) / total. pf_model_backward(m) is
+ * pf_model_backward_total(m, its own count). */
+PF_API pf_status pf_model_backward_total(pf_model *model, int64_t total);
+
+/* The parameters, *n floats in the order of the checkpoint's tensors (read only: change them
+ * through pf_model_step), and the gradients of the last backward in the same order, to be summed
+ * across processes before pf_model_step. NULL if model or n is NULL. */
+PF_API const float *pf_model_parameters(const pf_model *model, size_t *n);
+PF_API float *pf_model_gradients(pf_model *model, size_t *n);
+
+/* Sequence parallel: how a process's forward and backward reach the rest of each sequence.
+ * Its tokens are positions [position, position + T) of every sequence (positions and rotary
+ * angles count from there); each layer's FAVOR attention over the whole sequence goes through
+ * attn_forward and attn_backward (called collectively by every process, with this process's
+ * rows: shape->Lq = Lk = T; pf_attn_favor's and pf_attn_favor_backward's contracts), and
+ * `agree` returns the worst status of every process's for this point (the forward calls it
+ * after its own checks and allocations, the backward before it starts), so that no process
+ * waits in attention for one that failed. ctx is passed to all three. */
+typedef struct pf_model_parallel {
+    int64_t position;
+    void *ctx;
+    pf_status (*agree)(void *ctx, pf_status status);
+    pf_status (*attn_forward)(void *ctx, float *out, const float *Q, const float *K,
+                              const float *V, const pf_shape *shape, const pf_attn_opts *opts,
+                              const pf_favor_opts *favor);
+    pf_status (*attn_backward)(void *ctx, float *dQ, float *dK, float *dV, const float *dout,
+                               const float *Q, const float *K, const float *V, const float *out,
+                               const pf_shape *shape, const pf_attn_opts *opts,
+                               const pf_favor_opts *favor);
+} pf_model_parallel;
+
+/* Makes the model's forwards and backwards this process's share of a sequence-parallel step
+ * (copied; NULL: alone again). FAVOR and FAVOR++ with a given A only: PF_ENOTSUP for exact
+ * attention (every query needs every key) and FAVOR++ (its statistic would be per process).
+ * PF_EINVAL if position < 0 or a callback is missing. The forward checks position + T <= the
+ * context. */
+PF_API pf_status pf_model_set_parallel(pf_model *model, const pf_model_parallel *parallel);
+
 typedef struct pf_adamw {
     float lr;            /* learning rate of this step */
     float beta1, beta2;  /* moment decays */

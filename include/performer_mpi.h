@@ -74,6 +74,63 @@ PF_API pf_status pf_mpi_attn_favor_backward(float *dQ, float *dK, float *dV, con
                                             const pf_attn_opts *opts, const pf_favor_opts *favor,
                                             MPI_Comm comm, pf_mpi_info *info);
 
+/* ---- Training the language model across ranks ---------------------------------------------
+ * Every rank holds the same model (created from the same configuration and seed, or loaded from
+ * the same checkpoint) and runs a share of each step:
+ *   PF_MPI_DATA      a share of the batch's sequences, whole;
+ *   PF_MPI_SEQUENCE  a contiguous slice of every sequence (FAVOR attention only): the layers'
+ *                    attention runs as pf_mpi_attn_favor over the slices, everything else
+ *                    (embeddings, layer norms, MLP, loss) on the rank's own tokens.
+ * The loss is the mean over every rank's counted positions; the gradients are summed over the
+ * ranks in rank order (each rank sums one block of the parameters, in rank order, in float64,
+ * then every rank gathers every block), so every rank holds the same bits, and pf_model_step on
+ * each keeps the models equal. A step equals one process's on the whole batch to float
+ * rounding. Bytes per step: the attention states (sequence) and twice the gradients, whatever
+ * the context.
+ *
+ *     pf_mpi_trainer *tr;
+ *     pf_mpi_trainer_create(&tr, model, PF_MPI_SEQUENCE, MPI_COMM_WORLD, NULL);
+ *     pf_mpi_trainer_share(tr, B, T, &b0, &nb, &t0, &nt);      // this rank's rows, positions
+ *     pf_mpi_trainer_forward(tr, &loss, NULL, my_tokens, my_targets, B, T, NULL);
+ *     pf_mpi_trainer_backward(tr, NULL);
+ *     pf_model_step(model, &opt, &gnorm);                        // the same on every rank */
+typedef enum pf_mpi_parallel { PF_MPI_DATA = 0, PF_MPI_SEQUENCE = 1 } pf_mpi_parallel;
+
+typedef struct pf_mpi_trainer pf_mpi_trainer;
+
+/* Makes model this rank's part of a run over comm (collective; comm is duplicated). The ranks
+ * check that their models are the same (configuration, step, parameters: a hash). PF_ENOTSUP:
+ * FAVOR++ (its running statistic would be per rank), or sequence parallel with exact attention
+ * (every query needs every key). PF_EINVAL: the ranks' models or kinds differ. The same status
+ * on every rank; info->message says why. The model must outlive the trainer. */
+PF_API pf_status pf_mpi_trainer_create(pf_mpi_trainer **trainer, pf_model *model,
+                                       pf_mpi_parallel kind, MPI_Comm comm, pf_mpi_info *info);
+
+/* Frees a trainer (not collective) and makes its model train alone again; harmless on NULL. */
+PF_API void pf_mpi_trainer_free(pf_mpi_trainer *trainer);
+
+/* This rank's share of a (B,T) batch: rows [*b0, *b0 + *nb) and positions [*t0, *t0 + *nt),
+ * rank p of N taking rows (data) or positions (sequence) [n p / N, n (p + 1) / N). PF_EINVAL
+ * if that leaves a rank nothing (fewer rows, or positions, than ranks). */
+PF_API pf_status pf_mpi_trainer_share(const pf_mpi_trainer *trainer, int B, int T, int *b0,
+                                      int *nb, int *t0, int *nt);
+
+/* pf_model_forward of this rank's share of a (B,T) batch, collectively: tokens and targets
+ * (nb, nt) as pf_mpi_trainer_share gives them; *loss (if not NULL) the mean over every rank's
+ * counted positions, the same on every rank; logits (nb, nt, 256) this rank's. Returns the
+ * worst status of any rank on every rank. */
+PF_API pf_status pf_mpi_trainer_forward(pf_mpi_trainer *trainer, float *loss, float *logits,
+                                        const int32_t *tokens, const int32_t *targets, int B,
+                                        int T, pf_mpi_info *info);
+
+/* The gradients of the last forward's global loss, summed over the ranks (collective); then
+ * pf_model_step on every rank. Same status on every rank. */
+PF_API pf_status pf_mpi_trainer_backward(pf_mpi_trainer *trainer, pf_mpi_info *info);
+
+/* x (n doubles) becomes the sum of every rank's x, added in rank order: the same bits on every
+ * rank (a tool's counts and sums). Collective; PF_EIO if MPI fails. */
+PF_API pf_status pf_mpi_sum(double *x, int n, MPI_Comm comm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -531,7 +531,8 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
                          kern == PF_KERNEL_RELU ? 1e-3f : 0.0f,
                          kind == PF_LM_FAVORPP ? -0.2f : 0.0f,
                          NULL,
-                         0};
+                         0,
+                         NULL};
     float *q = xmalloc(sizeof(float) * n), *k = xmalloc(sizeof(float) * n);
     float *v = xmalloc(sizeof(float) * n), *att = xmalloc(sizeof(float) * n);
     float *lse = xmalloc(sizeof(float) * B * H * T), *out = xmalloc(sizeof(float) * n);
@@ -1031,6 +1032,85 @@ static void test_arguments(void) {
     pf_model_free(NULL);
 }
 
+/* The pieces a parallel trainer builds on (performer.h, "Training across processes"): the loss
+ * as a sum, the backward of a loss over more positions than this forward's (gradients scale by
+ * count / total: exactly, when that is a power of two), the parameter and gradient buffers, and
+ * pf_model_set_parallel's refusals. */
+static pf_status agree_alone(void *ctx, pf_status st) { return (void)ctx, st; }
+static pf_status fwd_alone(void *ctx, float *out, const float *Q, const float *K,
+                           const float *Vs, const pf_shape *s, const pf_attn_opts *o,
+                           const pf_favor_opts *f) {
+    return (void)ctx, pf_attn_favor(out, Q, K, Vs, s, o, f);
+}
+static pf_status bwd_alone(void *ctx, float *dQ, float *dK, float *dV, const float *dout,
+                           const float *Q, const float *K, const float *Vs, const float *out,
+                           const pf_shape *s, const pf_attn_opts *o, const pf_favor_opts *f) {
+    return (void)ctx, pf_attn_favor_backward(dQ, dK, dV, dout, Q, K, Vs, out, s, o, f);
+}
+
+static void test_parallel_pieces(void) {
+    pf_model_config c = pf_model_config_default();
+    c.context = 16, c.layers = 2, c.d_model = 16, c.heads = 2, c.features = 8;
+    c.attention = PF_LM_FAVOR;
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
+    if (!m) return;
+    enum { Bn = 2, Tn = 12 };
+    int32_t tok[Bn * Tn], tgt[Bn * Tn];
+    for (int i = 0; i < Bn * Tn; i++) tok[i] = (i * 37) % 50 + 40, tgt[i] = i % 5 ? tok[i] : -1;
+    double sum = 0;
+    int64_t counted = 0;
+    CHECK_STATUS(pf_model_loss_sum(m, &sum, &counted), PF_EINVAL); /* no forward yet */
+    float loss = 0;
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, Bn, Tn), PF_OK);
+    CHECK_STATUS(pf_model_loss_sum(m, &sum, &counted), PF_OK);
+    CHECK(counted == Bn * Tn - (Bn * Tn + 4) / 5, "counted %lld", (long long)counted);
+    CHECK_CLOSE(loss, sum / (double)counted, 0, 1e-7);
+    size_t n = 0, np = 0;
+    float *g = pf_model_gradients(m, &n);
+    const float *par = pf_model_parameters(m, &np);
+    CHECK(g && par && n == np && (int64_t)n == pf_model_num_params(m), "buffers of %zu, %zu", n,
+          np);
+    CHECK_STATUS(pf_model_backward(m), PF_OK);
+    float *g1 = malloc(sizeof(float) * n);
+    memcpy(g1, g, sizeof(float) * n);
+    CHECK_STATUS(pf_model_backward_total(m, counted), PF_OK);
+    CHECK(memcmp(g1, g, sizeof(float) * n) == 0, "backward_total(own count) != backward");
+    CHECK_STATUS(pf_model_backward_total(m, 4 * counted), PF_OK);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) off += g[i] != g1[i] * 0.25f;
+    CHECK(off == 0, "total 4 x counted: %zu gradients are not exactly a quarter", off);
+    CHECK_STATUS(pf_model_backward_total(m, counted - 1), PF_EINVAL);
+    CHECK_STATUS(pf_model_backward_total(m, 0), PF_EINVAL);
+    CHECK(pf_model_gradients(NULL, &n) == NULL && pf_model_parameters(m, NULL) == NULL,
+          "NULL arguments");
+    free(g1);
+
+    pf_model_parallel pp = {.position = 4, .agree = agree_alone, .attn_forward = fwd_alone,
+                            .attn_backward = bwd_alone};
+    CHECK_STATUS(pf_model_set_parallel(m, &pp), PF_OK);
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, Bn, Tn), PF_OK); /* 4 + 12 <= 16 */
+    CHECK_STATUS(pf_model_backward(m), PF_OK);
+    pp.position = 5; /* 5 + 12 > 16 */
+    CHECK_STATUS(pf_model_set_parallel(m, &pp), PF_OK);
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, Bn, Tn), PF_EINVAL);
+    CHECK_STATUS(pf_model_backward(m), PF_EINVAL); /* (the failed forward counted nothing) */
+    pp.position = -1;
+    CHECK_STATUS(pf_model_set_parallel(m, &pp), PF_EINVAL);
+    pp.position = 0, pp.agree = NULL;
+    CHECK_STATUS(pf_model_set_parallel(m, &pp), PF_EINVAL);
+    CHECK_STATUS(pf_model_set_parallel(m, NULL), PF_OK);
+    CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, Bn, Tn), PF_OK);
+    pf_model_free(m);
+    for (int a = 0; a < 2; a++) {
+        c.attention = a ? PF_LM_FAVORPP : PF_LM_EXACT;
+        CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
+        pp.agree = agree_alone;
+        CHECK_STATUS(pf_model_set_parallel(m, &pp), PF_ENOTSUP);
+        pf_model_free(m);
+    }
+}
+
 int main(void) {
     test_layernorm();
     test_matmul();
@@ -1062,5 +1142,6 @@ int main(void) {
     test_schedule();
     test_favorpp_stats();
     test_arguments();
+    test_parallel_pieces();
     TEST_MAIN_END();
 }

@@ -7,6 +7,8 @@
 # getting the same status and message for a bad input or ranks that disagree. Then the fault: the
 # last of 3 ranks kills itself between two calls, and the others, waiting in a collective, must
 # be ended within 30 s (Open MPI's mpirun aborts the job when a rank dies) with a non-zero exit.
+# test_mpi_train runs likewise: the language model trained three steps data parallel and
+# sequence parallel against one process, and its error cases.
 # Skipped, saying so, where mpirun or the program is absent (no MPI: make setup installs it).
 TEST=test_mpi; . "$(dirname "$0")/lib.sh"
 prog="${BUILD:-build}/tests/mpi/test_mpi_attn"
@@ -21,14 +23,19 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 export OMPI_MCA_btl="self,vader,tcp" OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 run() { timeout "$@"; }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-for n in 1 2 3; do
-    if run 600 $MPIRUN -np $n "$prog" >"$T/np$n.log" 2>&1; then
-        pass
-        grep -E "worst|bytes|every rank" "$T/np$n.log"
-    else
-        fail "mpirun -np $n $prog (exit $?):"
-        grep -E "FAIL|rror" "$T/np$n.log" | head -n 20
-    fi
+# the library's attention, then the language model trained across ranks (test_mpi_train: three
+# steps data and sequence parallel against one process, and its errors)
+for p in "$prog" "$(dirname "$prog")/test_mpi_train"; do
+    for n in 1 2 3; do
+        log="$T/$(basename "$p").np$n.log"
+        if run 600 $MPIRUN -np $n "$p" >"$log" 2>&1; then
+            pass
+            grep -E "worst|bytes|every rank|validation" "$log"
+        else
+            fail "mpirun -np $n $p (exit $?):"
+            grep -E "FAIL|rror" "$log" | head -n 20
+        fi
+    done
 done
 # the tool: mpirun -np N performer-mpi attn writes what performer attn writes (one rank: the same
 # bytes; more: float rounding), gradients included; a bad input ends every rank with status 1

@@ -420,7 +420,12 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
         break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
-        if (spec->saved && spec->keep) {
+        if (spec->parallel) {
+            /* the whole sequence across the processes; the backward recomputes */
+            if (spec->saved) pf_favor_saved_clear(*spec->saved);
+            st = spec->parallel->attn_forward(spec->parallel->ctx, att, q, k, v, &shape, &opts,
+                                              &fav);
+        } else if (spec->saved && spec->keep) {
             /* training: keep the features for the backward (made again when B or T changed) */
             pf_favor_saved **sv = spec->saved;
             if (*sv && pf_favor_saved_match(*sv, &shape, &opts, &fav, 0) != PF_OK) {
@@ -461,7 +466,10 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
         break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
-        if (spec->saved && *spec->saved &&
+        if (spec->parallel)
+            st = spec->parallel->attn_backward(spec->parallel->ctx, dq, dk, dv, datt, q, k, v, att,
+                                               &shape, &opts, &fav);
+        else if (spec->saved && *spec->saved &&
             pf_favor_saved_match(*spec->saved, &shape, &opts, &fav, 1) == PF_OK)
             st = pf_attn_favor_backward_saved(dq, dk, dv, datt, q, k, v, att, &shape, &opts, &fav,
                                               *spec->saved);

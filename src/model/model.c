@@ -209,6 +209,7 @@ lm_attn_spec lm_layer_spec(const pf_model *m, int l) {
         s.saved = &m->saved[l];
         s.keep = m->training;
     }
+    if (m->has_parallel) s.parallel = &m->parallel;
     return s;
 }
 
@@ -451,12 +452,17 @@ static pf_status ensure_rope(pf_model *m, int T) {
     return PF_OK;
 }
 
-pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_t *tokens,
-                           const int32_t *targets, int B, int T) {
-    if (!m || !tokens || B < 1 || T < 1 || T > m->config.context) return PF_EINVAL;
-    if (loss && !targets) return PF_EINVAL;
+/* Sequence parallel: every process's verdict on this point (alone: its own). */
+static pf_status agree(const pf_model *m, pf_status st) {
+    return m->has_parallel ? m->parallel.agree(m->parallel.ctx, st) : st;
+}
+
+/* The checks and allocations of a forward, before anything is computed. */
+static pf_status forward_prepare(pf_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                                 int T, int64_t pos) {
     const pf_model_config *c = &m->config;
-    const int L = c->layers, C = c->d_model, H = c->heads, hd = C / H;
+    const int L = c->layers, C = c->d_model;
+    if (T > c->context - pos) return PF_EINVAL;
     /* every (B,T,4C) offset must fit an int row count and a size_t byte count */
     if ((int64_t)B * T > INT32_MAX / 4 / C / (L + 1)) return PF_EINVAL;
     const int N = B * T;
@@ -465,15 +471,27 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         if (targets && (targets[i] < -1 || targets[i] >= V)) return PF_EINVAL;
     }
     pf_status st = ensure_acts(m, B, T);
-    if (st == PF_OK) st = ensure_rope(m, T);
-    if (st != PF_OK) return st;
-    m->counted = -1; /* until this forward succeeds */
-
+    if (st == PF_OK) st = ensure_rope(m, (int)(pos + T));
     /* Training draws W for this step's redraw period; evaluation keeps the current one. */
-    if (m->training && c->attention != PF_LM_EXACT) {
+    if (st == PF_OK && m->training && c->attention != PF_LM_EXACT)
         st = lm_draw_projections(m, (int64_t)pf_projection_stream((uint64_t)m->step, c->redraw));
-        if (st != PF_OK) return st;
-    }
+    return st;
+}
+
+pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_t *tokens,
+                           const int32_t *targets, int B, int T) {
+    if (!m) return PF_EINVAL;
+    const pf_model_config *c = &m->config;
+    const int L = c->layers, C = c->d_model, H = c->heads, hd = C / H;
+    const int64_t pos = m->has_parallel ? m->parallel.position : 0;
+    m->counted = -1; /* until this forward succeeds */
+    /* (sequence parallel: every path to a return goes through agree, bad arguments too) */
+    pf_status st = !tokens || B < 1 || T < 1 || T > c->context || (loss && !targets)
+                       ? PF_EINVAL
+                       : forward_prepare(m, tokens, targets, B, T, pos);
+    st = agree(m, st);
+    if (st != PF_OK) return st;
+    const int N = B * T;
     lm_favorpp_refresh(m); /* A from the batches before this one */
     memcpy(m->tokens, tokens, sizeof(int32_t) * (size_t)N);
     if (targets) memcpy(m->targets, targets, sizeof(int32_t) * (size_t)N);
@@ -481,8 +499,9 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
     const lm_params *p = &m->params;
     lm_acts *a = &m->acts;
     const size_t NC = (size_t)N * C;
-    encoder_forward(a->encoded, tokens, p->wte, c->positions == PF_LM_LEARNED ? p->wpe : NULL, B, T,
-                    C);
+    encoder_forward(a->encoded, tokens, p->wte,
+                    c->positions == PF_LM_LEARNED ? p->wpe + (size_t)pos * C : NULL, B, T, C);
+    const float *rope = m->rope ? m->rope + (size_t)pos * hd : NULL; // (T, hd/2, 2) from pos
     const float *residual = a->encoded; // (B,T,C)
     for (int l = 0; l < L; l++) {
         // this layer's weights
@@ -516,7 +535,7 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, ln1w, ln1b, N, C);
         matmul_forward(qkv, ln1, qkvw, qkvb, N, C, 3 * C);
         lm_attn_spec spec = lm_layer_spec(m, l);
-        st = attention_forward(atty, q, k, v, att, lse, qkv, m->rope, &spec, B, T, C, H);
+        st = attention_forward(atty, q, k, v, att, lse, qkv, rope, &spec, B, T, C, H);
         if (st != PF_OK) return st;
         if (c->attention == PF_LM_FAVORPP && m->training) {
             /* this batch joins the statistic after its own forward used the old A */
@@ -544,13 +563,23 @@ pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_
         float mean = counted > 0 ? (float)(sum / (double)counted) : 0.0f;
         if (loss) *loss = mean;
         m->counted = counted;
+        m->loss_sum = sum;
         if (!isfinite(mean)) return PF_ENONFINITE;
     }
     return PF_OK;
 }
 
 pf_status pf_model_backward(pf_model *m) {
-    if (!m || m->counted < 0) return PF_EINVAL;
+    return pf_model_backward_total(m, m ? m->counted : -1);
+}
+
+pf_status pf_model_backward_total(pf_model *m, int64_t total) {
+    pf_status st0 = !m || m->counted < 0 || total < m->counted || (total == 0 && m->counted > 0)
+                        ? PF_EINVAL
+                        : PF_OK;
+    if (!m) return st0;
+    st0 = agree(m, st0);
+    if (st0 != PF_OK) return st0;
     const pf_model_config *c = &m->config;
     const int B = m->B, T = m->T, L = c->layers, C = c->d_model, H = c->heads;
     const int N = B * T;
@@ -562,7 +591,10 @@ pf_status pf_model_backward(pf_model *m) {
 
     memset(m->grads_memory, 0, sizeof(float) * m->num_params);
     // loss = sum_i losses_i / counted
-    float scale = m->counted > 0 ? 1.0f / (float)m->counted : 0.0f;
+    float scale = total > 0 ? 1.0f / (float)total : 0.0f;
+    const float *rope = m->rope ? m->rope + (size_t)(m->has_parallel ? m->parallel.position : 0) *
+                                                (C / H)
+                                : NULL;
     crossentropy_backward(d->dlogits, a->probs, m->targets, scale, N, V);
     // logits = lnf wte^T
     matmul_backward(d->dln, g->wte, NULL, d->dlogits, a->lnf, p->wte, N, C, V);
@@ -609,14 +641,49 @@ pf_status pf_model_backward(pf_model *m) {
         matmul_backward(d->datty, dattprojw, dattprojb, d->dresidual, atty, attprojw, N, C, C);
         lm_attn_spec spec = lm_layer_spec(m, l);
         pf_status st = attention_backward(d->dqkv, d->datt, d->dq, d->dk, d->dv, d->datty, q, k, v,
-                                          att, lse, m->rope, &spec, B, T, C, H);
+                                          att, lse, rope, &spec, B, T, C, H);
         if (st != PF_OK) return st;
         matmul_backward(d->dln, dqkvw, dqkvb, d->dqkv, ln1, qkvw, N, C, 3 * C);
         // dresidual becomes d residual (the layer's input)
         layernorm_backward(d->dresidual, dln1w, dln1b, d->dln, residual, ln1w, ln1_mean, ln1_rstd,
                            N, C);
     }
-    encoder_backward(g->wte, c->positions == PF_LM_LEARNED ? g->wpe : NULL, d->dresidual, m->tokens,
-                     B, T, C);
+    const int64_t pos = m->has_parallel ? m->parallel.position : 0;
+    encoder_backward(g->wte, c->positions == PF_LM_LEARNED ? g->wpe + (size_t)pos * C : NULL,
+                     d->dresidual, m->tokens, B, T, C);
+    return PF_OK;
+}
+
+pf_status pf_model_loss_sum(const pf_model *m, double *sum, int64_t *counted) {
+    if (!m || !sum || !counted || m->counted < 0) return PF_EINVAL;
+    *sum = m->loss_sum;
+    *counted = m->counted;
+    return PF_OK;
+}
+
+const float *pf_model_parameters(const pf_model *m, size_t *n) {
+    if (!m || !n) return NULL;
+    *n = m->num_params;
+    return m->params_memory;
+}
+
+float *pf_model_gradients(pf_model *m, size_t *n) {
+    if (!m || !n) return NULL;
+    *n = m->num_params;
+    return m->grads_memory;
+}
+
+pf_status pf_model_set_parallel(pf_model *m, const pf_model_parallel *par) {
+    if (!m) return PF_EINVAL;
+    if (!par) {
+        m->has_parallel = 0;
+        return PF_OK;
+    }
+    if (par->position < 0 || !par->agree || !par->attn_forward || !par->attn_backward)
+        return PF_EINVAL;
+    if (m->config.attention != PF_LM_FAVOR) return PF_ENOTSUP;
+    m->parallel = *par;
+    m->has_parallel = 1;
+    m->counted = -1; /* a backward must follow a forward made this way */
     return PF_OK;
 }

@@ -76,6 +76,8 @@ typedef struct lm_attn_spec {
      * when the forward should fill it (training), 0 when it should leave it empty */
     pf_favor_saved **saved;
     int keep;
+    /* FAVOR: sequence parallel, the attention over every process's slice (NULL: alone) */
+    const pf_model_parallel *parallel;
 } lm_attn_spec;
 
 /* Causal multi-head attention on qkv (B,T,3C) (q | k | v, head h at columns h*hd):
@@ -228,6 +230,11 @@ struct pf_model {
     int32_t *tokens;  /* (B, T) copy of the last forward's inputs */
     int32_t *targets; /* (B, T) */
     int64_t counted;  /* targets >= 0 in the last forward; -1: no targets */
+    double loss_sum;  /* the sum of their losses (float64) */
+
+    /* sequence parallel (pf_model_set_parallel): this process's slice of every sequence */
+    pf_model_parallel parallel;
+    int has_parallel;
 
     /* metadata of the file the model was loaded from: key, value, ..., NULL */
     char **meta;
