@@ -7,7 +7,8 @@
 #   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
 #   make fuzz       the libFuzzer targets of the file readers (clang): regressions, then
 #                   FUZZ_TIME seconds each (tests/fuzz/)
-#   make install    header, libraries, tool, performer.pc and man page under PREFIX (/usr/local);
+#   make install    header, libraries, tool, performer.pc and man page under PREFIX (/usr/local),
+#                   and where mpicc is, the MPI library, its header and .pc and performer-mpi;
 #                   DESTDIR stages them elsewhere; make uninstall removes them
 #
 # Out-of-tree: objects go to $(BUILD) (default build/). Sources are found by wildcard, so a new
@@ -220,6 +221,17 @@ PC_DIR = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 INSTALLED = $(BINDIR)/performer $(INCLUDEDIR)/performer.h $(LIBDIR)/libperformer.a \
             $(LIBDIR)/libperformer.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libperformer.so \
             $(PKGCONFIGDIR)/performer.pc $(MANDIR)/man1/performer.1
+# Where mpicc was found, the MPI library and the tool's MPI build too (make uninstall removes
+# them in any case). performer_mpi.pc requires performer and the MPI implementation's own .pc
+# (Open MPI's ompi-c, MPICH's mpich) for mpi.h, which performer_mpi.h includes, and -lmpi;
+# without one, it carries mpicc's flags (Open MPI's --showme).
+INSTALLED_MPI = $(BINDIR)/performer-mpi $(INCLUDEDIR)/performer_mpi.h \
+            $(LIBDIR)/libperformer_mpi.a $(LIBDIR)/libperformer_mpi.so.$(VERSION) \
+            $(LIBDIR)/$(MPI_SONAME) $(LIBDIR)/libperformer_mpi.so $(PKGCONFIGDIR)/performer_mpi.pc
+MPI_PC_PKG   = $(shell for p in ompi-c mpich; do pkg-config --exists $$p 2>/dev/null && \
+                 echo $$p && break; done)
+MPI_PC_CFLAGS = $(if $(MPI_PC_PKG),,$(shell $(MPICC) --showme:compile 2>/dev/null))
+MPI_PC_LIBS   = $(if $(MPI_PC_PKG),,$(shell $(MPICC) --showme:link 2>/dev/null))
 
 install: all
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call PC_DIR,$(LIBDIR))' \
@@ -237,10 +249,25 @@ install: all
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libperformer.so
 	install -m 644 $(BUILD)/performer.pc $(DESTDIR)$(PKGCONFIGDIR)/performer.pc
 	install -m 644 $(MAN) $(DESTDIR)$(MANDIR)/man1/performer.1
+	$(if $(MPICC),printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call PC_DIR,$(LIBDIR))' \
+	  'includedir=$(call PC_DIR,$(INCLUDEDIR))' '' 'Name: performer_mpi' \
+	  'Description: sequence-parallel FAVOR+ over MPI (performer_mpi.h)' \
+	  'Version: $(VERSION)' 'Requires: performer $(MPI_PC_PKG)' \
+	  'Libs: $(strip -L$${libdir} -lperformer_mpi $(MPI_PC_LIBS))' \
+	  'Cflags: $(strip -I$${includedir} $(MPI_PC_CFLAGS))' >$(BUILD)/performer_mpi.pc)
+	$(if $(MPICC),install -m 755 $(MPI_TOOL) $(DESTDIR)$(BINDIR)/performer-mpi)
+	$(if $(MPICC),install -m 644 include/performer_mpi.h $(DESTDIR)$(INCLUDEDIR)/performer_mpi.h)
+	$(if $(MPICC),install -m 644 $(MPI_LIB) $(DESTDIR)$(LIBDIR)/libperformer_mpi.a)
+	$(if $(MPICC),install -m 644 $(MPI_SO_REAL) \
+	  $(DESTDIR)$(LIBDIR)/libperformer_mpi.so.$(VERSION))
+	$(if $(MPICC),ln -sf libperformer_mpi.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(MPI_SONAME))
+	$(if $(MPICC),ln -sf $(MPI_SONAME) $(DESTDIR)$(LIBDIR)/libperformer_mpi.so)
+	$(if $(MPICC),install -m 644 $(BUILD)/performer_mpi.pc \
+	  $(DESTDIR)$(PKGCONFIGDIR)/performer_mpi.pc)
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED) $(INSTALLED_MPI))
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
 # ---- MPI: sequence-parallel FAVOR+ (include/performer_mpi.h, src/mpi/) ---------------------------
@@ -250,13 +277,19 @@ uninstall:
 # is bench/mpi/ (make bench-mpi).
 MPICC      ?= $(shell command -v mpicc 2>/dev/null)
 MPI_LIB     = $(BUILD)/libperformer_mpi.a
+MPI_SONAME  = libperformer_mpi.so.$(SOVERSION)
+MPI_SO_REAL = $(BUILD)/libperformer_mpi.so.$(VERSION)
 MPI_SO      = $(BUILD)/libperformer_mpi.so
 MPI_OBJ     = $(patsubst src/mpi/%.c,$(BUILD)/src/mpi/%.o,$(wildcard src/mpi/*.c))
 MPI_TESTS   = $(patsubst tests/mpi/%.c,$(BUILD)/tests/mpi/%,$(wildcard tests/mpi/*.c))
 MPI_BENCHES = $(patsubst bench/mpi/%.c,$(BUILD)/bench/mpi/%,$(wildcard bench/mpi/*.c))
-# performer-mpi: `performer attn`'s FAVOR+ under mpirun, a program of its own (tools/mpi/), so
-# that the performer tool itself never links MPI
-MPI_TOOL    = $(BUILD)/performer-mpi
+# performer-mpi: the tool's own sources built a second time, by mpicc with -DPF_TOOL_MPI, plus
+# tools/mpi/ (what only this build has), linked with libperformer_mpi. `mpirun -np N performer`
+# runs it: the plain performer, started with more than one rank, starts it in its place. So the
+# performer tool itself never links MPI.
+MPI_TOOL     = $(BUILD)/performer-mpi
+MPI_TOOL_OBJ = $(TOOL_SRC:tools/%.c=$(BUILD)/tools-mpi/%.o) \
+               $(patsubst tools/mpi/%.c,$(BUILD)/tools-mpi/mpi/%.o,$(wildcard tools/mpi/*.c))
 .PHONY: mpi bench-mpi
 ifneq ($(MPICC),)
 all: $(MPI_LIB) $(MPI_SO) $(MPI_TOOL)
@@ -271,12 +304,24 @@ $(MPI_LIB): $(MPI_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(MPI_SO): $(MPI_OBJ) $(SHARED)
-	$(MPICC) -shared -Wl,-soname,libperformer_mpi.so -o $@ $(MPI_OBJ) -L$(BUILD) -lperformer \
+# Named and linked as libperformer is (soname libperformer_mpi.so.MAJOR), against
+# libperformer.so.MAJOR, found beside it ($ORIGIN) wherever both are.
+$(MPI_SO_REAL): $(MPI_OBJ) $(SHARED)
+	$(MPICC) -shared -Wl,-soname,$(MPI_SONAME) -o $@ $(MPI_OBJ) -L$(BUILD) -lperformer \
 	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 
-$(MPI_TOOL): tools/mpi/performer_mpi_tool.c $(MPI_LIB) $(STATIC)
-	$(MPICC) $(ALLCFLAGS) -o $@ $< $(MPI_LIB) $(STATIC) $(LDLIBS)
+$(BUILD)/$(MPI_SONAME): $(MPI_SO_REAL)
+	ln -sf $(notdir $<) $@
+
+$(MPI_SO): $(BUILD)/$(MPI_SONAME)
+	ln -sf $(MPI_SONAME) $@
+
+$(BUILD)/tools-mpi/%.o: tools/%.c include/performer.h include/performer_mpi.h $(wildcard tools/*.h)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALLCFLAGS) -DPF_TOOL_MPI -Itools -c $< -o $@
+
+$(MPI_TOOL): $(MPI_TOOL_OBJ) $(MPI_LIB) $(STATIC)
+	$(MPICC) -o $@ $(MPI_TOOL_OBJ) $(MPI_LIB) $(STATIC) $(LDLIBS)
 
 $(BUILD)/tests/mpi/%: tests/mpi/%.c tests/check.h $(MPI_LIB) $(STATIC)
 	@mkdir -p $(dir $@)
@@ -296,7 +341,7 @@ mpi bench-mpi:
 endif
 
 format:
-	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h \
+	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h tools/*/*.c \
 	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
 
 clean:

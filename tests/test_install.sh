@@ -18,7 +18,14 @@
 #   library: exact attention with Q = 0 gives the mean of V's rows;
 # - the README's two link lines for build/ without installing give programs that start;
 # - the installed tool runs, and its man page formats without a warning and names every option
-#   of every command's --help.
+#   of every command's --help;
+# - where mpicc is (the Makefile builds the MPI library there): make install also puts
+#   performer_mpi.h, libperformer_mpi (.a, .so.X.Y.Z named libperformer_mpi.so.MAJOR, needing
+#   libperformer.so.MAJOR), performer_mpi.pc and performer-mpi there; a small MPI program built
+#   with `pkg-config --cflags --libs performer_mpi` (staged: by mpicc, since the sysroot would be
+#   prepended to MPI's own paths too; in PREFIX: by cc, the .pc alone) runs under mpirun -np 2
+#   without LD_LIBRARY_PATH and matches one process; `mpirun -np 2 performer` starts the
+#   installed performer-mpi.
 # Under a sanitizer build (BUILD=build-asan) the programs are linked with the same sanitizers,
 # and the -static link is left out (the sanitizers do not link statically).
 set -eu
@@ -120,6 +127,22 @@ expected="./usr/local/bin/performer 755 f
 ./usr/local/lib/pkgconfig/performer.pc 644 f
 ./usr/local/share/man/man1/other.1 644 f
 ./usr/local/share/man/man1/performer.1 644 f"
+# where mpicc is (as the Makefile finds it), the MPI library and the tool's MPI build too
+mpi=""
+if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+    mpi=yes
+    expected="$expected
+./usr/local/bin/performer-mpi 755 f
+./usr/local/include/performer_mpi.h 644 f
+./usr/local/lib/libperformer_mpi.a 644 f
+./usr/local/lib/libperformer_mpi.so 777 l libperformer_mpi.so.$major
+./usr/local/lib/libperformer_mpi.so.$major 777 l libperformer_mpi.so.$version
+./usr/local/lib/libperformer_mpi.so.$version 644 f
+./usr/local/lib/pkgconfig/performer_mpi.pc 644 f"
+else
+    echo "note: no mpicc or mpirun: the MPI library's install is not checked"
+fi
+expected=$(printf '%s\n' "$expected" | sort)
 got=$(cd "$S" && find . ! -type d -printf '%p %m %y %l\n' | sed 's/ $//' | sort)
 same "the installed files, modes and links" "$expected" "$got"
 
@@ -141,6 +164,96 @@ if build_example example_staged -Wl,-rpath,"$L"; then
         sh -c "readelf -d '$T/example_staged' | grep -q 'NEEDED.*\[libperformer.so.$major\]'"
     check "example_staged holds no copy of the library" \
         sh -c "! nm '$T/example_staged' | grep -q ' T pf_attn_favor$'"
+fi
+# The MPI library: a program that cuts a causal sequence across the ranks and compares each
+# rank's rows with one process's (pf_attn_favor on the whole sequence), built against the
+# install with pkg-config and run under mpirun -np 2.
+if [ -n "$mpi" ]; then
+    # Open MPI's own leaks at exit are not ours; loopback only, as tests/test_mpi.sh
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    export OMPI_MCA_btl="self,vader,tcp" OMPI_MCA_btl_tcp_if_include=lo \
+        OMPI_MCA_oob_tcp_if_include=lo
+    cat >"$T/mpi_example.c" <<'EOF'
+/* mpi_example.c: causal FAVOR+ with the sequence cut across the ranks, each rank's rows against
+ * one process's. */
+#include <math.h>
+#include <stdio.h>
+
+#include <performer_mpi.h>
+
+enum { L = 96, D = 16, M = 32 };
+static float Q[L * D], K[L * D], V[L * D], ref[L * D], out[L * D], W[M * D];
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    for (int i = 0; i < L * D; i++) {
+        Q[i] = 0.4f * sinf(0.7f * i);
+        K[i] = 0.4f * cosf(1.3f * i);
+        V[i] = sinf(0.11f * i);
+    }
+    pf_status st = pf_projection_draw(W, M, D, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 1, 0);
+    pf_favor_opts fav = pf_favor_opts_default();
+    fav.W = W;
+    fav.m = M;
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.causal = 1;
+    pf_shape all = {1, 1, L, L, D, D};
+    if (st == PF_OK) st = pf_attn_favor(ref, Q, K, V, &all, &opts, &fav);
+    int o = L * rank / size, n = L * (rank + 1) / size - o;
+    pf_shape mine = {1, 1, n, n, D, D};
+    pf_mpi_info info;
+    pf_status sm = pf_mpi_attn_favor(out, Q + o * D, K + o * D, V + o * D, &mine, &opts, &fav,
+                                     MPI_COMM_WORLD, &info);
+    double e = 0, r = 0;
+    for (int i = 0; i < n * D; i++) {
+        e += (out[i] - ref[o * D + i]) * (double)(out[i] - ref[o * D + i]);
+        r += ref[o * D + i] * (double)ref[o * D + i];
+    }
+    printf("rank %d of %d: %s, rows %d to %d, relative error %.3g\n", rank, size,
+           st == PF_OK && sm == PF_OK ? "ok" : sm != PF_OK ? info.message : pf_status_str(st), o,
+           o + n - 1, sqrt(e / r));
+    MPI_Finalize();
+    return st == PF_OK && sm == PF_OK && sqrt(e / r) <= 1e-5 ? 0 : 1;
+}
+EOF
+    # run_mpi NAME: NAME under mpirun -np 2, no LD_LIBRARY_PATH; each rank says ok
+    run_mpi() {
+        if out=$(env -u LD_LIBRARY_PATH timeout 120 mpirun --allow-run-as-root --oversubscribe \
+                -np 2 "$T/$1" 2>"$T/$1.err"); then
+            echo "$out" | sed "s/^/  $1: /"
+            same "$1: two ranks say ok" 2 "$(echo "$out" | grep -c ': ok, rows')"
+        else
+            fail "mpirun -np 2 $1: $out $(cat "$T/$1.err")"
+        fi
+    }
+    same "pkg-config --modversion performer_mpi" "$version" \
+        "$(pkg-config --modversion performer_mpi)"
+    same "libperformer_mpi's soname" "libperformer_mpi.so.$major" \
+        "$(readelf -d "$L/libperformer_mpi.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+    check "libperformer_mpi needs libperformer.so.$major" sh -c "readelf -d \
+        '$L/libperformer_mpi.so.$version' | grep -q 'NEEDED.*\[libperformer.so.$major\]'"
+    same "the installed performer_mpi.h is the source's" "" \
+        "$(cmp "$S/usr/local/include/performer_mpi.h" include/performer_mpi.h 2>&1)"
+    # staged: the sysroot is prepended to every path of the flags, MPI's own too, so mpicc
+    # gives MPI's flags and the .pc performer_mpi's
+    if (cd "$T" && mpicc -O2 -o mpi_staged mpi_example.c \
+            $(pkg-config --cflags --libs performer_mpi) -Wl,-rpath,"$L" -lm $san) \
+            >"$T/mpi_staged.log" 2>&1; then
+        ok
+        check "mpi_staged needs libperformer_mpi.so.$major" sh -c \
+            "readelf -d '$T/mpi_staged' | grep -q 'NEEDED.*\[libperformer_mpi.so.$major\]'"
+        run_mpi mpi_staged
+    else
+        fail "mpicc against the staged performer_mpi.pc"; cat "$T/mpi_staged.log"
+    fi
+    # the installed performer, started by mpirun with 2 ranks, starts the installed performer-mpi
+    v=$(env -u LD_LIBRARY_PATH timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 \
+        "$S/usr/local/bin/performer" --version 2>&1 || true)
+    case "$v" in *"MPI build"*", 2 ranks;"*) ok ;;
+        *) fail "mpirun -np 2 (installed) performer --version: $v" ;; esac
 fi
 unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 
@@ -192,6 +305,17 @@ same "pkg-config --libs" "-L$R/lib -lperformer" "$(pkg-config --libs performer |
 # $R/lib is not on the dynamic linker's path, as /usr/local/lib is (after ldconfig): an rpath.
 if build_example example_prefix -Wl,-rpath,"$libdir"; then
     check_example example_prefix
+fi
+if [ -n "$mpi" ]; then
+    # no sysroot here: the .pc alone (performer's and MPI's through Requires) is enough for cc
+    same "performer_mpi.pc's libdir" "$R/lib" "$(pkg-config --variable=libdir performer_mpi)"
+    if (cd "$T" && cc -O2 -o mpi_prefix mpi_example.c $(pkg-config --cflags --libs performer_mpi) \
+            -Wl,-rpath,"$libdir" -lm $san) >"$T/mpi_prefix.log" 2>&1; then
+        ok
+        run_mpi mpi_prefix
+    else
+        fail "cc against the installed performer_mpi.pc"; cat "$T/mpi_prefix.log"
+    fi
 fi
 if [ -z "$san" ]; then
     # pkg-config --static adds Libs.private: OpenBLAS, OpenMP, zlib, libm.

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "tool.h"
+#include "tool_mpi.h"
 
 #define CMD "attn"
 /* The most random features --features draws: 2^20 (W alone is then 4 MiB a unit of d, and a
@@ -291,6 +292,17 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
     if (c->eps > FLT_MAX) return tool_usage(CMD, "--eps: %g is too large for float32", c->eps);
     if (c->scale > FLT_MAX || (c->scale > 0 && c->scale < FLT_MIN))
         return tool_usage(CMD, "--scale: %g is outside float32's normal range", c->scale);
+    /* under mpirun (performer-mpi), FAVOR+ alone cuts the sequence: its ranks exchange states */
+    if (!c->favor && tool_mpi_size() > 1)
+        return tool_usage(CMD,
+                          "--method %s does not run under mpirun with more than one rank (%d "
+                          "here): %s; only --method favor cuts the sequence across ranks "
+                          "(or start it without mpirun)",
+                          method_names[c->method], tool_mpi_size(),
+                          c->method == 0 ? "exact attention needs every key on every rank "
+                                           "(each query's softmax runs over all of them)"
+                                         : "its samples are drawn from every key, which every "
+                                           "rank would need");
     return TOOL_EXIT_OK;
 }
 
@@ -322,23 +334,37 @@ static int load_f32(const char *path, pf_array *a) {
     return 0;
 }
 
-/* The first NaN or Inf of a float32 array, reported with its flat and multi-index. */
-static int check_finite(const char *path, const pf_array *a) {
+/* The flat index of the first NaN or Inf in rows [o, o + n) of every (.., L, w) block of a
+ * (its last two dimensions L and w), or INT64_MAX if there is none. */
+static int64_t first_nonfinite_rows(const pf_array *a, int o, int n) {
     const float *x = a->data;
-    int64_t n = pf_array_size(a);
-    for (int64_t i = 0; i < n; i++) {
-        if (isfinite(x[i])) continue;
-        int64_t idx[PF_NPY_MAX_DIMS], r = i;
-        for (int j = a->ndim - 1; j >= 0; j--) {
-            idx[j] = r % a->shape[j];
-            r /= a->shape[j];
+    int64_t w = a->shape[a->ndim - 1], L = a->shape[a->ndim - 2];
+    int64_t blocks = pf_array_size(a) / (L * w);
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t i = (b * L + o) * w, end = i + (int64_t)n * w; i < end; i++) {
+            if (!isfinite(x[i])) return i;
         }
-        char where[256];
-        tool_shape_str(where, sizeof(where), idx, a->ndim);
-        return tool_fail(CMD, "%s: contains NaN or Inf at index %lld (element %s)", path,
-                         (long long)i, where);
     }
-    return 0;
+    return INT64_MAX;
+}
+
+/* Reports element i of a (path) as NaN or Inf, with its flat and multi-index. */
+static int report_nonfinite(const char *path, const pf_array *a, int64_t i) {
+    int64_t idx[PF_NPY_MAX_DIMS], r = i;
+    for (int j = a->ndim - 1; j >= 0; j--) {
+        idx[j] = r % a->shape[j];
+        r /= a->shape[j];
+    }
+    char where[256];
+    tool_shape_str(where, sizeof(where), idx, a->ndim);
+    return tool_fail(CMD, "%s: contains NaN or Inf at index %lld (element %s)", path, (long long)i,
+                     where);
+}
+
+/* The first NaN or Inf of a float32 array of rank 2 or more, reported. */
+static int check_finite(const char *path, const pf_array *a) {
+    int64_t i = first_nonfinite_rows(a, 0, (int)a->shape[a->ndim - 2]);
+    return i == INT64_MAX ? 0 : report_nonfinite(path, a, i);
 }
 
 /* Exact attention and FAVOR+ refuse a NaN or Inf in Q, K, V or dO themselves (PF_ENONFINITE)
@@ -533,25 +559,101 @@ static int stage_npy(tool_outputs *outs, int i, const pf_array *a) {
     return 0;
 }
 
-/* After PF_ENONFINITE: the first NaN or Inf among the inputs, reported as check_finite does,
- * or 0 if they are all finite (the computation overflowed). */
-static int find_nonfinite(const attn_cfg *c, const attn_inputs *in) {
-    const pf_array *arr[4] = {&in->q, &in->k, &in->v, &in->dout};
-    const char *path[4] = {c->q, c->k, c->v, c->grad_out};
-    int rc = 0;
-    for (int t = 0; t < 4 && !rc; t++) {
-        if (arr[t]->data) rc = check_finite(path[t], arr[t]);
-    }
-    return rc;
+/* ---- this process's rows ------------------------------------------------------------------- */
+
+/* The rows of the sequence this process computes: all of them, or, FAVOR+ in performer-mpi, its
+ * rank's slice: rows [L p / N, L (p + 1) / N) of the queries and of the keys of rank p of N. The
+ * inputs are mapped, so a rank reads only the pages of its own rows. */
+typedef struct attn_rows {
+    int split;                     /* the sequence is cut across the ranks (pf_mpi_attn_favor) */
+    int qo, qn, ko, kn;            /* query rows [qo, qo + qn), key rows [ko, ko + kn) */
+    pf_shape shape;                /* the inputs' shape with Lq = qn, Lk = kn */
+    const float *q, *k, *v, *dout; /* (B,H,qn,d), (B,H,kn,d), (B,H,kn,dv), (B,H,qn,dv) */
+    float *copy[4];                /* the rows copied out of the inputs, when not contiguous */
+} attn_rows;
+
+/* The number of (.., L, w) blocks of a: the product of its leading dimensions. */
+static size_t blocks_of(const pf_array *a) {
+    size_t blocks = 1;
+    for (int j = 0; j < a->ndim - 2; j++) blocks *= (size_t)a->shape[j];
+    return blocks;
 }
 
-static int library_error(const char *what, pf_status st) {
+/* Rows [o, o + n) of every (.., L, w) block of a: a pointer into a when they are contiguous
+ * (one block, or all the rows), else a copy, left in *copy. NULL if out of memory. */
+static const float *rows_of(const pf_array *a, int o, int n, float **copy) {
+    const float *x = a->data;
+    size_t w = (size_t)a->shape[a->ndim - 1], L = (size_t)a->shape[a->ndim - 2];
+    size_t blocks = blocks_of(a), rw = (size_t)n * w;
+    if (blocks == 1 || (o == 0 && (size_t)n == L)) return x + (size_t)o * w;
+    *copy = malloc(sizeof(float) * blocks * rw);
+    if (!*copy) return NULL;
+    for (size_t b = 0; b < blocks; b++)
+        memcpy(*copy + b * rw, x + (b * L + (size_t)o) * w, sizeof(float) * rw);
+    return *copy;
+}
+
+/* This process's rows of the inputs (split: its rank's). 0, or an exit code after a message. */
+static int take_rows(const attn_cfg *c, attn_rows *rw, const attn_inputs *in, int split) {
+    const pf_shape *sh = &in->shape;
+    rw->split = split;
+    rw->shape = *sh;
+    rw->qn = sh->Lq;
+    rw->kn = sh->Lk;
+    if (split) {
+        int N = tool_mpi_size(), p = tool_mpi_rank();
+        if (sh->Lq < N || sh->Lk < N)
+            return tool_fail(CMD,
+                             "%s: %d %s cannot be cut across %d ranks: each rank takes one row "
+                             "of the queries and one of the keys at least; start at most %d ranks",
+                             sh->Lq < N ? c->q : c->k, sh->Lq < N ? sh->Lq : sh->Lk,
+                             sh->Lq < N ? "queries" : "keys", N, sh->Lq < sh->Lk ? sh->Lq : sh->Lk);
+        if ((size_t)sh->B * (size_t)sh->H > INT_MAX)
+            return tool_fail(CMD, "B x H = %d x %d: more blocks than MPI can count", sh->B, sh->H);
+        tool_mpi_cut(sh->Lq, p, N, &rw->qo, &rw->qn);
+        tool_mpi_cut(sh->Lk, p, N, &rw->ko, &rw->kn);
+        rw->shape.Lq = rw->qn;
+        rw->shape.Lk = rw->kn;
+    }
+    rw->q = rows_of(&in->q, rw->qo, rw->qn, &rw->copy[0]);
+    rw->k = rows_of(&in->k, rw->ko, rw->kn, &rw->copy[1]);
+    rw->v = rows_of(&in->v, rw->ko, rw->kn, &rw->copy[2]);
+    rw->dout = in->dout.data ? rows_of(&in->dout, rw->qo, rw->qn, &rw->copy[3]) : NULL;
+    if (!rw->q || !rw->k || !rw->v || (in->dout.data && !rw->dout))
+        return tool_fail(CMD, "out of memory for the rows of this rank");
+    return 0;
+}
+
+static void free_rows(attn_rows *rw) {
+    for (int t = 0; t < 4; t++) free(rw->copy[t]);
+}
+
+/* After PF_ENONFINITE: the first NaN or Inf among the inputs, reported as check_finite does,
+ * or 0 if they are all finite (the computation overflowed). Split, each rank looks at its own
+ * rows and the ranks take the first of all (collective): the element one process names. */
+static int find_nonfinite(const attn_cfg *c, const attn_inputs *in, const attn_rows *rw) {
+    const pf_array *arr[4] = {&in->q, &in->k, &in->v, &in->dout};
+    const char *path[4] = {c->q, c->k, c->v, c->grad_out};
+    const int o[4] = {rw->qo, rw->ko, rw->ko, rw->qo}, n[4] = {rw->qn, rw->kn, rw->kn, rw->qn};
+    int64_t at[4];
+    for (int t = 0; t < 4; t++)
+        at[t] = arr[t]->data ? first_nonfinite_rows(arr[t], o[t], n[t]) : INT64_MAX;
+    tool_mpi_min_i64(at, 4);
+    for (int t = 0; t < 4; t++) {
+        if (at[t] != INT64_MAX) return report_nonfinite(path[t], arr[t], at[t]);
+    }
+    return 0;
+}
+
+/* A failed library call; detail, if not empty, is what the ranks agreed went wrong. */
+static int library_error(const char *what, pf_status st, const char *detail) {
     const char *hint = "";
     if (st == PF_EDOMAIN || st == PF_ENONFINITE)
         hint = " (a softmax or feature denominator is zero or not finite: try --kernel positive, "
                "a smaller --scale, or --eps > 0)";
     if (st == PF_ENOTSUP) hint = " (not available in this build yet)";
-    return tool_fail(CMD, "%s failed: %s%s", what, pf_status_str(st), hint);
+    return tool_fail(CMD, "%s failed: %s%s%s%s%s", what, pf_status_str(st), *detail ? " (" : "",
+                     detail, *detail ? ")" : "", hint);
 }
 
 static int first_nonfinite(const float *x, size_t n) {
@@ -561,46 +663,72 @@ static int first_nonfinite(const float *x, size_t n) {
     return 0;
 }
 
+/* Stages output i, the array a whose data are this process's rows of each block (rows, (.., n, w)
+ * of the (.., L, w) of a's shape). Split, every rank's rows are gathered into full on rank 0
+ * first: collective, so every rank calls it for every output whatever rc (the exit code so far;
+ * a run that failed stages nothing more), and none waits for another. Returns the exit code. */
+static int stage_rows(tool_outputs *outs, int i, pf_array a, const float *rows, float *full,
+                      const attn_rows *rw, int rc) {
+    if (rw->split) {
+        int L = (int)a.shape[a.ndim - 2], w = (int)a.shape[a.ndim - 1];
+        if (tool_mpi_gather_rows(full, rows, blocks_of(&a), L, w) != 0 && !rc)
+            rc = tool_fail(CMD, "gathering the rows on rank 0 failed");
+        rows = full;
+    }
+    a.data = (void *)rows;
+    a.map_ = NULL;
+    if (!rc && tool_mpi_rank() == 0) rc = stage_npy(outs, i, &a);
+    return rc;
+}
+
 /* ---- the command --------------------------------------------------------------------------- */
 
+/* Under mpirun (performer-mpi) every rank runs this; the ranks agree (tool_mpi_agree) after each
+ * step that can fail on some of them, so a failure anywhere ends every rank at the same point,
+ * with one message. */
 static int run(const attn_cfg *c) {
     attn_inputs in;
     memset(&in, 0, sizeof(in));
-    float *out = NULL, *lse = NULL, *W = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    attn_rows rw;
+    memset(&rw, 0, sizeof(rw));
+    float *out = NULL, *lse = NULL, *W = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *full = NULL;
     pf_favor_saved *saved = NULL;
+    char detail[256] = "";
+    pf_status st = PF_OK;
+    /* performer-mpi: FAVOR+ cuts the sequence across the ranks (one rank: all of it, the same
+     * bits as one process), rank 0 checks and writes the outputs; otherwise one process */
+    const int split = TOOL_MPI_BUILD && c->favor, writer = tool_mpi_rank() == 0;
     tool_outputs *outs = malloc(sizeof(tool_outputs));
     int rc = outs ? 0 : tool_fail(CMD, "out of memory");
-    if (rc) return rc;
-    tool_outputs_init(outs, CMD);
+    if (outs) tool_outputs_init(outs, CMD);
 
     double t0 = tool_now_ms(), t_read = 0, t_work = 0;
     /* 1. the outputs, then the inputs, all checked before any computing */
-    if ((rc = plan_outputs(c, outs))) goto done;
-    if ((rc = load_qkv(c, &in))) goto done;
+    if (!rc && writer) rc = plan_outputs(c, outs);
+    if (!rc) rc = load_qkv(c, &in);
     pf_shape *sh = &in.shape;
-    if (c->key_lengths && (rc = load_key_lengths(c, &in))) goto done;
-    if (c->w && (rc = load_w(c, &in))) goto done;
+    if (!rc && c->key_lengths) rc = load_key_lengths(c, &in);
+    if (!rc && c->w) rc = load_w(c, &in);
     int r = in.rank;
-    int64_t oshape[4];
-    for (int j = 0; j < r - 2; j++) oshape[j] = in.q.shape[j];
-    oshape[r - 2] = sh->Lq;
-    oshape[r - 1] = sh->dv;
-    if (c->grad_out && (rc = load_dout(c, &in, oshape))) goto done;
+    int64_t oshape[4] = {0};
+    for (int j = 0; !rc && j < r - 2; j++) oshape[j] = in.q.shape[j];
+    if (!rc) {
+        oshape[r - 2] = sh->Lq;
+        oshape[r - 1] = sh->dv;
+    }
+    if (!rc && c->grad_out) rc = load_dout(c, &in, oshape);
 
     pf_attn_opts opts = pf_attn_opts_default();
     opts.scale = (float)c->scale;
     opts.causal = c->causal;
     opts.key_len = in.key_len;
     opts.threads = c->threads;
-    pf_status st = pf_attn_check(sh, &opts);
-    if (st != PF_OK) {
+    if (!rc && (st = pf_attn_check(sh, &opts)) != PF_OK)
         rc = tool_fail(CMD, "these inputs and options do not go together (%s)", pf_status_str(st));
-        goto done;
-    }
 
     /* LARA's proposals: C contiguous chunks, each holding a query and a valid key */
     pf_sampling_opts samp = pf_sampling_opts_default();
-    if (c->method == 2 || c->method == 3) {
+    if (!rc && (c->method == 2 || c->method == 3)) {
         int fit = sh->Lq < sh->Lk ? sh->Lq : sh->Lk;
         for (int b = 0; in.key_len && b < sh->B; b++)
             fit = in.key_len[b] < fit ? in.key_len[b] : fit;
@@ -608,20 +736,18 @@ static int run(const attn_cfg *c) {
         samp.samples = c->samples ? c->samples : c->method == 2 ? 16 : 1;
         samp.deterministic = c->deterministic;
         samp.proposals = c->proposals ? c->proposals : fit < 16 ? fit : 16;
-        if (c->method == 3 && samp.proposals > fit) {
+        if (c->method == 3 && samp.proposals > fit)
             rc = tool_fail(CMD,
                            "--proposals %d: LARA needs every chunk to hold a query and a valid "
                            "key, so at most %d here (Lq = %d, shortest key length %d)",
                            samp.proposals, fit, sh->Lq, fit);
-            goto done;
-        }
     }
 
-    /* 3. W */
+    /* 3. W (split: every rank draws the same, from the same seed) */
     pf_favor_opts fav = pf_favor_opts_default();
     int64_t wshape[3];
     int wrank = 2;
-    if (c->favor) {
+    if (!rc && c->favor) {
         fav.kernel = c->kernel;
         fav.oprf_a_given = c->oprf_a_given;
         fav.oprf_a = (float)c->oprf_a;
@@ -633,121 +759,142 @@ static int run(const attn_cfg *c) {
             fav.w_per_head = in.w.ndim == 3;
             wrank = in.w.ndim;
             for (int j = 0; j < wrank; j++) wshape[j] = in.w.shape[j];
+        } else if (!(W = malloc(sizeof(float) * (size_t)c->m * (size_t)sh->d))) {
+            rc = tool_fail(CMD, "out of memory for W (%d x %d)", c->m, sh->d);
+        } else if ((st = pf_projection_draw(W, c->m, sh->d, c->proj, c->norm, c->seed, 0)) !=
+                   PF_OK) {
+            rc = library_error("drawing W", st, "");
         } else {
-            W = malloc(sizeof(float) * (size_t)c->m * (size_t)sh->d);
-            if (!W) {
-                rc = tool_fail(CMD, "out of memory for W (%d x %d)", c->m, sh->d);
-                goto done;
-            }
-            st = pf_projection_draw(W, c->m, sh->d, c->proj, c->norm, c->seed, 0);
-            if (st != PF_OK) {
-                rc = library_error("drawing W", st);
-                goto done;
-            }
             fav.W = W;
             fav.m = c->m;
             wshape[0] = c->m;
             wshape[1] = sh->d;
         }
     }
+    if (!rc) rc = take_rows(c, &rw, &in, split);
+    if ((rc = tool_mpi_agree(rc))) goto done;
 
-    /* 4. the work */
+    /* 4. the work, on this process's rows */
     t_read = tool_now_ms();
+    const pf_shape *ls = &rw.shape;
     size_t bh = (size_t)sh->B * (size_t)sh->H;
-    size_t nq = bh * (size_t)sh->Lq * (size_t)sh->d, nk = bh * (size_t)sh->Lk * (size_t)sh->d;
-    size_t nv = bh * (size_t)sh->Lk * (size_t)sh->dv, no = bh * (size_t)sh->Lq * (size_t)sh->dv;
+    size_t nq = bh * (size_t)ls->Lq * (size_t)sh->d, nk = bh * (size_t)ls->Lk * (size_t)sh->d;
+    size_t nv = bh * (size_t)ls->Lk * (size_t)sh->dv, no = bh * (size_t)ls->Lq * (size_t)sh->dv;
     out = malloc(sizeof(float) * no);
     if (c->grad_out && !c->favor) lse = malloc(sizeof(float) * bh * (size_t)sh->Lq);
-    if (!out || (c->grad_out && !c->favor && !lse)) {
+    if (!out || (c->grad_out && !c->favor && !lse))
         rc = tool_fail(CMD, "out of memory for the output");
-        goto done;
-    }
-    const float *Q = in.q.data, *K = in.k.data, *V = in.v.data;
+    if ((rc = tool_mpi_agree(rc))) goto done;
     static const char *const what[4] = {"exact attention", "FAVOR+ attention",
                                         "randomized attention (RA)", "LARA"};
     /* with gradients, FAVOR+ keeps its features for the backward (or, short of memory for
      * them, the backward recomputes them: the same bits) */
-    if (c->favor && c->grad_out && pf_favor_saved_create(&saved, sh, &opts, &fav, 0) != PF_OK)
+    if (!split && c->favor && c->grad_out &&
+        pf_favor_saved_create(&saved, sh, &opts, &fav, 0) != PF_OK)
         saved = NULL;
-    switch (c->method) {
-    case 1:
-        st = saved ? pf_attn_favor_save(out, Q, K, V, sh, &opts, &fav, saved)
-                   : pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
-        break;
-    case 2:
-        st = pf_attn_ra(out, Q, K, V, sh, &opts, &samp);
-        break;
-    case 3:
-        st = pf_attn_lara(out, Q, K, V, sh, &opts, &samp);
-        break;
-    default:
-        st = pf_attn_exact(out, lse, Q, K, V, sh, &opts);
-        break;
+    /* (split: the ranks agree on the status and its message: all of them stop here together) */
+    const float *Q = rw.q, *K = rw.k, *V = rw.v;
+    if (split) {
+        st = tool_mpi_attn_favor(out, Q, K, V, ls, &opts, &fav, detail, sizeof(detail));
+    } else {
+        switch (c->method) {
+        case 1:
+            st = saved ? pf_attn_favor_save(out, Q, K, V, sh, &opts, &fav, saved)
+                       : pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
+            break;
+        case 2:
+            st = pf_attn_ra(out, Q, K, V, sh, &opts, &samp);
+            break;
+        case 3:
+            st = pf_attn_lara(out, Q, K, V, sh, &opts, &samp);
+            break;
+        default:
+            st = pf_attn_exact(out, lse, Q, K, V, sh, &opts);
+            break;
+        }
     }
     if (st != PF_OK) {
-        rc = st == PF_ENONFINITE ? find_nonfinite(c, &in) : 0;
-        if (!rc) rc = library_error(what[c->method], st);
+        rc = st == PF_ENONFINITE ? find_nonfinite(c, &in, &rw) : 0;
+        if (!rc) rc = library_error(what[c->method], st, detail);
         goto done;
     }
-    if (first_nonfinite(out, no)) {
+    if (first_nonfinite(out, no))
         rc = tool_fail(CMD, "the result contains NaN or Inf; nothing written");
-        goto done;
-    }
+    if ((rc = tool_mpi_agree(rc))) goto done;
     if (c->grad_out) {
         dq = malloc(sizeof(float) * nq);
         dk = malloc(sizeof(float) * nk);
         dv = malloc(sizeof(float) * nv);
-        if (!dq || !dk || !dv) {
-            rc = tool_fail(CMD, "out of memory for the gradients");
-            goto done;
-        }
-        const float *dO = in.dout.data;
-        if (saved)
+        if (!dq || !dk || !dv) rc = tool_fail(CMD, "out of memory for the gradients");
+        if ((rc = tool_mpi_agree(rc))) goto done;
+        const float *dO = rw.dout;
+        if (split)
+            st = tool_mpi_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, ls, &opts, &fav,
+                                              detail, sizeof(detail));
+        else if (saved)
             st = pf_attn_favor_backward_saved(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav, saved);
         else if (c->favor)
             st = pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav);
         else
             st = pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
         if (st != PF_OK) {
-            rc = st == PF_ENONFINITE ? find_nonfinite(c, &in) : 0;
-            if (!rc)
-                rc = library_error(c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",
-                               st);
+            rc = st == PF_ENONFINITE ? find_nonfinite(c, &in, &rw) : 0;
+            const char *pass = c->favor ? "the FAVOR+ backward pass" : "the exact backward pass";
+            if (!rc) rc = library_error(pass, st, detail);
             goto done;
         }
-        if (first_nonfinite(dq, nq) || first_nonfinite(dk, nk) || first_nonfinite(dv, nv)) {
+        if (first_nonfinite(dq, nq) || first_nonfinite(dk, nk) || first_nonfinite(dv, nv))
             rc = tool_fail(CMD, "the gradients contain NaN or Inf; nothing written");
-            goto done;
-        }
+        if ((rc = tool_mpi_agree(rc))) goto done;
     }
 
-    /* 5. the outputs, all or none: each to its temporary name, then all renamed */
+    /* 5. the outputs, all or none: each to its temporary name, then all renamed (split: rank 0
+     * gathers every rank's rows of each into full, stages it, and renames them all at the end) */
     t_work = tool_now_ms();
-    pf_array a = {.dtype = PF_F32, .ndim = r, .data = out};
+    if (split && writer) {
+        size_t most = bh * (size_t)sh->Lq * (size_t)sh->dv;
+        if (c->grad_out) {
+            size_t g = bh * (size_t)(sh->Lq > sh->Lk ? sh->Lq : sh->Lk) *
+                       (size_t)(sh->d > sh->dv ? sh->d : sh->dv);
+            most = g > most ? g : most;
+        }
+        if (!(full = malloc(sizeof(float) * most)))
+            rc = tool_fail(CMD, "out of memory for the outputs (rank 0 writes them whole)");
+    }
+    if ((rc = tool_mpi_agree(rc))) goto done;
+    pf_array a = {.dtype = PF_F32, .ndim = r};
     memcpy(a.shape, oshape, sizeof(int64_t) * (size_t)r);
     int i = 0;
-    rc = stage_npy(outs, i++, &a);
-    if (!rc && c->save_w) {
+    rc = stage_rows(outs, i++, a, out, full, &rw, rc);
+    if (c->save_w) {
         a = (pf_array){.dtype = PF_F32, .ndim = wrank, .data = (void *)fav.W};
         memcpy(a.shape, wshape, sizeof(int64_t) * (size_t)wrank);
-        rc = stage_npy(outs, i++, &a);
+        if (!rc && writer) rc = stage_npy(outs, i, &a);
+        i++;
     }
     if (c->grad_prefix) {
         const pf_array *src[3] = {&in.q, &in.k, &in.v};
         float *g[3] = {dq, dk, dv};
-        for (int t = 0; t < 3 && !rc; t++) {
-            a = *src[t];
-            a.data = g[t];
-            rc = stage_npy(outs, i++, &a);
-        }
+        for (int t = 0; t < 3; t++) rc = stage_rows(outs, i++, *src[t], g[t], full, &rw, rc);
     }
-    if (!rc) rc = tool_outputs_commit(outs);
-    if (!rc && c->timings)
-        fprintf(stderr, "performer attn: read and check %.2f ms, compute %.2f ms, write %.2f ms\n",
-                t_read - t0, t_work - t_read, tool_now_ms() - t_work);
+    if (!rc && writer) rc = tool_outputs_commit(outs);
+    if ((rc = tool_mpi_agree(rc))) goto done;
+    if (c->timings) {
+        double t_end = tool_now_ms();
+        double slowest = tool_mpi_max(t_work - t_read); /* (collective) */
+        char ranks[96] = "";
+        if (tool_mpi_size() > 1)
+            snprintf(ranks, sizeof(ranks), " (rank 0 of %d; the slowest rank computed %.2f ms)",
+                     tool_mpi_size(), slowest);
+        if (writer)
+            fprintf(stderr,
+                    "performer attn: read and check %.2f ms, compute %.2f ms, write %.2f ms%s\n",
+                    t_read - t0, t_work - t_read, t_end - t_work, ranks);
+    }
 
 done:
-    tool_outputs_discard(outs);
+    if (outs) tool_outputs_discard(outs);
+    free_rows(&rw);
     free_inputs(&in);
     free(out);
     free(lse);
@@ -755,6 +902,7 @@ done:
     free(dq);
     free(dk);
     free(dv);
+    free(full);
     free(outs);
     pf_favor_saved_free(saved);
     return rc;

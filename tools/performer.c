@@ -17,29 +17,36 @@
 
 #include "io/io.h"
 #include "tool.h"
+#include "tool_mpi.h"
 
 /* ---- messages ----------------------------------------------------------------------------- */
 
-static void vreport(const char *cmd, const char *fmt, va_list ap) {
-    fprintf(stderr, "performer%s%s: ", cmd ? " " : "", cmd ? cmd : "");
-    vfprintf(stderr, fmt, ap);
+/* "performer <cmd>: <message><suffix>" on stderr, or held until the ranks agree (tool_mpi.h). */
+static void vreport(const char *cmd, const char *suffix, const char *fmt, va_list ap) {
+    char line[16384]; /* a message names at most a few paths of at most 4096 bytes */
+    size_t n = (size_t)snprintf(line, sizeof(line), "performer%s%s: ", cmd ? " " : "",
+                                cmd ? cmd : "");
+    if (n < sizeof(line)) vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+    n = strlen(line);
+    if (n < sizeof(line)) snprintf(line + n, sizeof(line) - n, "%s", suffix);
+    if (!tool_mpi_hold(line)) fprintf(stderr, "%s\n", line);
 }
 
 int tool_fail(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vreport(cmd, fmt, ap);
+    vreport(cmd, "", fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     return TOOL_EXIT_FAIL;
 }
 
 int tool_usage(const char *cmd, const char *fmt, ...) {
+    char see[128];
+    snprintf(see, sizeof(see), " (see 'performer %s%s--help')", cmd ? cmd : "", cmd ? " " : "");
     va_list ap;
     va_start(ap, fmt);
-    vreport(cmd, fmt, ap);
+    vreport(cmd, see, fmt, ap);
     va_end(ap);
-    fprintf(stderr, " (see 'performer %s%s--help')\n", cmd ? cmd : "", cmd ? " " : "");
     return TOOL_EXIT_USAGE;
 }
 
@@ -334,19 +341,25 @@ typedef struct command {
     const char *synopsis;
     int (*run)(int argc, char **argv);
     void (*help)(void);
+    /* Under mpirun with more than one rank (the MPI build, performer-mpi): NULL if the command
+     * runs there, else why it does not (it is then refused on every rank, before it starts). */
+    const char *one_process;
 } command;
 
 static const command commands[] = {
+    /* attn splits the sequence across the ranks with --method favor (cmd_attn.c) */
     {"attn", "attention (exact or FAVOR+) on .npy inputs", cmd_attn_synopsis, cmd_attn,
-     cmd_attn_help},
+     cmd_attn_help, NULL},
     {"demo", "exact vs FAVOR+ time, memory and error as L grows", cmd_demo_synopsis, cmd_demo,
-     cmd_demo_help},
+     cmd_demo_help, "it times exact attention, which needs every key in one process"},
     {"train", "train the byte-level language model (proteins, Bible, any text)",
-     cmd_train_synopsis, cmd_train, cmd_train_help},
+     cmd_train_synopsis, cmd_train, cmd_train_help,
+     "training is not split across ranks yet"},
     {"sample", "continue a prompt with a trained language model", cmd_sample_synopsis,
-     cmd_sample, cmd_sample_help},
+     cmd_sample, cmd_sample_help, "sampling runs in one process"},
     {"approx", "estimator error against exact attention: experiments, CSV and plots",
-     cmd_approx_synopsis, cmd_approx, cmd_approx_help},
+     cmd_approx_synopsis, cmd_approx, cmd_approx_help,
+     "it compares with exact attention, which needs every key in one process"},
 };
 static const int n_commands = (int)(sizeof(commands) / sizeof(commands[0]));
 
@@ -367,31 +380,98 @@ static void print_help(void) {
            "error), 2 bad command line.\n");
 }
 
+/* The rank mpirun (Open MPI, or a PMI launcher: MPICH, Intel MPI, Slurm) gave this process,
+ * and the number of ranks, read from its environment before MPI starts; 0 and 1 without one. */
+static int launcher_value(const char *const *vars) {
+    for (int i = 0; vars[i]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end = NULL;
+        long x = v && *v ? strtol(v, &end, 10) : -1;
+        if (end && *end == '\0' && x >= 0 && x <= INT_MAX) return (int)x;
+    }
+    return -1;
+}
+static int launcher_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL};
+    int r = launcher_value(vars);
+    return r < 0 ? 0 : r;
+}
+
 /* OpenBLAS picks its kernel set when it loads, from a table of CPU models, and falls back to a
  * generic set on a model it does not know (pf_blas_core_advised). It reads OPENBLAS_CORETYPE only
  * then, so the cure is to start again with it set: done once (PF_BLAS_FALLBACK, holding the set
- * OpenBLAS chose, marks the second start), and never over a set the user chose. When it cannot
- * be done, one line on stderr names the remedy. */
-static void blas_core_fix(char **argv) {
+ * OpenBLAS chose, marks the second start), and never over a set the user chose. 1 if the
+ * process is to start again (both variables are then set); when it cannot be done, one line on
+ * stderr (blas_core_warn) names the remedy. */
+static void blas_core_warn(const char *want) {
+    if (launcher_rank() == 0) /* under mpirun, once */
+        fprintf(stderr,
+                "performer: warning: OpenBLAS runs its %s kernels, slower than its %s ones this "
+                "CPU runs: start with OPENBLAS_CORETYPE=%s set\n",
+                pf_blas_core(), want, want);
+}
+
+static int blas_core_restart(void) {
     const char *want = pf_blas_core_advised();
-    if (!want) return;
+    if (!want) return 0;
     const char *fallback = getenv("PF_BLAS_FALLBACK");
     if (!getenv("OPENBLAS_CORETYPE") && !fallback) {
         if (setenv("PF_BLAS_FALLBACK", pf_blas_core(), 1) == 0 &&
-            setenv("OPENBLAS_CORETYPE", want, 1) == 0) {
-            fflush(NULL);
-            execv("/proc/self/exe", argv);
-        }
+            setenv("OPENBLAS_CORETYPE", want, 1) == 0)
+            return 1;
         unsetenv("OPENBLAS_CORETYPE"); /* not restarted: as it was */
         unsetenv("PF_BLAS_FALLBACK");
     } else if (!fallback) {
-        return; /* OPENBLAS_CORETYPE is the user's choice */
+        return 0; /* OPENBLAS_CORETYPE is the user's choice */
     }
-    fprintf(stderr,
-            "performer: warning: OpenBLAS runs its %s kernels, slower than its %s ones this CPU "
-            "runs: start with OPENBLAS_CORETYPE=%s set\n",
-            pf_blas_core(), want, want);
+    blas_core_warn(want);
+    return 0;
 }
+
+#if !TOOL_MPI_BUILD
+static int launcher_size(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
+    int n = launcher_value(vars);
+    return n < 1 ? 1 : n;
+}
+
+/* Started by mpirun with more than one rank: this performer has no MPI, so the MPI build of the
+ * tool, performer-mpi beside this executable (where make and make install put it), runs instead
+ * with the same arguments and environment (the OpenBLAS restart's variables included: one start
+ * does for both). Returns only with one rank; exits 2 when there is no performer-mpi to run
+ * (then rank 0 says so). PF_MPI_RELAUNCH marks the second start: never a loop. */
+static void mpi_relaunch(char **argv) {
+    int n = launcher_size();
+    if (n < 2) return;
+    char exe[4096 + 16], why[4096 + 64] = "";
+    ssize_t len = readlink("/proc/self/exe", exe, 4096);
+    char *slash = NULL;
+    if (len > 0 && len < 4096) {
+        exe[len] = '\0';
+        if ((slash = strrchr(exe, '/'))) strcpy(slash + 1, "performer-mpi");
+    }
+    if (!slash) {
+        snprintf(why, sizeof(why), "this executable's folder is unknown (/proc/self/exe)");
+    } else if (getenv("PF_MPI_RELAUNCH")) {
+        snprintf(why, sizeof(why), "%s is not the MPI build", exe);
+    } else if (access(exe, X_OK) != 0) {
+        snprintf(why, sizeof(why), "no performer-mpi beside it");
+    } else if (setenv("PF_MPI_RELAUNCH", "1", 1) == 0) {
+        fflush(NULL);
+        execv(exe, argv);
+        snprintf(why, sizeof(why), "%s: %s", exe, strerror(errno));
+    }
+    if (launcher_rank() == 0)
+        fprintf(stderr,
+                "performer: started by mpirun with %d ranks, but this performer was built "
+                "without MPI (%s): install libopenmpi-dev/openmpi-bin (make setup) and "
+                "rebuild\n",
+                n, why);
+    else
+        sleep(1); /* mpirun ends the job at the first failed rank: let rank 0 say why first */
+    exit(TOOL_EXIT_USAGE);
+}
+#endif
 
 /* The help of command `cmd` (tool_next's --help). */
 static void command_help(const char *cmd) {
@@ -418,6 +498,8 @@ static void on_signal(int sig) {
     raise(sig);
 }
 
+static int dispatch(int argc, char **argv);
+
 int main(int argc, char **argv) {
     /* 0, 1 and 2 open (on /dev/null if closed): else the first file opened would become the
      * standard output, and messages would land in it */
@@ -428,7 +510,26 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 4; k++) {
         if (signal(sigs[k], on_signal) == SIG_IGN) signal(sigs[k], SIG_IGN); /* kept ignored */
     }
-    blas_core_fix(argv);
+    int restart = blas_core_restart();
+#if !TOOL_MPI_BUILD
+    mpi_relaunch(argv); /* first: under mpirun, performer-mpi restarts in its place */
+#endif
+    if (restart) {
+        fflush(NULL);
+        execv("/proc/self/exe", argv);
+        unsetenv("OPENBLAS_CORETYPE"); /* not restarted: as it was, and say so */
+        unsetenv("PF_BLAS_FALLBACK");
+        blas_core_warn(pf_blas_core_advised());
+    }
+#if TOOL_MPI_BUILD
+    tool_mpi_init(&argc, &argv);
+#endif
+    /* every rank's verdict agreed on: one message, the same exit status on all */
+    return tool_mpi_agree(dispatch(argc, argv));
+}
+
+/* The command line: a command, --help, --version. */
+static int dispatch(int argc, char **argv) {
     if (argc < 2) {
         print_help();
         return TOOL_EXIT_USAGE;
@@ -446,13 +547,18 @@ int main(int argc, char **argv) {
     if (strcmp(name, "--version") == 0) {
         /* (tests/run.sh reads the kernel set performer set from the second form) */
         const char *fallback = getenv("PF_BLAS_FALLBACK");
+        char mpi[256] = "";
+#if TOOL_MPI_BUILD
+        snprintf(mpi, sizeof(mpi), "MPI build (%s), %d rank%s; ", tool_mpi_library(),
+                 tool_mpi_size(), tool_mpi_size() == 1 ? "" : "s");
+#endif
         if (fallback && !pf_blas_core_advised())
-            printf("performer %s (vector kernels: %s; OpenBLAS kernels: %s, set by performer "
+            printf("performer %s (%svector kernels: %s; OpenBLAS kernels: %s, set by performer "
                    "over OpenBLAS's choice of %s)\n",
-                   pf_version(), pf_simd_path(), pf_blas_core(), fallback);
+                   pf_version(), mpi, pf_simd_path(), pf_blas_core(), fallback);
         else
-            printf("performer %s (vector kernels: %s; OpenBLAS kernels: %s)\n", pf_version(),
-                   pf_simd_path(), pf_blas_core());
+            printf("performer %s (%svector kernels: %s; OpenBLAS kernels: %s)\n", pf_version(),
+                   mpi, pf_simd_path(), pf_blas_core());
         return finish(TOOL_EXIT_OK);
     }
     if (strcmp(name, "help") == 0) {
@@ -470,7 +576,15 @@ int main(int argc, char **argv) {
         return tool_usage(NULL, "unknown command '%s'", name);
     }
     for (int c = 0; c < n_commands; c++) {
-        if (strcmp(name, commands[c].name) == 0) return finish(commands[c].run(argc - 1, argv + 1));
+        if (strcmp(name, commands[c].name) != 0) continue;
+        if (tool_mpi_size() > 1 && commands[c].one_process) {
+            tool_fail(name, "does not run under mpirun with more than one rank (%d here): %s; "
+                            "start it without mpirun (only attn --method favor cuts the "
+                            "sequence across ranks)",
+                      tool_mpi_size(), commands[c].one_process);
+            return TOOL_EXIT_USAGE;
+        }
+        return finish(commands[c].run(argc - 1, argv + 1));
     }
     if (name[0] == '-') return tool_usage(NULL, "unknown option '%s'", name);
     return tool_usage(NULL, "unknown command '%s'", name);
