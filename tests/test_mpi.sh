@@ -187,7 +187,9 @@ PYEOF
     expect "--method lara" 2 "--method lara does not run under mpirun" 3 $A --out new.npy \
         --method lara
     expect "demo" 2 "performer demo: does not run under mpirun" 2 demo
-    expect "train" 2 "performer train: does not run under mpirun" 2 train --help
+    expect "train without --parallel" 2 "2 ranks: --parallel data or --parallel sequence" 2 \
+        train --out newrun
+    [ -e newrun ] && fail "a refused train made newrun" || pass
     expect "fewer rows than ranks" 1 "2 queries cannot be cut across 3 ranks" 3 \
         attn --q q2rows.npy --k k2rows.npy --v v2rows.npy --out new.npy
     [ -e new.npy ] && fail "a refused run wrote new.npy" || pass

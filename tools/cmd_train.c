@@ -4,7 +4,15 @@
  *
  * Every step is a function of (settings, step): the batch is drawn from (seed, step), the
  * learning rate from the schedule, FAVOR's W from (seed, step / redraw). So a run stopped after
- * its last checkpoint and resumed gives the same parameters as one never stopped. */
+ * its last checkpoint and resumed gives the same parameters as one never stopped.
+ *
+ * Under mpirun (the MPI build, performer-mpi: tool_mpi.h) with --parallel data|sequence, every
+ * rank draws the same batch and trains its share of it through pf_mpi_trainer: whole sequences
+ * (data) or a slice of every sequence (sequence); the gradients are summed in rank order, so
+ * every rank's model stays the same. Rank 0 alone owns the folder: its lock, the log, the
+ * checkpoints, the plot and the progress line; the others only read (the data, and the
+ * checkpoint to resume from). Every failure is agreed on (tool_mpi_agree) before the next thing
+ * that needs every rank, so all ranks stop together with rank 0 printing the message. */
 #include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -26,6 +34,10 @@
 #include "io/io.h"
 #include "model/data.h"
 #include "tool.h"
+#include "tool_mpi.h"
+#ifdef PF_TOOL_MPI
+#include "performer_mpi.h"
+#endif
 
 #define CMD "train"
 #define PROTEINS "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz"
@@ -37,7 +49,8 @@ const char cmd_train_synopsis[] =
     "     [--attention exact|favor|favor++] [--kernel K] [--features M] [--redraw N]\n"
     "     [--positions learned|rotary] [--heads H] [--context T] [--steps S] [--batch B]\n"
     "     [--lr LR] [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N]\n"
-    "     [--eval-batches N] [--seed S] [--threads N] [--resume] [--stop-after N]\n";
+    "     [--eval-batches N] [--seed S] [--threads N] [--resume] [--stop-after N]\n"
+    "     [--parallel data|sequence]   (under mpirun)\n";
 
 void cmd_train_help(void) {
     printf("usage: %s\n"
@@ -86,10 +99,21 @@ void cmd_train_help(void) {
            "\n"
            "continuing:\n"
            "  --resume            continue DIR's run from its checkpoint with its saved\n"
-           "                      settings (only --threads, --log-every, --no-plot and\n"
-           "                      --stop-after may be given); the result is bit for bit that\n"
-           "                      of an uninterrupted run\n"
-           "  --stop-after N      stop after step N with a checkpoint, as if killed there\n"
+           "                      settings (only --threads, --log-every, --no-plot,\n"
+           "                      --stop-after and --parallel may be given); the result is\n"
+           "                      bit for bit that of an uninterrupted run (with the same\n"
+           "                      number of ranks)\n"
+           "  --stop-after N      stop after step N with a checkpoint, as if killed there\n",
+           cmd_train_synopsis);
+    printf("\n"
+           "across processes (mpirun -np N performer train ...; Open MPI):\n"
+           "  --parallel KIND     data: each rank trains whole windows of every batch (--batch\n"
+           "                      >= N); sequence: each a slice of every window (--context >=\n"
+           "                      N; FAVOR attention only, which exchanges only its states).\n"
+           "                      Gradients are summed in rank order: every rank holds the\n"
+           "                      same model, equal to one process's to float rounding. Rank 0\n"
+           "                      writes DIR's files; --resume works the same. Required under\n"
+           "                      mpirun with more than one rank; alone it changes nothing\n"
            "\n"
            "Files: --data must be a regular file of at most 2 GiB (also once inflated). The\n"
            "files in DIR are replaced atomically and must be regular files or absent (a\n"
@@ -97,8 +121,7 @@ void cmd_train_help(void) {
            "with flock). A run that fails before its first checkpoint leaves\n"
            "no folder it made behind, and an existing log.csv as it was.\n"
            "\n"
-           "Exit status: 0 success, 1 bad data or a failed run, 2 bad command line.\n",
-           cmd_train_synopsis);
+           "Exit status: 0 success, 1 bad data or a failed run, 2 bad command line.\n");
 }
 
 typedef struct train_cfg {
@@ -109,6 +132,7 @@ typedef struct train_cfg {
     int steps, batch, warmup, eval_every, eval_batches, checkpoint_every;
     double lr, lr_min, weight_decay, clip;
     int threads, log_every, no_plot, resume, stop_after;
+    int parallel;          /* -1: not given; 0 data, 1 sequence (PF_MPI_DATA, PF_MPI_SEQUENCE) */
     int explicit_settings; /* a model or training flag was given */
 } train_cfg;
 
@@ -149,11 +173,38 @@ static int parse_setting(tool_args *a, train_cfg *c, int k, const char *name, co
     return tool_parse_double(a, name, s, t->lo, t->hi, t->lo_open, (double *)(void *)field);
 }
 
+/* What --parallel needs of the run's settings (the number of ranks included): 0, or a usage
+ * error already reported. */
+static int parallel_check(const train_cfg *c) {
+    const int n = tool_mpi_size();
+    if (n > 1 && c->parallel < 0)
+        return tool_usage(CMD, "%d ranks: --parallel data or --parallel sequence says how they "
+                               "share each step",
+                          n);
+    if (c->parallel == 1 && c->model.attention != PF_LM_FAVOR)
+        return tool_usage(CMD, "--parallel sequence needs --attention favor: %s",
+                          c->model.attention == PF_LM_EXACT
+                              ? "exact attention's queries need every key of the window"
+                              : "FAVOR++'s running statistic would be each rank's own");
+    if (n > 1 && c->parallel == 0 && c->model.attention == PF_LM_FAVORPP)
+        return tool_usage(CMD, "--attention favor++ does not train across ranks: its running "
+                               "statistic of q and k would be each rank's own");
+    if (n > 1 && c->parallel == 0 && c->batch < n)
+        return tool_usage(CMD, "--parallel data over %d ranks needs --batch >= %d (whole windows "
+                               "per rank), not %d",
+                          n, n, c->batch);
+    if (n > 1 && c->parallel == 1 && c->model.context < n)
+        return tool_usage(CMD, "--parallel sequence over %d ranks needs --context >= %d, not %d",
+                          n, n, c->model.context);
+    return 0;
+}
+
 static int parse_args(train_cfg *c, int argc, char **argv) {
     static const char *const atts[] = {"exact", "favor", "favor++", NULL};
     static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
     static const char *const poss[] = {"learned", "rotary", NULL};
     static const char *const formats[] = {"auto", "fasta", "text", NULL};
+    static const char *const parallels[] = {"data", "sequence", NULL};
     int lr_min_given = 0, ckpt_given = 0;
     tool_args a;
     tool_args_init(&a, CMD, argc, argv);
@@ -215,6 +266,10 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
         } else if (tool_flag(&a, "--resume")) {
             c->resume = 1;
             setting = 0;
+        } else if (tool_opt(&a, "--parallel", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--parallel", v, parallels)) >= 0)
+                c->parallel = idx;
+            setting = 0;
         } else {
             return tool_unknown(&a);
         }
@@ -224,7 +279,8 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
     if (!c->out) return tool_usage(CMD, "missing --out DIR");
     if (c->resume && c->explicit_settings)
         return tool_usage(CMD, "--resume continues with the checkpoint's settings; give only "
-                               "--out, --threads, --log-every, --no-plot or --stop-after");
+                               "--out, --threads, --log-every, --no-plot, --stop-after or "
+                               "--parallel");
     if (!lr_min_given) c->lr_min = c->lr / 10;
     if (c->lr_min > c->lr) return tool_usage(CMD, "--lr-min must not exceed --lr");
     if (!ckpt_given) c->checkpoint_every = c->eval_every;
@@ -244,6 +300,8 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
     if (c->model.attention == PF_LM_FAVORPP && tool_given(&a, "--kernel"))
         return tool_usage(CMD, "--attention favor++ has its own feature map (OPRF): --kernel is "
                                "for --attention favor");
+    /* (a resumed run's attention and sizes are checked once the checkpoint is read) */
+    if (!c->resume && parallel_check(c) != 0) return TOOL_EXIT_USAGE;
     if (tool_given(&a, "--format") && (strcmp(c->data, "proteins") == 0 || strcmp(c->data, "bible") == 0))
         return tool_usage(CMD, "--format is for --data FILE; --data %s has a format of its own",
                           c->data);
@@ -441,37 +499,128 @@ static int truncate_log(const char *path, int64_t step) {
     return tool_text_end(&t, path, 1);
 }
 
+/* ---- the ranks ---------------------------------------------------------------------------- */
+
+/* How this process takes part in each step: alone (the whole batch, the model's own calls), or
+ * as one rank of a pf_mpi_trainer, holding rows [b0, b0 + nb) and positions [t0, t0 + nt) of
+ * every (B, T) batch, copied into tok and tgt. */
+typedef struct team {
+    int rank, size;
+#ifdef PF_TOOL_MPI
+    pf_mpi_trainer *tr;
+#endif
+    int b0, nb, t0, nt;
+    int32_t *tok, *tgt;
+} team;
+
+static void team_free(team *t) {
+#ifdef PF_TOOL_MPI
+    pf_mpi_trainer_free(t->tr);
+    t->tr = NULL;
+#endif
+    free(t->tok);
+    free(t->tgt);
+    t->tok = t->tgt = NULL;
+}
+
+/* Joins the ranks for model (collective under several; alone, nothing to do). 0 or an exit
+ * code, not yet agreed. */
+static int team_start(team *t, pf_model *model, const train_cfg *c) {
+    const int B = c->batch, T = c->model.context;
+    t->b0 = t->t0 = 0, t->nb = B, t->nt = T;
+    if (t->size == 1) return 0;
+#ifdef PF_TOOL_MPI
+    pf_mpi_info info;
+    pf_status st = pf_mpi_trainer_create(&t->tr, model,
+                                         c->parallel == 1 ? PF_MPI_SEQUENCE : PF_MPI_DATA,
+                                         MPI_COMM_WORLD, &info);
+    if (st != PF_OK) return tool_fail(CMD, "%d ranks: %s", t->size, info.message);
+    if (pf_mpi_trainer_share(t->tr, B, T, &t->b0, &t->nb, &t->t0, &t->nt) != PF_OK)
+        return tool_fail(CMD, "cannot share a batch of %d x %d among %d ranks", B, T, t->size);
+    t->tok = malloc(sizeof(int32_t) * (size_t)t->nb * t->nt);
+    t->tgt = malloc(sizeof(int32_t) * (size_t)t->nb * t->nt);
+    if (!t->tok || !t->tgt) return tool_fail(CMD, "out of memory");
+    return 0;
+#else
+    (void)model;
+    return tool_fail(CMD, "this performer was built without MPI");
+#endif
+}
+
+/* pf_model_forward of this process's share of the (B, T) batch tok, tgt: the mean loss over
+ * every rank's positions; logits (if not NULL) this rank's (nb, nt, 256). */
+static pf_status team_forward(team *t, pf_model *m, float *loss, float *logits,
+                              const int32_t *tok, const int32_t *tgt, int B, int T) {
+    if (t->size == 1) return pf_model_forward(m, loss, logits, tok, tgt, B, T);
+#ifdef PF_TOOL_MPI
+    for (int b = 0; b < t->nb; b++) {
+        memcpy(t->tok + (size_t)b * t->nt, tok + (size_t)(t->b0 + b) * T + t->t0,
+               sizeof(int32_t) * (size_t)t->nt);
+        memcpy(t->tgt + (size_t)b * t->nt, tgt + (size_t)(t->b0 + b) * T + t->t0,
+               sizeof(int32_t) * (size_t)t->nt);
+    }
+    return pf_mpi_trainer_forward(t->tr, loss, logits, t->tok, t->tgt, B, T, NULL);
+#else
+    return PF_ENOTSUP;
+#endif
+}
+
+static pf_status team_backward(team *t, pf_model *m) {
+    if (t->size == 1) return pf_model_backward(m);
+#ifdef PF_TOOL_MPI
+    return pf_mpi_trainer_backward(t->tr, NULL);
+#else
+    return PF_ENOTSUP;
+#endif
+}
+
+/* x (n) becomes the sum over the ranks, in rank order. */
+static pf_status team_sum(team *t, double *x, int n) {
+    if (t->size == 1) return PF_OK;
+#ifdef PF_TOOL_MPI
+    return pf_mpi_sum(x, n, MPI_COMM_WORLD);
+#else
+    (void)x, (void)n;
+    return PF_ENOTSUP;
+#endif
+}
+
 /* ---- evaluation -------------------------------------------------------------------------- */
 
 typedef struct eval_result {
     double loss, acc;
 } eval_result;
 
-/* Mean loss and next-byte accuracy over the fixed validation batches. */
-static pf_status evaluate(pf_model *m, const pf_corpus *cor, const train_cfg *c, uint64_t seed,
-                          int32_t *tok, int32_t *tgt, float *logits, eval_result *r) {
+/* Mean loss and next-byte accuracy over the fixed validation batches (each rank its share;
+ * the counts summed over the ranks). */
+static pf_status evaluate(pf_model *m, team *tm, const pf_corpus *cor, const train_cfg *c,
+                          uint64_t seed, int32_t *tok, int32_t *tgt, float *logits,
+                          eval_result *r) {
     const int B = c->batch, T = c->model.context;
-    double loss = 0;
-    int64_t right = 0, total = 0;
+    double loss = 0, counts[2] = {0, 0}; /* right, total */
     pf_status st = pf_model_set_training(m, 0);
     for (int i = 0; i < c->eval_batches && st == PF_OK; i++) {
         st = pf_corpus_batch(cor, PF_SPLIT_VAL, tok, tgt, B, T, seed, EVAL_STREAM + (uint64_t)i);
         float l = 0;
-        if (st == PF_OK) st = pf_model_forward(m, &l, logits, tok, tgt, B, T);
+        if (st == PF_OK) st = team_forward(tm, m, &l, logits, tok, tgt, B, T);
         if (st != PF_OK) break;
         loss += l;
-        for (int64_t j = 0; j < (int64_t)B * T; j++) {
-            const float *row = logits + j * PF_LM_VOCAB;
-            int best = 0;
-            for (int k = 1; k < PF_LM_VOCAB; k++) best = row[k] > row[best] ? k : best;
-            right += best == tgt[j];
-            total++;
-        }
+        /* this rank's positions: rows b0.., positions t0.. of the batch */
+        for (int b = 0; b < tm->nb; b++)
+            for (int t = 0; t < tm->nt; t++) {
+                const float *row = logits + ((size_t)b * tm->nt + t) * PF_LM_VOCAB;
+                int best = 0;
+                for (int k = 1; k < PF_LM_VOCAB; k++) best = row[k] > row[best] ? k : best;
+                counts[0] += best == tgt[(size_t)(tm->b0 + b) * T + tm->t0 + t];
+                counts[1]++;
+            }
     }
+    /* (the same on every rank: a failure above was agreed on by the trainer) */
+    if (st == PF_OK) st = team_sum(tm, counts, 2);
     pf_status st2 = pf_model_set_training(m, 1);
     if (st == PF_OK) st = st2;
     r->loss = loss / c->eval_batches;
-    r->acc = total ? (double)right / (double)total : 0;
+    r->acc = counts[1] > 0 ? counts[0] / counts[1] : 0;
     return st;
 }
 
@@ -599,35 +748,36 @@ static int log_row(run_state *r, const char *path, int64_t from, const char *row
 
 static int train_in(train_cfg *c, int *saved);
 
-/* Runs train_in in DIR, made here if missing; a run that fails before its first checkpoint
- * takes away the folder it made, with what it put there, so nothing but a message is left. */
-static int train(train_cfg *c) {
+/* Rank 0's claim on DIR: made here if missing (*made), then locked (*lfd): one run at a time in
+ * a folder, since a second would replace the first's files under it. The folder itself is
+ * locked (flock on its descriptor): no lock file to leave behind. 0 or an exit code. */
+static int claim_folder(const train_cfg *c, int *made, int *lfd) {
     struct stat sb;
-    int made = 0;
     if (stat(c->out, &sb) != 0) {
         if (c->resume) return tool_fail(CMD, "cannot resume: %s: %s", c->out, strerror(errno));
         if (lstat(c->out, &sb) == 0 && S_ISLNK(sb.st_mode))
             return tool_fail(CMD, "%s: a symbolic link to nothing; give a folder", c->out);
         if (mkdir(c->out, 0777) != 0)
             return tool_fail(CMD, "%s: cannot create: %s", c->out, strerror(errno));
-        made = 1;
+        *made = 1;
     } else if (!S_ISDIR(sb.st_mode)) {
         return tool_fail(CMD, "%s: not a folder", c->out);
     }
-    /* one run at a time in a folder: a second would replace the first's files under it. The
-     * folder itself is locked (flock on its descriptor): no lock file to leave behind */
-    int lfd = open(c->out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (lfd < 0) {
-        int e = errno;
-        if (made) rmdir(c->out);
-        return tool_fail(CMD, "%s: cannot lock the folder: %s", c->out, strerror(e));
-    }
-    if (flock(lfd, LOCK_EX | LOCK_NB) != 0) {
-        close(lfd);
+    *lfd = open(c->out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*lfd < 0) return tool_fail(CMD, "%s: cannot lock the folder: %s", c->out, strerror(errno));
+    if (flock(*lfd, LOCK_EX | LOCK_NB) != 0)
         return tool_fail(CMD, "%s: another `performer train` is running in this folder", c->out);
-    }
-    int saved = 0;
-    int rc = train_in(c, &saved);
+    return 0;
+}
+
+/* Runs train_in in DIR; a run that fails before its first checkpoint takes away the folder it
+ * made, with what it put there, so nothing but a message is left. */
+static int train(train_cfg *c) {
+    const int rank0 = tool_mpi_rank() == 0;
+    int made = 0, lfd = -1, saved = 0;
+    int rc = rank0 ? claim_folder(c, &made, &lfd) : 0;
+    rc = tool_mpi_agree(rc);
+    if (!rc) rc = train_in(c, &saved);
     if (rc && made && !saved) {
         for (int i = 0; i < N_RUN_FILES; i++) {
             char p[4400];
@@ -636,24 +786,22 @@ static int train(train_cfg *c) {
         }
         remove_stale_temps(c->out);
     }
-    close(lfd); /* (the lock goes with it) */
+    if (lfd >= 0) close(lfd); /* (the lock goes with it) */
     if (rc && made && !saved) rmdir(c->out);
     return rc;
 }
 
-static int train_in(train_cfg *c, int *saved) {
-    char ckpt[4200], log_path[4200], data[4200], msg[1024];
-    snprintf(ckpt, sizeof(ckpt), "%s/checkpoint.safetensors", c->out);
+/* Rank 0, before anything is read: what the run will replace must be regular files (a link or a
+ * device there is refused now, not replaced later), and the data must not be one of them (the
+ * log would replace it). Also clears a killed run's temporaries. 0 or an exit code. */
+static int check_outputs(const train_cfg *c) {
+    char msg[1024];
     remove_stale_temps(c->out);
-    snprintf(log_path, sizeof(log_path), "%s/log.csv", c->out);
-    /* what the run will replace must be regular files: a link or a device there is refused
-     * now, not replaced later */
     for (int i = 0; i < N_RUN_FILES; i++) {
         char p[4400];
         snprintf(p, sizeof(p), "%s/%s", c->out, run_files[i]);
         if (pf_io_check_dest(p, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
     }
-    /* the data must not be one of them (the log would replace it) */
     struct stat ds, rs;
     if (stat(c->data, &ds) == 0) {
         for (int i = 0; i < N_RUN_FILES; i++) {
@@ -665,80 +813,95 @@ static int train_in(train_cfg *c, int *saved) {
                                   c->data, p);
         }
     }
+    return 0;
+}
 
-    run_state r;
-    memset(&r, 0, sizeof(r));
-    uint64_t want_hash = 0;
-    double elapsed = 0;
-    int64_t tokens = 0;
-    int rc = 0;
-    if (c->resume) {
-        if (pf_model_load(&r.model, ckpt, msg, sizeof(msg)) != PF_OK)
-            return tool_fail(CMD, "cannot resume: %s", msg);
-        if ((rc = settings_from_meta(c, r.model, ckpt, &want_hash, &elapsed, &tokens))) {
-            run_free(&r);
-            return rc;
-        }
-    } else if (access(ckpt, F_OK) == 0) {
-        return tool_fail(CMD, "%s exists: use --resume to continue that run, or another --out",
-                         ckpt);
-    }
-
-    /* data */
-    int format;
-    rc = data_path(c, data, sizeof(data), &format);
-    if (rc) {
-        run_free(&r);
-        return rc;
-    }
-    if (pf_corpus_load(&r.corpus, data, (pf_corpus_format)format, c->val_fraction, msg,
-                       sizeof(msg)) != PF_OK) {
-        run_free(&r);
+/* The data of the run: loaded, long enough for the context, and (resumed) the same as when the
+ * run began (*hash). 0 or an exit code. */
+static int load_data(const train_cfg *c, run_state *r, const char *data, int format,
+                     uint64_t want_hash, uint64_t *hash) {
+    char msg[1024];
+    if (pf_corpus_load(&r->corpus, data, (pf_corpus_format)format, c->val_fraction, msg,
+                       sizeof(msg)) != PF_OK)
         return tool_fail(CMD, "%s", msg);
-    }
-    const int B = c->batch, T = c->model.context;
+    const int T = c->model.context;
     for (int s = 0; s < 2; s++) {
-        if (r.corpus.n[s] < (size_t)T + 1) {
-            tool_fail(CMD,
-                      "%s: the %s split holds %zu bytes (%zu documents); --context %d "
-                      "needs at least %d: use more data or a shorter context",
-                      data, s ? "validation" : "training", r.corpus.n[s], r.corpus.docs[s], T,
-                      T + 1);
-            run_free(&r);
-            return TOOL_EXIT_FAIL;
-        }
+        if (r->corpus.n[s] < (size_t)T + 1)
+            return tool_fail(CMD,
+                             "%s: the %s split holds %zu bytes (%zu documents); --context %d "
+                             "needs at least %d: use more data or a shorter context",
+                             data, s ? "validation" : "training", r->corpus.n[s],
+                             r->corpus.docs[s], T, T + 1);
     }
-    uint64_t hash = pf_doc_hash(r.corpus.bytes[0], r.corpus.n[0]) ^
-                    pf_doc_hash(r.corpus.bytes[1], r.corpus.n[1]);
-    if (c->resume && hash != want_hash) {
-        run_free(&r);
+    *hash = pf_doc_hash(r->corpus.bytes[0], r->corpus.n[0]) ^
+            pf_doc_hash(r->corpus.bytes[1], r->corpus.n[1]);
+    if (c->resume && *hash != want_hash)
         return tool_fail(CMD,
                          "%s has changed since the run began: it cannot continue the same "
                          "way",
                          data);
-    }
+    return 0;
+}
 
-    /* model */
-    if (!c->resume) {
-        pf_status st = pf_model_create(&r.model, &c->model);
-        if (st != PF_OK) {
-            run_free(&r);
-            return tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
-        }
+static int train_in(train_cfg *c, int *saved) {
+    char ckpt[4200], log_path[4200], data[4200], msg[1024];
+    snprintf(ckpt, sizeof(ckpt), "%s/checkpoint.safetensors", c->out);
+    snprintf(log_path, sizeof(log_path), "%s/log.csv", c->out);
+    run_state r;
+    memset(&r, 0, sizeof(r));
+    team tm;
+    memset(&tm, 0, sizeof(tm));
+    tm.rank = tool_mpi_rank();
+    tm.size = tool_mpi_size();
+    const int rank0 = tm.rank == 0;
+    uint64_t want_hash = 0, hash = 0;
+    double elapsed = 0;
+    int64_t tokens = 0;
+    int format = 0;
+
+    /* Set-up, in phases that every rank ends together (tool_mpi_agree): a failure on any rank
+     * stops them all at the next agreement, with its message printed once. */
+    int rc = rank0 ? check_outputs(c) : 0;
+    if (!rc && c->resume) {
+        /* every rank reads the checkpoint (rank 0 writes it only once they all have) */
+        if (pf_model_load(&r.model, ckpt, msg, sizeof(msg)) != PF_OK)
+            rc = tool_fail(CMD, "cannot resume: %s", msg);
+        else if ((rc = settings_from_meta(c, r.model, ckpt, &want_hash, &elapsed, &tokens)) == 0)
+            rc = parallel_check(c);
+    } else if (!rc && rank0 && access(ckpt, F_OK) == 0) {
+        rc = tool_fail(CMD, "%s exists: use --resume to continue that run, or another --out",
+                       ckpt);
     }
-    /* the log is cut back (to the checkpoint's step, or to nothing for a new run) only when the
-     * first row is ready: a run that fails before that leaves an existing log as it was */
-    const int64_t log_from = c->resume ? pf_model_steps(r.model) : -1;
+    rc = tool_mpi_agree(rc);
+    /* the data: rank 0 first, which may export the Bible into DIR; then the others read it */
+    if (!rc && rank0) rc = data_path(c, data, sizeof(data), &format);
+    rc = tool_mpi_agree(rc);
+    if (!rc && !rank0) rc = data_path(c, data, sizeof(data), &format);
+    if (!rc) rc = load_data(c, &r, data, format, want_hash, &hash);
+    const int B = c->batch, T = c->model.context;
     size_t bt = (size_t)B * T;
-    r.tok = malloc(sizeof(int32_t) * bt);
-    r.tgt = malloc(sizeof(int32_t) * bt);
-    r.logits = malloc(sizeof(float) * bt * PF_LM_VOCAB);
-    if (!rc && (!r.tok || !r.tgt || !r.logits)) rc = tool_fail(CMD, "out of memory");
+    if (!rc && !c->resume) {
+        pf_status st = pf_model_create(&r.model, &c->model);
+        if (st != PF_OK) rc = tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
+    }
+    if (!rc) {
+        r.tok = malloc(sizeof(int32_t) * bt);
+        r.tgt = malloc(sizeof(int32_t) * bt);
+        r.logits = malloc(sizeof(float) * bt * PF_LM_VOCAB);
+        if (!r.tok || !r.tgt || !r.logits) rc = tool_fail(CMD, "out of memory");
+    }
+    rc = tool_mpi_agree(rc);
+    if (!rc) rc = team_start(&tm, r.model, c); /* (collective: fails alike on every rank) */
+    rc = tool_mpi_agree(rc);
     if (rc) {
+        team_free(&tm);
         run_free(&r);
         return rc;
     }
 
+    /* the log is cut back (to the checkpoint's step, or to nothing for a new run) only when the
+     * first row is ready: a run that fails before that leaves an existing log as it was */
+    const int64_t log_from = c->resume ? pf_model_steps(r.model) : -1;
     const pf_model_config *mc = &c->model;
     const uint64_t dseed = mc->seed ^ DATA_SEED_MIX;
     printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n", data,
@@ -749,10 +912,14 @@ static int train_in(train_cfg *c, int *saved) {
            (long long)pf_model_num_params(r.model), mc->layers, mc->d_model, mc->heads, mc->context,
            attention_desc(mc, att, sizeof(att)),
            mc->positions == PF_LM_ROTARY ? "rotary" : "learned");
+    if (tm.size > 1)
+        printf("parallel: %d ranks, %s: each trains %s\n", tm.size,
+               c->parallel == 1 ? "sequence" : "data",
+               c->parallel == 1 ? "a slice of every window" : "whole windows of every batch");
     fflush(stdout);
 
     int64_t step = pf_model_steps(r.model);
-    int tty = isatty(2);
+    int tty = rank0 && isatty(2);
     int log_every = c->log_every ? c->log_every : (c->steps >= 20 ? c->steps / 20 : 1);
     pf_adamw opt = pf_adamw_default();
     opt.weight_decay = (float)c->weight_decay;
@@ -762,11 +929,12 @@ static int train_in(train_cfg *c, int *saved) {
 
     char row[512];
     if (step == 0 || step >= c->steps) { /* a new run, or a finished one: where it stands */
-        st = evaluate(r.model, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
-        if (st == PF_OK && step == 0) {
+        st = evaluate(r.model, &tm, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
+        if (st == PF_OK && step == 0 && rank0) {
             snprintf(row, sizeof(row), "0,,,,,0,%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
             rc = log_row(&r, log_path, log_from, row);
         }
+        rc = tool_mpi_agree(rc);
     }
     pf_model_set_training(r.model, 1);
     double session_t = 0;
@@ -775,10 +943,12 @@ static int train_in(train_cfg *c, int *saved) {
         double t0 = tool_now_ms();
         double lr = pf_lr_schedule(step, c->steps, c->warmup, c->lr, c->lr_min);
         float loss = NAN, gnorm = NAN;
+        /* (every rank draws the whole batch and takes its share: the same batch as alone) */
         st = pf_corpus_batch(&r.corpus, PF_SPLIT_TRAIN, r.tok, r.tgt, B, T, dseed, (uint64_t)step);
-        if (st == PF_OK) st = pf_model_forward(r.model, &loss, NULL, r.tok, r.tgt, B, T);
-        if (st == PF_OK) st = pf_model_backward(r.model);
+        if (st == PF_OK) st = team_forward(&tm, r.model, &loss, NULL, r.tok, r.tgt, B, T);
+        if (st == PF_OK) st = team_backward(&tm, r.model);
         opt.lr = (float)lr;
+        /* (the summed gradients are the same bits on every rank: so is this step) */
         if (st == PF_OK) st = pf_model_step(r.model, &opt, &gnorm);
         if (st != PF_OK) break;
         double dt = (tool_now_ms() - t0) / 1e3;
@@ -791,31 +961,34 @@ static int train_in(train_cfg *c, int *saved) {
         int n = snprintf(row, sizeof(row), "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)step, lr,
                          loss, gnorm, (double)bt / dt, elapsed);
         if (do_eval) {
-            st = evaluate(r.model, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
+            st = evaluate(r.model, &tm, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
             if (st != PF_OK) break;
             snprintf(row + n, sizeof(row) - (size_t)n, ",%.6f,%.6f,%.6f\n", ev.loss,
                      exp(ev.loss), ev.acc);
         } else {
             snprintf(row + n, sizeof(row) - (size_t)n, ",,,\n");
         }
-        if ((rc = log_row(&r, log_path, log_from, row))) break;
-        /* progress */
-        double tps = (double)session_steps * (double)bt / session_t;
-        char eta[32];
-        fmt_time(eta, sizeof(eta), (double)(c->steps - step) * session_t / session_steps);
-        if (tty || step % log_every == 0 || step == c->steps || do_eval) {
-            fprintf(stderr,
-                    "%sstep %lld/%d  loss %.4f  val %.4f (acc %.3f)  %.0f tok/s  "
-                    "left %s%s",
-                    tty ? "\r" : "", (long long)step, c->steps, loss, ev.loss, ev.acc, tps, eta,
-                    tty ? "   " : "\n");
-        }
         int stop = c->stop_after && step >= c->stop_after;
-        if (step % c->checkpoint_every == 0 || step == c->steps || stop) {
-            rc = save(&r, c, ckpt, hash, elapsed, tokens);
-            if (rc) break;
-            *saved = 1;
+        if (rank0) { /* the files and the progress line are rank 0's */
+            rc = log_row(&r, log_path, log_from, row);
+            double tps = (double)session_steps * (double)bt / session_t;
+            char eta[32];
+            fmt_time(eta, sizeof(eta), (double)(c->steps - step) * session_t / session_steps);
+            if (!rc && (tty || step % log_every == 0 || step == c->steps || do_eval)) {
+                fprintf(stderr,
+                        "%sstep %lld/%d  loss %.4f  val %.4f (acc %.3f)  %.0f tok/s  "
+                        "left %s%s",
+                        tty ? "\r" : "", (long long)step, c->steps, loss, ev.loss, ev.acc, tps,
+                        eta, tty ? "   " : "\n");
+            }
+            if (!rc && (step % c->checkpoint_every == 0 || step == c->steps || stop)) {
+                rc = save(&r, c, ckpt, hash, elapsed, tokens);
+                if (!rc) *saved = 1;
+            }
         }
+        /* (every rank's elapsed time is rank 0's: the checkpoint's, for a resumed run alike) */
+        if (tm.size > 1) elapsed = tool_mpi_max(elapsed);
+        rc = tool_mpi_agree(rc);
         if (stop) break;
     }
     if (tty) fputc('\n', stderr);
@@ -832,7 +1005,8 @@ static int train_in(train_cfg *c, int *saved) {
     if (r.log && fclose(r.log) != 0 && !rc)
         rc = tool_fail(CMD, "%s: write error: %s", log_path, strerror(errno));
     r.log = NULL;
-    if (!rc) {
+    rc = tool_mpi_agree(rc);
+    if (!rc && rank0) {
         printf("step %lld/%d: validation loss %.4f (perplexity %.3f, accuracy %.4f); %.0f "
                "training tokens/s over %.1f s\n",
                (long long)step, c->steps, ev.loss, exp(ev.loss), ev.acc,
@@ -840,6 +1014,7 @@ static int train_in(train_cfg *c, int *saved) {
         printf("checkpoint: %s\nlog: %s\n", ckpt, log_path);
         if (!c->no_plot) plot(c, log_path);
     }
+    team_free(&tm);
     run_free(&r);
     return rc;
 }
@@ -859,6 +1034,7 @@ int cmd_train(int argc, char **argv) {
     c.clip = 1.0;
     c.eval_every = 100;
     c.eval_batches = 8;
+    c.parallel = -1;
     int rc = parse_args(&c, argc, argv);
     if (rc) return rc;
 #ifdef _OPENMP
