@@ -757,6 +757,28 @@ PF_API pf_status pf_model_load(pf_model **model, const char *path, char *errmsg,
 /* A metadata value of the file the model was loaded from, or NULL. */
 PF_API const char *pf_model_meta(const pf_model *model, const char *key);
 
+/* Starts dst from src's trained weights, whatever either model's attention: every trainable
+ * tensor (embeddings, learned positions, layer norms, qkv, projections, MLP) is copied from src.
+ * Everything else is dst's own and starts afresh, as pf_model_create left it: the step count
+ * (0), the AdamW moments (0), FAVOR's W (dst's, drawn from dst's seed for step 0), FAVOR++'s
+ * running statistic (none: A = 0 until a training batch). The shapes must agree: layers,
+ * d_model, heads, positions, and with learned positions the context (the table's rows; rotary
+ * positions hold no tensor, so the contexts may differ). PF_EINVAL if they do not (errmsg, if
+ * not NULL, errlen bytes, names the first that differs, dst's value then src's) or an argument
+ * is NULL; dst is then unchanged. PF_ENOMEM if W had to be drawn again and could not. */
+PF_API pf_status pf_model_init_from(pf_model *dst, const pf_model *src, char *errmsg,
+                                    size_t errlen);
+
+/* What layer `layer` (0-based) of the model feeds its attention for tokens (B,T), T <= context:
+ * q, k, v (B,H,T,hd), hd = d_model/heads, the heads split as the attention gets them (q and k
+ * rotated by position with rotary positions); the attention scales q.k by 1/sqrt(hd) itself.
+ * Runs pf_model_forward without targets in evaluation mode (W and FAVOR++'s statistic left as
+ * they are; training mode is restored after), so it replaces the last forward: no backward may
+ * follow. PF_EINVAL on bad arguments (layer out of range, a token outside [0, 256), a model set
+ * up for sequence parallelism); errors of the forward are passed on. */
+PF_API pf_status pf_model_attention_inputs(pf_model *model, float *q, float *k, float *v,
+                                           const int32_t *tokens, int B, int T, int layer);
+
 /* Decoding one token at a time: exact models keep a key/value cache (up to the context),
  * FAVOR models a pf_favor_state per layer (constant memory and time per token). The logits
  * equal those of pf_model_forward on the whole prefix, to float rounding. The decoder reads the

@@ -6,7 +6,9 @@
  * results are compared by relative 2-norm error; the float forward and backward carry about
  * 1e-6 relative rounding per operation, so the bounds are a few 1e-5 for layers and 1e-3 for
  * the whole model (a chain of ~40 float operations whose errors add). Also: AdamW against its
- * closed form, the learning-rate schedule, thread-count independence, argument checks. */
+ * closed form, the learning-rate schedule, thread-count independence, argument checks; what a
+ * layer feeds its attention (pf_model_attention_inputs) against the float64 model, and one
+ * model's weights carried into another configuration (pf_model_init_from). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -169,9 +171,11 @@ static void attn_ref(double *out, const double *qkv_in, int B, int T, int C, int
 
 /* ---- the whole model in float64 --------------------------------------------------------- */
 
-/* The mean cross-entropy of the model with parameters P (num_params, the model's layout). */
-static double model_ref(const pf_model *mod, const double *P, const int32_t *tok,
-                        const int32_t *tgt, int B, int T, double *logits_out) {
+/* The mean cross-entropy of the model with parameters P (num_params, the model's layout).
+ * qkv_out (B,T,3C), if not NULL, receives layer `layer`'s qkv (before any rotation). */
+static double model_ref_qkv(const pf_model *mod, const double *P, const int32_t *tok,
+                            const int32_t *tgt, int B, int T, double *logits_out, int layer,
+                            double *qkv_out) {
     const pf_model_config *c = &mod->config;
     int L = c->layers, C = c->d_model, H = c->heads, N = B * T;
     const double *p[LM_NUM_PARAMS];
@@ -197,6 +201,7 @@ static double model_ref(const pf_model *mod, const double *P, const int32_t *tok
     for (int l = 0; l < L; l++) {
         ln_ref(ln, x, p[2] + l * C, p[3] + l * C, N, C);
         mm_ref(qkv, ln, p[4] + (size_t)l * 3 * C * C, p[5] + l * 3 * C, N, C, 3 * C);
+        if (qkv_out && l == layer) memcpy(qkv_out, qkv, sizeof(double) * NC * 3);
         lm_attn_spec sp = lm_layer_spec(mod, l);
         attn_ref(att, qkv, B, T, C, H, c->positions == PF_LM_ROTARY, sp.W, sp.m, sp.kernel, sp.eps,
                  sp.A);
@@ -213,7 +218,7 @@ static double model_ref(const pf_model *mod, const double *P, const int32_t *tok
     double loss = 0;
     int counted = 0;
     for (int i = 0; i < N; i++) {
-        if (tgt[i] < 0) continue;
+        if (!tgt || tgt[i] < 0) continue;
         double mx = -INFINITY, s = 0;
         for (int j = 0; j < V; j++) mx = fmax(mx, lg[(size_t)i * V + j]);
         for (int j = 0; j < V; j++) s += exp(lg[(size_t)i * V + j] - mx);
@@ -229,6 +234,11 @@ static double model_ref(const pf_model *mod, const double *P, const int32_t *tok
     free(fc);
     free(lg);
     return counted ? loss / counted : 0;
+}
+
+static double model_ref(const pf_model *mod, const double *P, const int32_t *tok,
+                        const int32_t *tgt, int B, int T, double *logits_out) {
+    return model_ref_qkv(mod, P, tok, tgt, B, T, logits_out, -1, NULL);
 }
 
 /* ---- layer tests ------------------------------------------------------------------------- */
@@ -1111,6 +1121,189 @@ static void test_parallel_pieces(void) {
     }
 }
 
+/* ---- one model's weights in another; a layer's attention inputs ------------------------- */
+
+/* pf_model_attention_inputs against the float64 model: layer l's qkv from the model's own
+ * embeddings, layer norms, attention, MLP and qkv weights (model_ref_qkv), rotated by position
+ * with rotary positions (rope_ref), split into heads (B,H,T,hd). Bounds as the whole model's. */
+static void test_attention_inputs(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
+    pf_model_config cfg = tiny_config(att, pos, kern);
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
+    if (!m) return;
+    perturb(m);
+    set_favorpp_stats(m);
+    const int B = 2, T = 7, C = cfg.d_model, H = cfg.heads, hd = C / H;
+    const size_t n = (size_t)B * T * C;
+    int32_t tok[14];
+    pf_rng rng;
+    pf_rng_init(&rng, 9, 3);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(pf_rng_u32(&rng) % V);
+    double *P = to_f64(m->params_memory, m->num_params);
+    double *qkv = xmalloc(sizeof(double) * n * 3);
+    double *ref[3] = {xmalloc(sizeof(double) * n), xmalloc(sizeof(double) * n),
+                      xmalloc(sizeof(double) * n)};
+    float *got[3] = {xmalloc(sizeof(float) * n), xmalloc(sizeof(float) * n),
+                     xmalloc(sizeof(float) * n)};
+    /* training mode: the call evaluates (FAVOR++'s statistic stays) and leaves the mode as it was */
+    CHECK_STATUS(pf_model_set_training(m, 1), PF_OK);
+    const int64_t rho_count = m->rho_count;
+    double worst = 0;
+    for (int l = 0; l < cfg.layers; l++) {
+        model_ref_qkv(m, P, tok, NULL, B, T, NULL, l, qkv);
+        if (pos == PF_LM_ROTARY) {
+            rope_ref(qkv, 3 * C, 0, B, T, H, hd);
+            rope_ref(qkv, 3 * C, C, B, T, H, hd);
+        }
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++)
+                    for (int c = 0; c < hd; c++)
+                        for (int j = 0; j < 3; j++)
+                            ref[j][(((size_t)b * H + h) * T + t) * hd + c] =
+                                qkv[((size_t)b * T + t) * 3 * C + (size_t)j * C + h * hd + c];
+        CHECK_STATUS(pf_model_attention_inputs(m, got[0], got[1], got[2], tok, B, T, l), PF_OK);
+        for (int j = 0; j < 3; j++) {
+            double e = relerr(got[j], ref[j], n);
+            CHECK(e < 1e-4, "attention %d positions %d layer %d %c: rel err %.3g", att, pos, l,
+                  "qkv"[j], e);
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("attention inputs %s/%s: worst rel err of q, k, v %.2g\n",
+           att == PF_LM_EXACT ? "exact" : att == PF_LM_FAVOR ? "favor" : "favor++",
+           pos == PF_LM_ROTARY ? "rotary" : "learned", worst);
+    CHECK(m->training == 1, "training mode not restored");
+    CHECK(m->rho_count == rho_count, "the statistic moved: %lld batches", (long long)m->rho_count);
+    /* a backward cannot follow (the forward had no targets) */
+    CHECK_STATUS(pf_model_backward(m), PF_EINVAL);
+    CHECK_STATUS(pf_model_attention_inputs(m, got[0], got[1], got[2], tok, B, T, cfg.layers),
+                 PF_EINVAL);
+    CHECK_STATUS(pf_model_attention_inputs(m, got[0], got[1], got[2], tok, B, T, -1), PF_EINVAL);
+    CHECK_STATUS(pf_model_attention_inputs(m, got[0], NULL, got[2], tok, B, T, 0), PF_EINVAL);
+    CHECK_STATUS(pf_model_attention_inputs(m, got[0], got[1], got[2], tok, B, cfg.context + 1, 0),
+                 PF_EINVAL);
+    tok[3] = 256;
+    CHECK_STATUS(pf_model_attention_inputs(m, got[0], got[1], got[2], tok, B, T, 0), PF_EINVAL);
+    for (int j = 0; j < 3; j++) {
+        free(ref[j]);
+        free(got[j]);
+    }
+    free(qkv);
+    free(P);
+    pf_model_free(m);
+}
+
+/* pf_model_init_from: src's trained tensors in dst, bit for bit; dst's own W (its seed's, as a
+ * fresh model draws it), moments, step and statistic start afresh, even after dst trained; shapes
+ * that disagree are refused with dst unchanged. */
+static void test_init_from(void) {
+    pf_model_config sc = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    pf_model_config dc = tiny_config(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    dc.seed = 11;
+    pf_model *src = NULL, *dst = NULL, *fresh = NULL;
+    CHECK_STATUS(pf_model_create(&src, &sc), PF_OK);
+    CHECK_STATUS(pf_model_create(&dst, &dc), PF_OK);
+    CHECK_STATUS(pf_model_create(&fresh, &dc), PF_OK);
+    if (!src || !dst || !fresh) return;
+    perturb(src);
+    /* dst trains a step first: moments, step, statistic and (redraw 1) W all move */
+    dst->config.redraw = 1;
+    const int B = 2, T = 7;
+    int32_t tok[14], tgt[14];
+    pf_rng rng;
+    pf_rng_init(&rng, 4, 4);
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (int32_t)(pf_rng_u32(&rng) % V);
+        tgt[i] = (int32_t)(pf_rng_u32(&rng) % V);
+    }
+    float loss;
+    pf_adamw opt = pf_adamw_default();
+    CHECK_STATUS(pf_model_set_training(dst, 1), PF_OK);
+    for (int s = 0; s < 2; s++) {
+        CHECK_STATUS(pf_model_forward(dst, &loss, NULL, tok, tgt, B, T), PF_OK);
+        CHECK_STATUS(pf_model_backward(dst), PF_OK);
+        CHECK_STATUS(pf_model_step(dst, &opt, NULL), PF_OK);
+    }
+    CHECK_STATUS(pf_model_forward(dst, &loss, NULL, tok, tgt, B, T), PF_OK); /* W of stream 2 */
+    CHECK(dst->step == 2 && dst->rho_count == 3 && dst->w_stream == 2, "dst did not train");
+    dst->config.redraw = dc.redraw;
+    const size_t wn = (size_t)dc.layers * dc.features * (dc.d_model / dc.heads);
+
+    /* shapes that disagree: refused, dst unchanged */
+    float *before = xmalloc(sizeof(float) * dst->num_params);
+    memcpy(before, dst->params_memory, sizeof(float) * dst->num_params);
+    const struct {
+        int layers, d_model, heads, context;
+        pf_lm_positions pos;
+        const char *msg;
+    } bad[] = {{3, 16, 2, 8, PF_LM_LEARNED, "layers: 3 here, 2 in the source"},
+               {2, 32, 2, 8, PF_LM_LEARNED, "d_model: 32 here, 16 in the source"},
+               {2, 16, 4, 8, PF_LM_LEARNED, "heads: 4 here, 2 in the source"},
+               {2, 16, 2, 6, PF_LM_LEARNED, "context (the learned positions' rows): 6 here"},
+               {2, 16, 2, 8, PF_LM_ROTARY, "positions: rotary here, learned in the source"}};
+    char msg[256];
+    for (int i = 0; i < 5; i++) {
+        pf_model_config bc = dc;
+        bc.layers = bad[i].layers;
+        bc.d_model = bad[i].d_model;
+        bc.heads = bad[i].heads;
+        bc.context = bad[i].context;
+        bc.positions = bad[i].pos;
+        pf_model *b = NULL;
+        CHECK_STATUS(pf_model_create(&b, &bc), PF_OK);
+        if (!b) continue;
+        float *keep = xmalloc(sizeof(float) * b->num_params);
+        memcpy(keep, b->params_memory, sizeof(float) * b->num_params);
+        CHECK_STATUS(pf_model_init_from(b, src, msg, sizeof(msg)), PF_EINVAL);
+        CHECK(strstr(msg, bad[i].msg) != NULL, "message '%s', expected '%s'", msg, bad[i].msg);
+        CHECK(memcmp(keep, b->params_memory, sizeof(float) * b->num_params) == 0,
+              "a refused init changed the model");
+        free(keep);
+        pf_model_free(b);
+    }
+    CHECK_STATUS(pf_model_init_from(NULL, src, msg, sizeof(msg)), PF_EINVAL);
+    CHECK_STATUS(pf_model_init_from(dst, NULL, NULL, 0), PF_EINVAL);
+    CHECK(memcmp(before, dst->params_memory, sizeof(float) * dst->num_params) == 0,
+          "a refused init changed dst");
+    free(before);
+
+    CHECK_STATUS(pf_model_init_from(dst, src, msg, sizeof(msg)), PF_OK);
+    CHECK(memcmp(dst->params_memory, src->params_memory, sizeof(float) * src->num_params) == 0,
+          "the trained tensors are not carried bit for bit");
+    int zero = 1;
+    for (size_t i = 0; i < dst->num_params; i++)
+        zero &= dst->m_memory[i] == 0 && dst->v_memory[i] == 0;
+    CHECK(zero, "AdamW moments not reset");
+    CHECK(pf_model_steps(dst) == 0 && dst->rho_count == 0 && dst->w_stream == 0,
+          "step %lld, statistic over %lld batches, W stream %lld", (long long)dst->step,
+          (long long)dst->rho_count, (long long)dst->w_stream);
+    CHECK(memcmp(dst->W, fresh->W, sizeof(float) * wn) == 0, "W is not the fresh model's");
+    CHECK(dst->A[0] == 0 && dst->A[1] == 0 && dst->rho[0] == 0, "FAVOR++'s A not reset");
+    CHECK(pf_model_get_config(dst).attention == PF_LM_FAVORPP, "dst's configuration changed");
+    /* dst now computes what fresh computes with src's weights */
+    memcpy(fresh->params_memory, src->params_memory, sizeof(float) * src->num_params);
+    float l1, l2;
+    CHECK_STATUS(pf_model_set_training(dst, 0), PF_OK);
+    CHECK_STATUS(pf_model_forward(dst, &l1, NULL, tok, tgt, B, T), PF_OK);
+    CHECK_STATUS(pf_model_forward(fresh, &l2, NULL, tok, tgt, B, T), PF_OK);
+    CHECK(l1 == l2, "loss %.9g, a fresh model with the same weights %.9g", l1, l2);
+
+    /* rotary positions hold no tensor: the contexts may differ */
+    pf_model_config rs = sc, rd = sc;
+    rs.positions = rd.positions = PF_LM_ROTARY;
+    rd.context = 32;
+    pf_model *a = NULL, *b = NULL;
+    CHECK_STATUS(pf_model_create(&a, &rs), PF_OK);
+    CHECK_STATUS(pf_model_create(&b, &rd), PF_OK);
+    if (a && b) CHECK_STATUS(pf_model_init_from(b, a, msg, sizeof(msg)), PF_OK);
+    pf_model_free(a);
+    pf_model_free(b);
+    pf_model_free(src);
+    pf_model_free(dst);
+    pf_model_free(fresh);
+}
+
 int main(void) {
     test_layernorm();
     test_matmul();
@@ -1143,5 +1336,10 @@ int main(void) {
     test_favorpp_stats();
     test_arguments();
     test_parallel_pieces();
+    test_attention_inputs(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    test_attention_inputs(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_attention_inputs(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_RELU);
+    test_attention_inputs(PF_LM_FAVORPP, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_init_from();
     TEST_MAIN_END();
 }

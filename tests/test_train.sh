@@ -15,6 +15,13 @@
 # - sampling: the prompt comes first, the same seed gives the same bytes, --tokens 0 prints
 #   the prompt only, temperature 0 is deterministic whatever the seed; FAVOR+ decodes with its
 #   recurrent state past the context;
+# - --init-from: a new run starts from another checkpoint's weights in its own configuration
+#   (exact -> FAVOR+, FAVOR++ with A fitted by --fit-batches): every trained tensor carried bit
+#   for bit, moments and step 0, W the new seed's (a fresh run's), the source named in the
+#   metadata by path and SHA-256 and left as it was; --steps 0 evaluates only (exact -> exact
+#   gives the source's own last evaluation, exact -> FAVOR+ a finite other loss); a fine-tuning
+#   run stopped and resumed gives the same bits; shapes that disagree with the checkpoint,
+#   --init-from with --resume, --steps 0 without it: each refused with a message;
 # - bad input: missing, empty or binary data, a context longer than the data, a checkpoint
 #   that exists without --resume, settings given with --resume, a damaged checkpoint, bad
 #   flags: each a clear message and the right exit status.
@@ -191,6 +198,129 @@ check "FAVOR++ sample: $(cat "$T/pp.err")" grep -q "FAVOR++, recurrent state" "$
 # longer than the context (32): the decoder slides its window
 $P sample --checkpoint "$C" --tokens 100 >"$T/s5" 2>/dev/null
 check "sampling past the context" [ $? -eq 0 ]
+
+# ---- --init-from: another checkpoint's weights in a new configuration ------------------------
+# Source: the exact, learned-positions model trained above (24 steps). Checked with the
+# independent reader: every trained tensor carried bit for bit, moments 0, step 0, W drawn from
+# the new run's seed (the W a fresh run with that seed draws), metadata naming the source by
+# its path and SHA-256 (Python's hashlib), the source file unchanged.
+S="$T/full-learned/checkpoint.safetensors"
+SR="$T/full-rotary/checkpoint.safetensors"
+sum_before=$(sha256sum "$S" | cut -d' ' -f1)
+IA="--batch 4 --eval-batches 2 --no-plot"
+$P train --out "$T/if-favor7" --init-from "$S" --attention favor --features 16 --seed 7 \
+    --steps 0 $IA >"$T/if.out" 2>"$T/if.err"
+check "init-from, favor, --steps 0 exits 0: $(cat "$T/if.err")" [ $? -eq 0 ]
+check "init-from says what is carried and what is new" \
+    grep -q "^init: every trained tensor from .*(step 24, exact attention); new: FAVOR's W" \
+    "$T/if.out"
+$P train --out "$T/if-favor8" --init-from "$S" --attention favor --features 16 --seed 8 \
+    --steps 0 $IA >/dev/null 2>&1
+$P train --out "$T/if-exact" --init-from "$S" --steps 0 $IA >/dev/null 2>&1
+check "init-from, exact, --steps 0 exits 0" [ $? -eq 0 ]
+# a fresh FAVOR model with seed 7 (its W at step 1 is still stream 0's: redraw 1000)
+$P train --out "$T/fresh-favor7" $TINY --attention favor --features 16 --seed 7 --steps 1 \
+    >/dev/null 2>&1
+cat >"$T/init.py" <<'EOF2'
+import hashlib, json, math, os, struct, sys
+import numpy as np
+
+def load(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    meta = h.pop("__metadata__")
+    data = b[8 + n:]
+    t = {k: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype="<f4")
+         .reshape(e["shape"]) for k, e in h.items()}
+    return t, meta
+
+src, dst, fresh, other = sys.argv[1:5]
+s, ms = load(src)
+d, md = load(dst)
+f, _ = load(fresh)
+o, _ = load(other)
+trained = [k for k in s if not k.startswith(("adamw.", "favor"))]
+assert len(trained) == 16, trained  # wte, wpe, 12 blocks.*, lnf.weight, lnf.bias
+for k in trained:
+    assert d[k].tobytes() == s[k].tobytes(), "tensor %s not carried bit for bit" % k
+for k in d:
+    if k.startswith("adamw."):
+        assert not d[k].any(), "%s is not 0" % k
+assert md["pf.step"] == "0" and md["pf.attention"] == "favor" and md["pf.seed"] == "7", md
+assert md["pf.features"] == "16" and md["pf.layers"] == ms["pf.layers"]
+assert d["favor.W"].shape == (2, 16, 16), d["favor.W"].shape
+assert d["favor.W"].tobytes() == f["favor.W"].tobytes(), "W is not the new seed's"
+assert d["favor.W"].tobytes() != o["favor.W"].tobytes(), "another seed, the same W"
+assert not d["favorpp.rho"].any() and md["pf.rho_count"] == "0"
+assert md["run.init_from"] == os.path.realpath(src), md["run.init_from"]
+assert md["run.init_from_sha256"] == hashlib.sha256(open(src, "rb").read()).hexdigest()
+assert md["run.init_from_step"] == ms["pf.step"] == "24"
+assert "wte" in md["run.init_from_carried"] and "favor.W" in md["run.init_from_new"]
+EOF2
+check "init-from: tensors carried, W from the new seed, moments and step 0, metadata" \
+    $PY "$T/init.py" "$S" "$T/if-favor7/checkpoint.safetensors" \
+    "$T/fresh-favor7/checkpoint.safetensors" "$T/if-favor8/checkpoint.safetensors"
+check "init-from leaves the source as it was" [ "$(sha256sum "$S" | cut -d' ' -f1)" = "$sum_before" ]
+# the losses: exact -> exact is the source model (its last evaluation, same validation batches);
+# exact -> FAVOR+ is finite and another loss; the log has row 0 only
+val() { awk -F, 'NR == 2 {print $7}' "$1"; }
+check "--steps 0 logs row 0 only" [ "$(wc -l <"$T/if-favor7/log.csv")" -eq 2 ]
+check "init-from exact = the source's final evaluation ($(val "$T/if-exact/log.csv"))" \
+    [ "$(val "$T/if-exact/log.csv")" = "$(awk -F, 'END {print $7}' "$T/full-learned/log.csv")" ]
+check "exact -> FAVOR+: a finite loss other than exact's" awk -v f="$(val "$T/if-favor7/log.csv")" \
+    -v e="$(val "$T/if-exact/log.csv")" 'BEGIN { exit !(f + 0 == f && f < 10 && f != e) }'
+# FAVOR++ with A fitted on training batches (no weight moves): the statistic is there
+$P train --out "$T/if-pp" --init-from "$S" --attention favor++ --features 16 --fit-batches 3 \
+    --steps 0 $IA >/dev/null 2>"$T/pp.err"
+check "init-from favor++ --fit-batches 3: $(cat "$T/pp.err")" $PY -c "
+import json, struct, sys
+import numpy as np
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+    m = h.pop('__metadata__')
+    return {k: b[8 + n + e['data_offsets'][0]:8 + n + e['data_offsets'][1]] for k, e in h.items()}, m
+s, _ = load('$S'); d, m = load('$T/if-pp/checkpoint.safetensors')
+assert m['pf.rho_count'] == '3' and m['run.fit_batches'] == '3', m
+assert (np.frombuffer(d['favorpp.rho'], '<f4') > 0).all()
+assert all(d[k] == s[k] for k in s if not k.startswith(('adamw.', 'favor')))
+"
+# fine-tuning from the source: stopped and resumed = uninterrupted, and still says where it began
+FT="--init-from $S --attention favor --features 16 --redraw 4 --steps 10 --eval-every 5 $IA"
+$P train --out "$T/ft-full" $FT >/dev/null 2>&1
+check "init-from fine-tuning exits 0" [ $? -eq 0 ]
+$P train --out "$T/ft-stop" $FT --stop-after 6 >/dev/null 2>&1
+$P train --out "$T/ft-stop" --resume --threads 1 --no-plot >/dev/null 2>"$T/ft.err"
+check "init-from run resumed: $(cat "$T/ft.err")" \
+    $PY "$T/same.py" "$T/ft-full/checkpoint.safetensors" "$T/ft-stop/checkpoint.safetensors"
+check "a resumed init-from run keeps run.init_from" $PY -c "
+import json, struct
+b = open('$T/ft-stop/checkpoint.safetensors', 'rb').read()
+m = json.loads(b[8:8 + struct.unpack('<Q', b[:8])[0]])['__metadata__']
+assert m['pf.step'] == '10' and m['run.init_from_step'] == '24', m
+"
+# shapes: taken from the checkpoint, or given equal; anything else is refused before any work
+$P train --out "$T/if-same" --init-from "$S" --layers 2 --d-model 32 --heads 2 --context 32 \
+    --positions learned --steps 0 $IA >/dev/null 2>&1
+check "init-from with the checkpoint's own shapes given" [ $? -eq 0 ]
+expect_fail 2 "--layers 3 disagrees with .*(layers 2)" $P train --out "$T/e10" --init-from "$S" \
+    --layers 3
+expect_fail 2 "--d-model 64 disagrees" $P train --out "$T/e11" --init-from "$S" --d-model 64
+expect_fail 2 "--heads 4 disagrees" $P train --out "$T/e12" --init-from "$S" --heads 4
+expect_fail 2 "--context 64 disagrees" $P train --out "$T/e13" --init-from "$S" --context 64
+expect_fail 2 "--positions rotary disagrees" $P train --out "$T/e14" --init-from "$S" \
+    --positions rotary
+check "refused runs leave no folder" sh -c "! ls -d '$T'/e1[0-4] 2>/dev/null"
+# rotary positions hold no tensor: another context is fine
+$P train --out "$T/if-rot64" --init-from "$SR" --context 64 --steps 0 $IA >/dev/null 2>&1
+check "rotary: init-from with another --context" [ $? -eq 0 ]
+expect_fail 2 "one or the other" $P train --out "$T/full-learned" --resume --init-from "$S"
+expect_fail 2 "0 evaluates only" $P train --out "$T/e15" --steps 0
+expect_fail 2 "for --attention favor++" $P train --out "$T/e16" --init-from "$S" \
+    --attention favor --fit-batches 2
+expect_fail 1 "--init-from: .*none.safetensors" $P train --out "$T/e17" \
+    --init-from "$T/none.safetensors"
+expect_fail 1 "--init-from: " $P train --out "$T/e18" --init-from "$T/words.txt"
 
 # ---- bad input --------------------------------------------------------------------------------
 expect_fail 1 "No such file" $P train --out "$T/e1" --data "$T/none.fa" $TINY

@@ -13,6 +13,7 @@
  * checkpoints, the plot and the progress line; the others only read (the data, and the
  * checkpoint to resume from). Every failure is agreed on (tool_mpi_agree) before the next thing
  * that needs every rank, so all ranks stop together with rank 0 printing the message. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -43,6 +44,7 @@
 #define PROTEINS "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz"
 #define DATA_SEED_MIX UINT64_C(0x9e3779b97f4a7c15) /* data draws apart from weight draws */
 #define EVAL_STREAM (UINT64_C(1) << 63)
+#define FIT_STREAM (UINT64_C(1) << 62) /* --fit-batches: training batches no step draws */
 
 const char cmd_train_synopsis[] =
     "performer train --out DIR [--data proteins|bible|FILE] [--layers L] [--d-model C]\n"
@@ -50,7 +52,7 @@ const char cmd_train_synopsis[] =
     "     [--positions learned|rotary] [--heads H] [--context T] [--steps S] [--batch B]\n"
     "     [--lr LR] [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N]\n"
     "     [--eval-batches N] [--seed S] [--threads N] [--resume] [--stop-after N]\n"
-    "     [--parallel data|sequence]   (under mpirun)\n";
+    "     [--init-from CHECKPOINT] [--fit-batches N] [--parallel data|sequence]   (under mpirun)\n";
 
 void cmd_train_help(void) {
     printf("usage: %s\n"
@@ -106,6 +108,24 @@ void cmd_train_help(void) {
            "  --stop-after N      stop after step N with a checkpoint, as if killed there\n",
            cmd_train_synopsis);
     printf("\n"
+           "starting from another model's weights:\n"
+           "  --init-from CKPT    a new run (not --resume) whose weights start as those of the\n"
+           "                      checkpoint CKPT, in this run's configuration: carried are\n"
+           "                      every trained tensor (embeddings, positions, layer norms,\n"
+           "                      qkv, projections, MLP); new are FAVOR's W (drawn from this\n"
+           "                      run's --seed), FAVOR++'s running statistic, the AdamW moments\n"
+           "                      (0) and the step count (0). --attention, --kernel,\n"
+           "                      --features, --redraw, --seed and the training flags are this\n"
+           "                      run's (defaults as above). --layers, --d-model, --heads,\n"
+           "                      --positions and (learned positions) --context are CKPT's:\n"
+           "                      leave them out, or give the same values (rotary positions\n"
+           "                      may take another --context). The checkpoint's path, SHA-256\n"
+           "                      and step go into this run's metadata (run.init_from*).\n"
+           "                      --steps 0 evaluates only: log row 0 and a checkpoint\n"
+           "  --fit-batches N     --attention favor++: before step 0's evaluation, fit A (the\n"
+           "                      running statistic) on N training batches, changing no weight\n"
+           "                      [0]\n");
+    printf("\n"
            "across processes (mpirun -np N performer train ...; Open MPI):\n"
            "  --parallel KIND     data: each rank trains whole windows of every batch (--batch\n"
            "                      >= N); sequence: each a slice of every window (--context >=\n"
@@ -124,6 +144,9 @@ void cmd_train_help(void) {
            "Exit status: 0 success, 1 bad data or a failed run, 2 bad command line.\n");
 }
 
+/* The shape flags, which --init-from checks against (or takes from) the checkpoint. */
+enum { SHAPE_LAYERS = 1, SHAPE_D_MODEL = 2, SHAPE_HEADS = 4, SHAPE_CONTEXT = 8, SHAPE_POSITIONS = 16 };
+
 typedef struct train_cfg {
     const char *out, *data;
     int format; /* pf_corpus_format */
@@ -132,6 +155,9 @@ typedef struct train_cfg {
     int steps, batch, warmup, eval_every, eval_batches, checkpoint_every;
     double lr, lr_min, weight_decay, clip;
     int threads, log_every, no_plot, resume, stop_after;
+    const char *init_from; /* --init-from: the checkpoint whose weights start the run */
+    int fit_batches;       /* --fit-batches */
+    unsigned shapes_given; /* SHAPE_* flags given on the command line */
     int parallel;          /* -1: not given; 0 data, 1 sequence (PF_MPI_DATA, PF_MPI_SEQUENCE) */
     int explicit_settings; /* a model or training flag was given */
 } train_cfg;
@@ -149,7 +175,8 @@ typedef struct run_setting {
 } run_setting;
 
 static const run_setting settings[] = {
-    {"--steps", "run.steps", 1, 1, INT_MAX, 0, offsetof(train_cfg, steps)},
+    /* (0, evaluate only, is for --init-from: parse_args checks) */
+    {"--steps", "run.steps", 1, 0, INT_MAX, 0, offsetof(train_cfg, steps)},
     {"--batch", "run.batch", 1, 1, 1 << 20, 0, offsetof(train_cfg, batch)},
     {"--warmup", "run.warmup", 1, 0, INT_MAX, 0, offsetof(train_cfg, warmup)},
     {"--eval-every", "run.eval_every", 1, 1, INT_MAX, 0, offsetof(train_cfg, eval_every)},
@@ -266,6 +293,10 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
         } else if (tool_flag(&a, "--resume")) {
             c->resume = 1;
             setting = 0;
+        } else if (tool_path_opt(&a, "--init-from", &v)) {
+            c->init_from = v;
+        } else if (tool_opt(&a, "--fit-batches", &v)) {
+            if (v) tool_parse_int(&a, "--fit-batches", v, 0, 1 << 20, &c->fit_batches);
         } else if (tool_opt(&a, "--parallel", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--parallel", v, parallels)) >= 0)
                 c->parallel = idx;
@@ -277,17 +308,37 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
     }
     if (a.failed) return TOOL_EXIT_USAGE;
     if (!c->out) return tool_usage(CMD, "missing --out DIR");
+    if (c->resume && c->init_from)
+        return tool_usage(CMD, "--init-from starts a new run from another checkpoint's weights; "
+                               "--resume continues DIR's own run: give one or the other");
     if (c->resume && c->explicit_settings)
         return tool_usage(CMD, "--resume continues with the checkpoint's settings; give only "
                                "--out, --threads, --log-every, --no-plot, --stop-after or "
                                "--parallel");
+    if (c->steps == 0 && !c->init_from)
+        return tool_usage(CMD, "--steps: expected a positive integer, got '0' (0 evaluates "
+                               "only: for --init-from)");
+    if (c->fit_batches > 0 && c->model.attention != PF_LM_FAVORPP)
+        return tool_usage(CMD, "--fit-batches fits FAVOR++'s A: it is for --attention favor++");
+    static const struct {
+        const char *flag;
+        unsigned bit;
+    } shape_flags[] = {{"--layers", SHAPE_LAYERS},
+                       {"--d-model", SHAPE_D_MODEL},
+                       {"--heads", SHAPE_HEADS},
+                       {"--context", SHAPE_CONTEXT},
+                       {"--positions", SHAPE_POSITIONS}};
+    for (int k = 0; k < 5; k++)
+        if (tool_given(&a, shape_flags[k].flag)) c->shapes_given |= shape_flags[k].bit;
     if (!lr_min_given) c->lr_min = c->lr / 10;
     if (c->lr_min > c->lr) return tool_usage(CMD, "--lr-min must not exceed --lr");
     if (!ckpt_given) c->checkpoint_every = c->eval_every;
-    if (c->model.d_model % c->model.heads != 0)
+    /* (with --init-from the shapes are the checkpoint's: checked once it is read) */
+    if (!c->init_from && c->model.d_model % c->model.heads != 0)
         return tool_usage(CMD, "--d-model %d is not a multiple of --heads %d", c->model.d_model,
                           c->model.heads);
-    if (c->model.positions == PF_LM_ROTARY && (c->model.d_model / c->model.heads) % 2)
+    if (!c->init_from && c->model.positions == PF_LM_ROTARY &&
+        (c->model.d_model / c->model.heads) % 2)
         return tool_usage(CMD, "rotary positions need an even head width (d-model/heads)");
     /* flags the chosen settings do not use are refused, not ignored */
     static const char *const favor_flags[] = {"--kernel", "--features", "--redraw"};
@@ -300,8 +351,9 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
     if (c->model.attention == PF_LM_FAVORPP && tool_given(&a, "--kernel"))
         return tool_usage(CMD, "--attention favor++ has its own feature map (OPRF): --kernel is "
                                "for --attention favor");
-    /* (a resumed run's attention and sizes are checked once the checkpoint is read) */
-    if (!c->resume && parallel_check(c) != 0) return TOOL_EXIT_USAGE;
+    /* (a resumed run's attention and sizes, and those taken --init-from, are checked once the
+     * checkpoint is read) */
+    if (!c->resume && !c->init_from && parallel_check(c) != 0) return TOOL_EXIT_USAGE;
     if (tool_given(&a, "--format") && (strcmp(c->data, "proteins") == 0 || strcmp(c->data, "bible") == 0))
         return tool_usage(CMD, "--format is for --data FILE; --data %s has a format of its own",
                           c->data);
@@ -310,11 +362,22 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
 
 /* ---- settings in the checkpoint's metadata ----------------------------------------------- */
 
-enum { NRUN = 16 };
+/* (values up to a path's length: run.data and run.init_from are file names) */
+enum { NRUN = 24, RUN_VAL = PATH_MAX + 64 };
 typedef struct run_meta {
-    char val[NRUN][64];
+    char val[NRUN][RUN_VAL];
     const char *kv[2 * NRUN + 1];
 } run_meta;
+
+/* Where a run started from (--init-from), kept in every checkpoint of the run (run.init_from*):
+ * set from the command line, or read back by a resumed run. */
+typedef struct init_record {
+    char path[PATH_MAX];
+    char sha256[65];
+    char step[32];
+    char fit[32]; /* --fit-batches, or "" */
+} init_record;
+static init_record init_rec;
 
 static void meta_set(run_meta *r, int i, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -349,6 +412,16 @@ static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, doubl
     meta_set(r, i++, "run.data_hash", "%016llx", (unsigned long long)data_hash);
     meta_set(r, i++, "run.elapsed", "%.17g", elapsed);
     meta_set(r, i++, "run.tokens", "%lld", (long long)tokens);
+    if (init_rec.path[0]) {
+        meta_set(r, i++, "run.init_from", "%s", init_rec.path);
+        meta_set(r, i++, "run.init_from_sha256", "%s", init_rec.sha256);
+        meta_set(r, i++, "run.init_from_step", "%s", init_rec.step);
+        meta_set(r, i++, "run.init_from_carried", "%s",
+                 "every trained tensor: wte, wpe, blocks.*, lnf.*");
+        meta_set(r, i++, "run.init_from_new", "%s",
+                 "favor.W from pf.seed, favorpp.rho, AdamW moments, step");
+        if (init_rec.fit[0]) meta_set(r, i++, "run.fit_batches", "%s", init_rec.fit);
+    }
 }
 
 /* Restores the settings of a resumed run from the checkpoint at path, each checked as its
@@ -402,6 +475,20 @@ static int settings_from_meta(train_cfg *c, const pf_model *m, const char *path,
                          (long long)pf_model_steps(m), c->steps);
     if (ntok > (uint64_t)INT64_MAX / 4)
         return tool_fail(CMD, "%s: run.tokens %llu is out of range", path, (unsigned long long)ntok);
+    /* a run started --init-from keeps saying so */
+    const char *ip = pf_model_meta(m, "run.init_from");
+    const char *ih = pf_model_meta(m, "run.init_from_sha256");
+    const char *is = pf_model_meta(m, "run.init_from_step");
+    const char *ifit = pf_model_meta(m, "run.fit_batches");
+    if (ip && ih && is && strlen(ip) < sizeof(init_rec.path) && strlen(ih) == 64 &&
+        strlen(is) < sizeof(init_rec.step) && (!ifit || strlen(ifit) < sizeof(init_rec.fit))) {
+        snprintf(init_rec.path, sizeof(init_rec.path), "%s", ip);
+        snprintf(init_rec.sha256, sizeof(init_rec.sha256), "%s", ih);
+        snprintf(init_rec.step, sizeof(init_rec.step), "%s", is);
+        snprintf(init_rec.fit, sizeof(init_rec.fit), "%s", ifit ? ifit : "");
+    } else if (ip) {
+        return tool_fail(CMD, "%s: run.init_from* are incomplete or malformed", path);
+    }
     snprintf(data, sizeof(data), "%s", val[0]);
     c->data = data;
     c->format = fmt;
@@ -843,6 +930,52 @@ static int load_data(const train_cfg *c, run_state *r, const char *data, int for
     return 0;
 }
 
+/* --init-from: reads the checkpoint into *src, takes its shapes into c (or checks those given
+ * against them) and records where the run starts from (init_rec). 0 or an exit code. */
+static int init_source(train_cfg *c, pf_model **src) {
+    char msg[1024], hex[65];
+    if (tool_sha256_file(c->init_from, hex, msg, sizeof(msg)) != 0)
+        return tool_fail(CMD, "--init-from: %s", msg);
+    if (pf_model_load(src, c->init_from, msg, sizeof(msg)) != PF_OK)
+        return tool_fail(CMD, "--init-from: %s", msg);
+    const pf_model_config s = pf_model_get_config(*src);
+    pf_model_config *m = &c->model;
+    static const char *const pos_name[] = {"learned", "rotary"};
+    if (c->shapes_given & SHAPE_POSITIONS && m->positions != s.positions)
+        return tool_usage(CMD, "--positions %s disagrees with %s (%s positions): the carried "
+                               "weights need the checkpoint's; leave --positions out to take it",
+                          pos_name[m->positions], c->init_from, pos_name[s.positions]);
+    m->positions = s.positions;
+    const struct {
+        unsigned bit;
+        const char *flag;
+        int *mine;
+        int theirs;
+    } dims[] = {{SHAPE_LAYERS, "--layers", &m->layers, s.layers},
+                {SHAPE_D_MODEL, "--d-model", &m->d_model, s.d_model},
+                {SHAPE_HEADS, "--heads", &m->heads, s.heads},
+                {SHAPE_CONTEXT, "--context", &m->context, s.context}};
+    for (int i = 0; i < 4; i++) {
+        if (!(c->shapes_given & dims[i].bit)) {
+            *dims[i].mine = dims[i].theirs;
+        } else if (*dims[i].mine != dims[i].theirs &&
+                   !(dims[i].bit == SHAPE_CONTEXT && s.positions == PF_LM_ROTARY)) {
+            return tool_usage(CMD, "%s %d disagrees with %s (%s %d): the carried weights need "
+                                   "the checkpoint's shapes; leave %s out to take it",
+                              dims[i].flag, *dims[i].mine, c->init_from, dims[i].flag + 2,
+                              dims[i].theirs, dims[i].flag);
+        }
+    }
+    if (parallel_check(c) != 0) return TOOL_EXIT_USAGE;
+    char real[PATH_MAX];
+    snprintf(init_rec.path, sizeof(init_rec.path), "%s",
+             realpath(c->init_from, real) ? real : c->init_from);
+    snprintf(init_rec.sha256, sizeof(init_rec.sha256), "%s", hex);
+    snprintf(init_rec.step, sizeof(init_rec.step), "%lld", (long long)pf_model_steps(*src));
+    if (c->fit_batches > 0) snprintf(init_rec.fit, sizeof(init_rec.fit), "%d", c->fit_batches);
+    return 0;
+}
+
 static int train_in(train_cfg *c, int *saved) {
     char ckpt[4200], log_path[4200], data[4200], msg[1024];
     snprintf(ckpt, sizeof(ckpt), "%s/checkpoint.safetensors", c->out);
@@ -872,6 +1005,9 @@ static int train_in(train_cfg *c, int *saved) {
         rc = tool_fail(CMD, "%s exists: use --resume to continue that run, or another --out",
                        ckpt);
     }
+    pf_model *src = NULL; /* --init-from's model, until its weights are carried over */
+    rc = tool_mpi_agree(rc);
+    if (!rc && c->init_from) rc = init_source(c, &src);
     rc = tool_mpi_agree(rc);
     /* the data: rank 0 first, which may export the Bible into DIR; then the others read it */
     if (!rc && rank0) rc = data_path(c, data, sizeof(data), &format);
@@ -883,7 +1019,12 @@ static int train_in(train_cfg *c, int *saved) {
     if (!rc && !c->resume) {
         pf_status st = pf_model_create(&r.model, &c->model);
         if (st != PF_OK) rc = tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
+        if (!rc && src && pf_model_init_from(r.model, src, msg, sizeof(msg)) != PF_OK)
+            rc = tool_fail(CMD, "--init-from %s: %s", c->init_from, msg);
     }
+    pf_model_config src_cfg = pf_model_get_config(src);
+    pf_model_free(src);
+    src = NULL;
     if (!rc) {
         r.tok = malloc(sizeof(int32_t) * bt);
         r.tgt = malloc(sizeof(int32_t) * bt);
@@ -912,6 +1053,13 @@ static int train_in(train_cfg *c, int *saved) {
            (long long)pf_model_num_params(r.model), mc->layers, mc->d_model, mc->heads, mc->context,
            attention_desc(mc, att, sizeof(att)),
            mc->positions == PF_LM_ROTARY ? "rotary" : "learned");
+    if (c->init_from) {
+        char satt[64];
+        printf("init: every trained tensor from %s (step %s, %s attention); new: FAVOR's W "
+               "(seed %llu), FAVOR++'s statistic, AdamW moments, step 0\n",
+               init_rec.path, init_rec.step, attention_desc(&src_cfg, satt, sizeof(satt)),
+               (unsigned long long)mc->seed);
+    }
     if (tm.size > 1)
         printf("parallel: %d ranks, %s: each trains %s\n", tm.size,
                c->parallel == 1 ? "sequence" : "data",
@@ -927,12 +1075,30 @@ static int train_in(train_cfg *c, int *saved) {
     eval_result ev = {NAN, NAN};
     pf_status st = PF_OK;
 
+    /* FAVOR++ (one process: parallel_check): A fitted on training batches of their own, in
+     * training mode without targets, so no weight moves; their statistic is in the checkpoint */
+    for (int i = 0; st == PF_OK && !c->resume && i < c->fit_batches; i++) {
+        st = pf_model_set_training(r.model, 1);
+        if (st == PF_OK)
+            st = pf_corpus_batch(&r.corpus, PF_SPLIT_TRAIN, r.tok, r.tgt, B, T, dseed,
+                                 FIT_STREAM + (uint64_t)i);
+        if (st == PF_OK) st = pf_model_forward(r.model, NULL, NULL, r.tok, NULL, B, T);
+        if (st != PF_OK) rc = tool_fail(CMD, "fitting FAVOR++'s A: %s", pf_status_str(st));
+    }
+    if (c->fit_batches > 0 && !c->resume && !rc) pf_model_set_training(r.model, 0);
+
     char row[512];
-    if (step == 0 || step >= c->steps) { /* a new run, or a finished one: where it stands */
+    if (!rc && (step == 0 || step >= c->steps)) { /* a new run, or a finished one */
         st = evaluate(r.model, &tm, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
-        if (st == PF_OK && step == 0 && rank0) {
+        /* (row 0 is a new run's: a resumed run at step 0 is an evaluation-only run, done) */
+        if (st == PF_OK && step == 0 && !c->resume && rank0) {
             snprintf(row, sizeof(row), "0,,,,,0,%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
             rc = log_row(&r, log_path, log_from, row);
+            /* --steps 0: the evaluation is the run; its checkpoint is the carried model */
+            if (!rc && c->steps == 0) {
+                rc = save(&r, c, ckpt, hash, elapsed, tokens);
+                if (!rc) *saved = 1;
+            }
         }
         rc = tool_mpi_agree(rc);
     }

@@ -197,6 +197,10 @@ tool_plot_status tool_plot(const char *name, const char *in, const char *png, co
 /* Formats a shape as "(2, 3, 4)" (or "()") into buf. */
 const char *tool_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 
+/* The SHA-256 of the regular file at path (tools/sha256.c) as 64 lowercase hex digits and a NUL
+ * in hex: what `sha256sum` prints. 0, or -1 with msg (cap bytes) naming the file and why. */
+int tool_sha256_file(const char *path, char hex[65], char *msg, size_t cap);
+
 /* Milliseconds since an arbitrary start (CLOCK_MONOTONIC). */
 double tool_now_ms(void);
 

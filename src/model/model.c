@@ -4,6 +4,7 @@
  * (about 2% here) and is what GPT-2 does; the input and output sides of a 256-symbol vocabulary
  * want the same geometry anyway. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -685,5 +686,79 @@ pf_status pf_model_set_parallel(pf_model *m, const pf_model_parallel *par) {
     m->parallel = *par;
     m->has_parallel = 1;
     m->counted = -1; /* a backward must follow a forward made this way */
+    return PF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One model's weights into another configuration; what a layer feeds its attention
+ * ------------------------------------------------------------------------------------------ */
+
+/* errmsg <- "NAME: A here, B in the source"; PF_EINVAL. */
+static pf_status shape_differs(char *errmsg, size_t errlen, const char *name, long long here,
+                               long long there) {
+    if (errmsg && errlen > 0)
+        snprintf(errmsg, errlen, "%s: %lld here, %lld in the source", name, here, there);
+    return PF_EINVAL;
+}
+
+pf_status pf_model_init_from(pf_model *dst, const pf_model *src, char *errmsg, size_t errlen) {
+    if (errmsg && errlen > 0) errmsg[0] = '\0';
+    if (!dst || !src) {
+        if (errmsg && errlen > 0) snprintf(errmsg, errlen, "bad argument");
+        return PF_EINVAL;
+    }
+    const pf_model_config *d = &dst->config, *s = &src->config;
+    if (d->layers != s->layers) return shape_differs(errmsg, errlen, "layers", d->layers, s->layers);
+    if (d->d_model != s->d_model)
+        return shape_differs(errmsg, errlen, "d_model", d->d_model, s->d_model);
+    if (d->heads != s->heads) return shape_differs(errmsg, errlen, "heads", d->heads, s->heads);
+    if (d->positions != s->positions) {
+        if (errmsg && errlen > 0)
+            snprintf(errmsg, errlen, "positions: %s here, %s in the source",
+                     d->positions == PF_LM_ROTARY ? "rotary" : "learned",
+                     s->positions == PF_LM_ROTARY ? "rotary" : "learned");
+        return PF_EINVAL;
+    }
+    if (d->positions == PF_LM_LEARNED && d->context != s->context)
+        return shape_differs(errmsg, errlen, "context (the learned positions' rows)", d->context,
+                             s->context);
+    /* the same shapes give the same tensors in the same order (lm_param_shape) */
+    if (dst->num_params != src->num_params) {
+        if (errmsg && errlen > 0) snprintf(errmsg, errlen, "parameter counts differ");
+        return PF_EINVAL;
+    }
+    /* W for step 0 from dst's seed: drawn first, as the only step that can fail (it allocates);
+     * the current W is kept if it is already stream 0's */
+    pf_status st = lm_draw_projections(dst, 0);
+    if (st != PF_OK) return st;
+    memcpy(dst->params_memory, src->params_memory, sizeof(float) * dst->num_params);
+    memset(dst->grads_memory, 0, sizeof(float) * dst->num_params);
+    memset(dst->m_memory, 0, sizeof(float) * dst->num_params);
+    memset(dst->v_memory, 0, sizeof(float) * dst->num_params);
+    dst->step = 0;
+    if (dst->rho) memset(dst->rho, 0, sizeof(float) * (size_t)d->layers);
+    dst->rho_count = 0;
+    lm_favorpp_refresh(dst);
+    if (dst->saved) /* features kept by an earlier training forward belong to old weights */
+        for (int l = 0; l < d->layers; l++) pf_favor_saved_clear(dst->saved[l]);
+    dst->counted = -1;
+    return PF_OK;
+}
+
+pf_status pf_model_attention_inputs(pf_model *m, float *q, float *k, float *v,
+                                    const int32_t *tokens, int B, int T, int layer) {
+    if (!m || !q || !k || !v || !tokens || B < 1 || T < 1 || layer < 0 ||
+        layer >= m->config.layers || m->has_parallel)
+        return PF_EINVAL;
+    const int training = m->training;
+    m->training = 0; /* evaluation: W and FAVOR++'s statistic stay as they are */
+    pf_status st = pf_model_forward(m, NULL, NULL, tokens, NULL, B, T);
+    m->training = training;
+    if (st != PF_OK) return st;
+    /* the forward keeps every layer's q, k, v (B,H,T,hd) for its backward */
+    const size_t n = (size_t)B * T * m->config.d_model;
+    memcpy(q, m->acts.q + (size_t)layer * n, sizeof(float) * n);
+    memcpy(k, m->acts.k + (size_t)layer * n, sizeof(float) * n);
+    memcpy(v, m->acts.v + (size_t)layer * n, sizeof(float) * n);
     return PF_OK;
 }
