@@ -16,7 +16,11 @@
 #   queries within 0.1: exact attention is ~99.9% on the query's own key) within 1e-2 of exact,
 #   and with C = 2 far from it; the same seed gives the same bits at 1 and 2 threads;
 # - bad inputs: a clear message (keyword checked), a non-zero exit, and no output file;
-# - --help mentions every flag; demo --quick prints a table.
+# - --help mentions every flag; demo --quick prints a table, and then FAVOR+'s error on the
+#   queries, keys and values of the trained model shipped in data/: one row per layer and one of
+#   N(0,1) inputs of the same shape, every number finite, each layer's mean error below the
+#   random inputs' at every m, its queries' and keys' effective rank far below theirs (~60); a missing or bad --checkpoint or --text fails at once (exit 1, before
+#   any timing), a performer with no data/ beside it leaves the part out with a note (exit 0).
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
 TEST=test_tool; . "$(dirname "$0")/lib.sh"
@@ -499,7 +503,8 @@ for f in --q --k --v --out --method --causal --kernel --features --proj --norm -
     grep -q -E -- "$f([^a-z-]|\$)" "$T/ahelp" || fail "attn --help does not mention $f"
 done
 pass
-for f in --max-len --d --heads --features --budget --sigma --threads --seed --quick; do
+for f in --max-len --d --heads --features --budget --sigma --threads --seed --quick \
+         --checkpoint --no-checkpoint --text; do
     grep -q -E -- "$f([^a-z-]|\$)" "$T/help" || fail "--help does not mention demo $f"
     grep -q -E -- "$f([^a-z-]|\$)" "$T/dhelp" || fail "demo --help does not mention $f"
 done
@@ -603,5 +608,64 @@ else
     [ "$rows" -eq 4 ] && pass || { fail "demo: $rows rows, expected 4"; cat "$T/demo"; }
     grep -q "L=4096" "$T/demo.err" && pass || fail "demo: no progress on stderr"
 fi
+# the trained model's part: layers 1..4 and N(0,1), each |q'|², |k'|², the ranks of q and k and
+# "mean ± sd" at three values of m
+cat >"$T/real.py" <<'EOF'
+import math, re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+assert "FAVOR+ on a trained model's own queries, keys and values" in text, "no section"
+assert "demo-kjv.safetensors" in text and "demo-kjv-val.txt" in text, "not the shipped files"
+num = r"([0-9.]+|nan|inf|-nan|-inf)"
+rows = {}
+for line in text.splitlines():
+    m = re.match(r"^  (layer \d+|N\(0,1\), same shape)" + " +%s" % num * 4 +
+                 "".join(r" +%s ± %s" % (num, num) for _ in range(3)) + "$", line)
+    if m:
+        rows[m.group(1)] = [float(x) for x in m.groups()[1:]]
+assert list(rows) == ["layer 1", "layer 2", "layer 3", "layer 4", "N(0,1), same shape"], rows
+for name, v in rows.items():
+    assert all(math.isfinite(x) for x in v), (name, v)
+rnd = rows.pop("N(0,1), same shape")
+assert 7 < rnd[0] < 9 and 7 < rnd[1] < 9, rnd  # |q'|^2 = |q|^2/sqrt(64) = 8 on average
+assert 50 < rnd[2] < 64 and 50 < rnd[3] < 64, rnd  # 64/(1 + 64/n) for n = 512 or 1024 rows
+for name, v in rows.items():
+    assert v[2] < 16 and v[3] < 16, (name, v)  # the trained ones vary along a few directions
+    for j in range(3):  # mean errors at m = 64, 256, 1024: the layer's below N(0,1)'s
+        assert v[4 + 2 * j] < rnd[4 + 2 * j], (name, j, v, rnd)
+print(len(rows), "layers")
+EOF
+if [ $rc -eq 0 ]; then
+    $PY "$T/real.py" "$T/demo" >"$T/real.out" 2>&1 && pass ||
+        { fail "demo: the trained model's part: $(tail -n 3 "$T/real.out")"; cat "$T/demo"; }
+fi
+"$P" demo --quick --heads 2 --d 16 --features 32 --no-checkpoint >"$T/demo2" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && ! grep -q "trained model" "$T/demo2" && pass ||
+    fail "demo --no-checkpoint: exit $rc, $(grep "trained" "$T/demo2")"
+# a bad --checkpoint or --text fails before the timings
+printf 'not a checkpoint' >"$T/bad.safetensors"
+printf 'In the' >"$T/short.txt"
+for args in "--checkpoint $T/none.safetensors" "--checkpoint $T/bad.safetensors" \
+    "--text $T/none.txt" "--text $T/short.txt" "--text $T"; do
+    # shellcheck disable=SC2086
+    "$P" demo --quick $args >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -ne 1 ]; then fail "demo $args: exit $rc, expected 1: $(cat "$T/err")"
+    elif ! grep -q -- "${args%% *}: " "$T/err"; then fail "demo $args: message $(cat "$T/err")"
+    elif grep -q "L=512" "$T/err" || [ -s "$T/out" ]; then fail "demo $args: timed anyway"
+    else pass; fi
+done
+"$P" demo --no-checkpoint --text "$T/x.txt" 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && pass || fail "demo --no-checkpoint --text: exit $rc"
+# a performer with no data/ beside it (nor in PERFORMER_DATA, nor in ./data): left out, noted
+mkdir -p "$T/alone/bin"
+cp "$P" "$T/alone/bin/performer"
+(cd "$T/alone" && env -u PERFORMER_DATA bin/performer demo --quick --heads 2 --d 16 \
+    --features 32 >"$T/alone.out" 2>"$T/alone.err"); rc=$?
+[ $rc -eq 0 ] && grep -q "left out (data/demo-kjv.safetensors was not" "$T/alone.out" && pass ||
+    fail "demo without data/: exit $rc, $(tail -n 3 "$T/alone.out") $(cat "$T/alone.err")"
+# ... and given a checkpoint without a text to run it on: a usage error
+(cd "$T/alone" && env -u PERFORMER_DATA bin/performer demo --quick \
+    --checkpoint "$T/bad.safetensors" >/dev/null 2>"$T/err"); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--text FILE" "$T/err" && pass ||
+    fail "demo --checkpoint without a text: exit $rc, $(cat "$T/err")"
 
 finish

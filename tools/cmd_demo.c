@@ -1,7 +1,9 @@
 /* cmd_demo.c: `performer demo`: the one-minute answer to "what does FAVOR+ buy me?".
  *
  * For L = 512, 1024, ... it times exact attention, FAVOR+ and causal FAVOR+ on the same random
- * Q, K, V, measures each one's extra memory, and FAVOR+'s error against exact attention.
+ * Q, K, V, measures each one's extra memory, and FAVOR+'s error against exact attention. Then
+ * the same error on the queries, keys and values a small trained model really produces (the
+ * checkpoint shipped in data/, or --checkpoint), next to N(0,1) inputs of their shape.
  *
  * Every measurement runs in its own fork()ed child, so its peak RSS (wait4's ru_maxrss) belongs
  * to that method alone. The parent makes the inputs before forking (the children share them
@@ -29,10 +31,22 @@
 
 #define CMD "demo"
 #define MAX_ROWS 32
+/* FAVOR+ on a trained model's inputs: W draws, windows of text, their longest length, layers
+ * shown, and the shipped files */
+#define REAL_DRAWS 5
+#define REAL_DRAWS_QUICK 3
+#define REAL_WINDOWS 4
+#define REAL_MAX_T 1024
+#define REAL_MAX_LAYERS 32
+#define REAL_NM 3
+#define DEMO_CHECKPOINT "demo-kjv.safetensors"
+#define DEMO_TEXT "demo-kjv-val.txt"
+static const int real_m[REAL_NM] = {64, 256, 1024};
 
 const char cmd_demo_synopsis[] =
     "performer demo [--max-len L] [--d D] [--heads H] [--features M] [--budget SEC]\n"
-    "     [--sigma S] [--threads N] [--seed S] [--quick]\n";
+    "     [--sigma S] [--threads N] [--seed S] [--quick]\n"
+    "     [--checkpoint PATH | --no-checkpoint] [--text FILE]\n";
 
 void cmd_demo_help(void) {
     printf("usage: %s\n"
@@ -51,8 +65,24 @@ void cmd_demo_help(void) {
            "                  FAVOR+'s error grows quickly with |q| and |k|       [1]\n"
            "  --threads N     threads, 0 = OpenMP's default                       [0]\n"
            "  --seed S        seed of the inputs and of W                         [0]\n"
-           "  --quick         L up to 4096 only (for tests)                       [off]\n",
-           cmd_demo_synopsis);
+           "  --quick         L up to 4096 only (for tests)                       [off]\n"
+           "\n"
+           "Then FAVOR+ on real inputs: a trained language model (a performer train\n"
+           "checkpoint) runs on windows of a text, and each layer's own queries, keys and\n"
+           "values (pf_model_attention_inputs) go through causal exact attention and causal\n"
+           "FAVOR+ (positive features, orthogonal W, m = 64, 256, 1024, %d draws of W; %d with\n"
+           "--quick), next to N(0,1) inputs of the same shape and the same draws: %d windows\n"
+           "(%d with --quick) of the model's context, at most %d bytes. It runs first: a\n"
+           "checkpoint or text that cannot be used ends the demo at once (status 1).\n"
+           "  --checkpoint PATH  the model            [data/demo-kjv.safetensors, when found]\n"
+           "  --no-checkpoint    leave this part out\n"
+           "  --text FILE        the text it reads    [data/demo-kjv-val.txt, when found]\n"
+           "The shipped files (scripts/make_demo_checkpoint.sh makes them; data/demo-kjv.md\n"
+           "says how) are looked for in $PERFORMER_DATA, then beside the executable's\n"
+           "../data and ../../data, then ./data; when they are not found this part is left\n"
+           "out with a note.\n",
+           cmd_demo_synopsis, REAL_DRAWS, REAL_DRAWS_QUICK, REAL_WINDOWS, REAL_WINDOWS / 2,
+           REAL_MAX_T);
 }
 
 typedef struct demo_cfg {
@@ -60,6 +90,7 @@ typedef struct demo_cfg {
     double budget; /* seconds */
     double sigma;  /* std of Q and K */
     uint64_t seed;
+    const char *checkpoint, *text; /* the trained model's part; NULL: none */
 } demo_cfg;
 
 enum { RUN_IDLE, RUN_FAVOR, RUN_FAVOR_CAUSAL, RUN_EXACT, RUN_FAVORPP };
@@ -293,9 +324,11 @@ static int display_width(const char *s) {
     return w;
 }
 
+/* s right-aligned in width columns; a negative width left-aligns it in -width. */
 static void cell(const char *s, int width) {
-    for (int i = display_width(s); i < width; i++) putchar(' ');
-    fputs(s, stdout);
+    if (width < 0) fputs(s, stdout);
+    for (int i = display_width(s); i < (width < 0 ? -width : width); i++) putchar(' ');
+    if (width >= 0) fputs(s, stdout);
 }
 
 static void print_table(const row *rows, int n, const demo_cfg *c, double exact_skip_s) {
@@ -377,6 +410,301 @@ static void print_table(const row *rows, int n, const demo_cfg *c, double exact_
                cross);
 }
 
+/* ---- FAVOR+ on a trained model's queries, keys and values --------------------------------- */
+
+/* What the child that runs the trained model sends back, in shared memory. */
+typedef struct real_report {
+    int ok;
+    char msg[1200]; /* why not, when not ok */
+    pf_model_config cfg;
+    long long step;
+    int B, T, layers, draws; /* layers measured: the model's, at most REAL_MAX_LAYERS */
+    /* row l < layers: layer l's own inputs; row `layers`: N(0,1) inputs of the same shape */
+    double err[REAL_MAX_LAYERS + 1][REAL_NM][REAL_DRAWS];
+    double q2[REAL_MAX_LAYERS + 1], k2[REAL_MAX_LAYERS + 1]; /* mean |q'|^2, |k'|^2 */
+    double qr[REAL_MAX_LAYERS + 1], kr[REAL_MAX_LAYERS + 1]; /* effective ranks (eff_rank) */
+    double ms;
+} real_report;
+
+/* Mean over rows (n rows of hd) of |x|^2 * scale. */
+static double mean_sq(const float *x, size_t rows, int hd, double scale) {
+    double s = 0;
+    for (size_t i = 0; i < rows * (size_t)hd; i++) s += (double)x[i] * x[i];
+    return s * scale / (double)rows;
+}
+
+/* The effective rank (tr S)^2 / tr(S^2) of the covariance S (hd x hd) of each head's B*T rows
+ * of x (B,H,T,hd), averaged over the heads: about hd for N(0,1) entries, 1 for rows that vary
+ * along one direction. In float64. */
+static double eff_rank(const float *x, int B, int H, int T, int hd) {
+    double *mean = calloc((size_t)hd, sizeof(double));
+    double *S = calloc((size_t)hd * hd, sizeof(double));
+    double sum = 0;
+    if (!mean || !S) {
+        free(mean);
+        free(S);
+        return NAN;
+    }
+    const double n = (double)B * T;
+    for (int h = 0; h < H; h++) {
+        memset(mean, 0, sizeof(double) * (size_t)hd);
+        memset(S, 0, sizeof(double) * (size_t)hd * hd);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < hd; i++)
+                    mean[i] += x[(((size_t)b * H + h) * T + t) * hd + i] / n;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const float *r = x + (((size_t)b * H + h) * T + t) * hd;
+                for (int i = 0; i < hd; i++)
+                    for (int j = 0; j < hd; j++)
+                        S[(size_t)i * hd + j] += (r[i] - mean[i]) * (r[j] - mean[j]) / n;
+            }
+        double tr = 0, tr2 = 0;
+        for (int i = 0; i < hd; i++) tr += S[(size_t)i * hd + i];
+        for (size_t i = 0; i < (size_t)hd * hd; i++) tr2 += S[i] * S[i];
+        sum += tr2 > 0 ? tr * tr / tr2 : 0;
+    }
+    free(mean);
+    free(S);
+    return sum / H;
+}
+
+/* The bytes of the text (at most cap): *n of them, malloc'ed into *buf. 0, or -1 with msg. */
+static int read_text(const char *path, unsigned char **buf, size_t *n, size_t cap, char *msg,
+                     size_t msglen) {
+    int64_t size;
+    pf_status st;
+    int fd = pf_io_open_regular(path, &size, &st, msg, msglen);
+    if (fd < 0) return -1;
+    size_t want = (size_t)size < cap ? (size_t)size : cap;
+    *buf = malloc(want > 0 ? want : 1);
+    if (!*buf) {
+        close(fd);
+        snprintf(msg, msglen, "%s: out of memory", path);
+        return -1;
+    }
+    st = pf_io_read_all(fd, *buf, want, path, msg, msglen);
+    close(fd);
+    if (st != PF_OK) {
+        free(*buf);
+        *buf = NULL;
+        return -1;
+    }
+    *n = want;
+    return 0;
+}
+
+/* Exact and FAVOR+ (every m, every draw) on one set of q, k, v (B,H,T,hd) into err[m][draw];
+ * out_e, out_f, W are scratch. The library's status. */
+static pf_status real_errors(double err[REAL_NM][REAL_DRAWS], const float *q, const float *k,
+                             const float *v, const pf_shape *sh, const pf_attn_opts *opts,
+                             float *out_e, float *out_f, float *W, int draws, uint64_t seed) {
+    const size_t n = (size_t)sh->B * sh->H * sh->Lq * sh->dv;
+    pf_status st = pf_attn_exact(out_e, NULL, q, k, v, sh, opts);
+    for (int j = 0; j < REAL_NM && st == PF_OK; j++) {
+        for (int r = 0; r < draws && st == PF_OK; r++) {
+            /* draw r of every m from its own stream, away from the timing rows' stream 0 */
+            st = pf_projection_draw(W, real_m[j], sh->d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
+                                    1000 + (uint64_t)r);
+            pf_favor_opts fav = pf_favor_opts_default();
+            fav.W = W;
+            fav.m = real_m[j];
+            if (st == PF_OK) st = pf_attn_favor(out_f, q, k, v, sh, opts, &fav);
+            if (st == PF_OK) err[j][r] = rel_frobenius(out_f, out_e, n);
+        }
+    }
+    return st;
+}
+
+/* The child's work: the model on windows of the text, each layer's inputs, the errors. */
+static void real_child(real_report *r, const demo_cfg *c) {
+#ifdef _OPENMP
+    if (c->threads > 0) omp_set_num_threads(c->threads);
+#endif
+    double t0 = tool_now_ms();
+    char msg[1024];
+    pf_model *m = NULL;
+    unsigned char *text = NULL;
+    size_t ntext = 0;
+    int32_t *tok = NULL;
+    float *buf = NULL;
+    if (pf_model_load(&m, c->checkpoint, msg, sizeof(msg)) != PF_OK) {
+        snprintf(r->msg, sizeof(r->msg), "--checkpoint: %s", msg);
+        return;
+    }
+    r->cfg = pf_model_get_config(m);
+    r->step = (long long)pf_model_steps(m);
+    const int H = r->cfg.heads, hd = r->cfg.d_model / r->cfg.heads;
+    const int B = c->quick ? REAL_WINDOWS / 2 : REAL_WINDOWS;
+    if (read_text(c->text, &text, &ntext, (size_t)1 << 24, msg, sizeof(msg)) != 0) {
+        snprintf(r->msg, sizeof(r->msg), "--text: %s", msg);
+        goto done;
+    }
+    if (ntext < 16) {
+        snprintf(r->msg, sizeof(r->msg), "--text: %s holds %zu bytes; at least 16 are needed",
+                 c->text, ntext);
+        goto done;
+    }
+    int T = r->cfg.context < REAL_MAX_T ? r->cfg.context : REAL_MAX_T;
+    if ((size_t)T > ntext) T = (int)ntext;
+    r->B = B;
+    r->T = T;
+    r->layers = r->cfg.layers < REAL_MAX_LAYERS ? r->cfg.layers : REAL_MAX_LAYERS;
+    r->draws = c->quick ? REAL_DRAWS_QUICK : REAL_DRAWS;
+    /* B windows spread evenly over the text, the first at its start and the last at its end */
+    tok = malloc(sizeof(int32_t) * (size_t)B * T);
+    const size_t n = (size_t)B * H * T * hd;
+    buf = malloc(sizeof(float) * (n * 8 + (size_t)real_m[REAL_NM - 1] * hd));
+    if (!tok || !buf) {
+        snprintf(r->msg, sizeof(r->msg), "out of memory");
+        goto done;
+    }
+    for (int b = 0; b < B; b++) {
+        size_t start = B > 1 ? (size_t)b * (ntext - (size_t)T) / (size_t)(B - 1) : 0;
+        for (int t = 0; t < T; t++) tok[(size_t)b * T + t] = text[start + (size_t)t];
+    }
+    float *q = buf, *k = q + n, *v = k + n, *out_e = v + n, *out_f = out_e + n;
+    float *rq = out_f + n, *rk = rq + n, *rv = rk + n, *W = rv + n;
+    pf_shape sh = {.B = B, .H = H, .Lq = T, .Lk = T, .d = hd, .dv = hd};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.causal = 1; /* as the model attends */
+    opts.threads = c->threads;
+    const double scale = 1.0 / sqrt((double)hd); /* |q'|^2 = |q|^2 / sqrt(hd) */
+    pf_status st = PF_OK;
+    for (int l = 0; l < r->layers && st == PF_OK; l++) {
+        st = pf_model_attention_inputs(m, q, k, v, tok, B, T, l);
+        if (st != PF_OK) break;
+        r->q2[l] = mean_sq(q, n / (size_t)hd, hd, scale);
+        r->k2[l] = mean_sq(k, n / (size_t)hd, hd, scale);
+        r->qr[l] = eff_rank(q, B, H, T, hd);
+        r->kr[l] = eff_rank(k, B, H, T, hd);
+        st = real_errors(r->err[l], q, k, v, &sh, &opts, out_e, out_f, W, r->draws, c->seed);
+    }
+    /* the same shape, entries N(0,1), the same draws of W */
+    float *rin[3] = {rq, rk, rv};
+    for (int t = 0; t < 3 && st == PF_OK; t++) {
+        pf_rng rng;
+        pf_rng_init(&rng, c->seed, 101 + (uint64_t)t);
+        st = pf_rng_fill_normal(&rng, rin[t], n);
+    }
+    if (st == PF_OK) {
+        r->q2[r->layers] = mean_sq(rq, n / (size_t)hd, hd, scale);
+        r->k2[r->layers] = mean_sq(rk, n / (size_t)hd, hd, scale);
+        r->qr[r->layers] = eff_rank(rq, B, H, T, hd);
+        r->kr[r->layers] = eff_rank(rk, B, H, T, hd);
+        st = real_errors(r->err[r->layers], rq, rk, rv, &sh, &opts, out_e, out_f, W, r->draws,
+                         c->seed);
+    }
+    if (st != PF_OK) {
+        snprintf(r->msg, sizeof(r->msg), "the trained model's inputs: %s", pf_status_str(st));
+        goto done;
+    }
+    r->ms = tool_now_ms() - t0;
+    r->ok = 1;
+done:
+    free(buf);
+    free(tok);
+    free(text);
+    pf_model_free(m);
+}
+
+/* Runs real_child in a forked child (the parent never starts OpenMP's threads, which would not
+ * survive the timing rows' forks). 0, or an exit code after a message. */
+static int measure_real(real_report *r, const demo_cfg *c) {
+    memset(r, 0, sizeof(*r));
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return tool_fail(CMD, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        real_child(r, c);
+        _exit(0);
+    }
+    int wst = 0;
+    while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFSIGNALED(wst))
+        return tool_fail(CMD, "the trained model's part crashed (signal %d)", WTERMSIG(wst));
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst) != 0 || (!r->ok && !r->msg[0]))
+        return tool_fail(CMD, "the trained model's part failed");
+    if (!r->ok) return tool_fail(CMD, "%s", r->msg);
+    return 0;
+}
+
+/* mean and standard deviation (n - 1) of x (n) */
+static void mean_sd(const double *x, int n, double *mean, double *sd) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) ss += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(ss / (n - 1)) : 0;
+}
+
+static void print_real(const real_report *r, const demo_cfg *c) {
+    const int hd = r->cfg.d_model / r->cfg.heads;
+    static const char *const att[] = {"exact", "FAVOR+", "FAVOR++"};
+    printf("\n"
+           "FAVOR+ on a trained model's own queries, keys and values, causal as the model "
+           "attends:\n"
+           "  model  %s\n"
+           "         (%s attention, step %lld; %d layers, d_model %d, %d heads of width %d)\n"
+           "  text   %s: %d windows of %d bytes\n"
+           "  err as above, mean \xC2\xB1 sd over %d draws of W (positive features, "
+           "orthogonal),\n"
+           "  the same draws for both kinds of input\n\n",
+           c->checkpoint, att[r->cfg.attention], r->step, r->cfg.layers, r->cfg.d_model,
+           r->cfg.heads, hd, c->text, r->B, r->T, r->draws);
+    char s[64];
+    cell("  inputs", -20);
+    cell("|q'|\xC2\xB2", 7);
+    cell("|k'|\xC2\xB2", 7);
+    cell("rank q", 8);
+    cell("rank k", 8);
+    for (int j = 0; j < REAL_NM; j++) {
+        snprintf(s, sizeof(s), "m = %d", real_m[j]);
+        cell(s, 16);
+    }
+    putchar('\n');
+    for (int l = 0; l <= r->layers; l++) {
+        if (l < r->layers)
+            snprintf(s, sizeof(s), "  layer %d", l + 1);
+        else
+            snprintf(s, sizeof(s), "  N(0,1), same shape");
+        cell(s, -20);
+        snprintf(s, sizeof(s), "%.2f", r->q2[l]);
+        cell(s, 7);
+        snprintf(s, sizeof(s), "%.2f", r->k2[l]);
+        cell(s, 7);
+        snprintf(s, sizeof(s), "%.1f", r->qr[l]);
+        cell(s, 8);
+        snprintf(s, sizeof(s), "%.1f", r->kr[l]);
+        cell(s, 8);
+        for (int j = 0; j < REAL_NM; j++) {
+            double mean, sd;
+            mean_sd(r->err[l][j], r->draws, &mean, &sd);
+            snprintf(s, sizeof(s), "%.3f \xC2\xB1 %.3f", mean, sd);
+            cell(s, 16);
+        }
+        putchar('\n');
+    }
+    if (r->layers < r->cfg.layers)
+        printf("  (layers %d to %d not shown)\n", r->layers + 1, r->cfg.layers);
+    printf("\n"
+           "|q'|\xC2\xB2, |k'|\xC2\xB2: the mean squared norm of q' = q d^-1/4 and k' = k "
+           "d^-1/4 (d = %d), what the\n"
+           "  features see; rank: the effective rank (tr S)^2 / tr S^2 of the covariance S of "
+           "a head's\n"
+           "  queries (keys), averaged over the heads. Why the errors differ: not by the "
+           "norms (N(0,1)\n"
+           "  entries give |q'|\xC2\xB2 = sqrt(d) = %.0f) but by their structure: a trained "
+           "layer's queries and\n"
+           "  keys vary along a few directions, and random features estimate the softmax "
+           "kernel there\n"
+           "  better than over d independent ones.\n",
+           hd, sqrt((double)hd));
+}
+
 /* ---- the command --------------------------------------------------------------------------- */
 
 int cmd_demo(int argc, char **argv) {
@@ -388,8 +716,10 @@ int cmd_demo(int argc, char **argv) {
                   .quick = 0,
                   .budget = 10,
                   .sigma = 1,
-                  .seed = 0};
-    int max_len_set = 0;
+                  .seed = 0,
+                  .checkpoint = NULL,
+                  .text = NULL};
+    int max_len_set = 0, no_checkpoint = 0;
     tool_args a;
     tool_args_init(&a, CMD, argc, argv);
     while (tool_next(&a)) {
@@ -413,6 +743,12 @@ int cmd_demo(int argc, char **argv) {
             if (v) tool_parse_u64(&a, "--seed", v, &c.seed);
         } else if (tool_flag(&a, "--quick")) {
             c.quick = 1;
+        } else if (tool_path_opt(&a, "--checkpoint", &v)) {
+            c.checkpoint = v;
+        } else if (tool_flag(&a, "--no-checkpoint")) {
+            no_checkpoint = 1;
+        } else if (tool_path_opt(&a, "--text", &v)) {
+            c.text = v;
         } else {
             return tool_unknown(&a);
         }
@@ -421,6 +757,30 @@ int cmd_demo(int argc, char **argv) {
     if (c.quick && max_len_set)
         return tool_usage(CMD, "--quick sets --max-len 4096: give one or the other");
     if (c.quick) c.max_len = 4096;
+    if (no_checkpoint && (c.checkpoint || c.text))
+        return tool_usage(CMD, "--no-checkpoint leaves the trained model out: --%s is for it",
+                          c.checkpoint ? "checkpoint" : "text");
+    /* the trained model's part: the files given, or the shipped ones when found */
+    static char found_ckpt[4096], found_text[4096], real_ckpt[PATH_MAX], real_text[PATH_MAX];
+    const char *missing = NULL;
+    const int ckpt_given = c.checkpoint != NULL;
+    if (!no_checkpoint && !ckpt_given) {
+        if (tool_find_data(found_ckpt, sizeof(found_ckpt), DEMO_CHECKPOINT))
+            c.checkpoint = realpath(found_ckpt, real_ckpt) ? real_ckpt : found_ckpt;
+        else
+            missing = "data/" DEMO_CHECKPOINT;
+    }
+    if (c.checkpoint && !c.text) {
+        if (tool_find_data(found_text, sizeof(found_text), DEMO_TEXT)) {
+            c.text = realpath(found_text, real_text) ? real_text : found_text;
+        } else if (ckpt_given) {
+            return tool_usage(CMD, "--checkpoint needs a text to run on: --text FILE (the "
+                                   "shipped data/" DEMO_TEXT " was not found)");
+        } else {
+            missing = "data/" DEMO_TEXT;
+            c.checkpoint = NULL;
+        }
+    }
 
     row rows[MAX_ROWS];
     int n = 0;
@@ -433,6 +793,19 @@ int cmd_demo(int argc, char **argv) {
             c.m, nthreads, nthreads == 1 ? "" : "s", c.max_len);
     double t0 = tool_now_ms(), last_exact_ms = 0;
     int run_exact = 1;
+    /* first the trained model (a few seconds), so that a bad --checkpoint fails at once */
+    real_report *real = NULL;
+    if (c.checkpoint) {
+        fprintf(stderr, "  the trained model's queries, keys and values...");
+        real = mmap(NULL, sizeof(*real), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (real == MAP_FAILED) return tool_fail(CMD, "mmap: %s", strerror(errno));
+        int rc = measure_real(real, &c);
+        if (rc) {
+            munmap(real, sizeof(*real));
+            return rc;
+        }
+        fprintf(stderr, " done (%.1f s)\n", real->ms / 1000);
+    }
     for (; L <= c.max_len && n < MAX_ROWS; L *= 2) {
         /* exact attention is quadratic: doubling L multiplies its time by 4 */
         if (run_exact && n > 0) run_exact = last_exact_ms * 4 < c.budget * 1000;
@@ -453,6 +826,15 @@ int cmd_demo(int argc, char **argv) {
            "entries of Q, K ~ N(0, sigma^2) with sigma = %g, of V ~ N(0, 1)\n\n",
            c.H, c.d, c.m, nthreads, nthreads == 1 ? "" : "s", c.sigma);
     print_table(rows, n, &c, c.budget);
+    if (real) {
+        print_real(real, &c);
+        munmap(real, sizeof(*real));
+    } else if (missing) {
+        printf("\nFAVOR+ on a trained model's own queries, keys and values: left out (%s was not\n"
+               "  found beside this performer, nor in $PERFORMER_DATA; --checkpoint and --text\n"
+               "  name the files).\n",
+               missing);
+    }
     int failed = 0;
     for (int i = 0; i < n; i++) {
         failed |= !rows[i].favor.ok || !rows[i].causal.ok ||

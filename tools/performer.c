@@ -265,8 +265,11 @@ int tool_check_writable(const char *path, char *msg, size_t cap) {
     return 0;
 }
 
-int tool_find_script(char *path, size_t cap, const char *name) {
-    const char *env = getenv("PERFORMER_SCRIPTS");
+/* name in the folder `dir` of the source tree: $env/name, then the executable's ../dir/name or
+ * ../../dir/name (build/ or build/tools/ of a checkout), then ./dir/name. 1 if readable. */
+static int find_in_tree(char *path, size_t cap, const char *env_name, const char *dir,
+                        const char *name) {
+    const char *env = getenv(env_name);
     if (env && *env) {
         snprintf(path, cap, "%s/%s", env, name);
         if (access(path, R_OK) == 0) return 1;
@@ -278,14 +281,22 @@ int tool_find_script(char *path, size_t cap, const char *name) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(path, cap, "%s/../scripts/%s", exe, name);
+            snprintf(path, cap, "%s/../%s/%s", exe, dir, name);
             if (access(path, R_OK) == 0) return 1;
-            snprintf(path, cap, "%s/../../scripts/%s", exe, name);
+            snprintf(path, cap, "%s/../../%s/%s", exe, dir, name);
             if (access(path, R_OK) == 0) return 1;
         }
     }
-    snprintf(path, cap, "scripts/%s", name);
+    snprintf(path, cap, "%s/%s", dir, name);
     return access(path, R_OK) == 0;
+}
+
+int tool_find_script(char *path, size_t cap, const char *name) {
+    return find_in_tree(path, cap, "PERFORMER_SCRIPTS", "scripts", name);
+}
+
+int tool_find_data(char *path, size_t cap, const char *name) {
+    return find_in_tree(path, cap, "PERFORMER_DATA", "data", name);
 }
 
 tool_plot_status tool_plot(const char *name, const char *in, const char *png, const char *arg1,

@@ -179,6 +179,10 @@ int tool_check_writable(const char *path, char *msg, size_t cap);
  * 1 if found, else 0. */
 int tool_find_script(char *path, size_t cap, const char *name);
 
+/* The same for a file shipped in the source tree's data/ (the demo's trained model): in
+ * $PERFORMER_DATA, then the executable's ../data or ../../data, then ./data. */
+int tool_find_data(char *path, size_t cap, const char *name);
+
 /* What tool_plot did. */
 typedef enum {
     TOOL_PLOT_OK,
