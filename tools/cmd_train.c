@@ -119,7 +119,7 @@ void cmd_train_help(void) {
            "                      run's (defaults as above). --layers, --d-model, --heads,\n"
            "                      --positions and (learned positions) --context are CKPT's:\n"
            "                      leave them out, or give the same values (rotary positions\n"
-           "                      may take another --context). The checkpoint's path, SHA-256\n"
+           "                      may take another --context). The checkpoint's path, CRC-32\n"
            "                      and step go into this run's metadata (run.init_from*).\n"
            "                      --steps 0 evaluates only: log row 0 and a checkpoint\n"
            "  --fit-batches N     --attention favor++: before step 0's evaluation, fit A (the\n"
@@ -373,7 +373,7 @@ typedef struct run_meta {
  * set from the command line, or read back by a resumed run. */
 typedef struct init_record {
     char path[PATH_MAX];
-    char sha256[65];
+    char crc32[9];
     char step[32];
     char fit[32]; /* --fit-batches, or "" */
 } init_record;
@@ -414,7 +414,7 @@ static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, doubl
     meta_set(r, i++, "run.tokens", "%lld", (long long)tokens);
     if (init_rec.path[0]) {
         meta_set(r, i++, "run.init_from", "%s", init_rec.path);
-        meta_set(r, i++, "run.init_from_sha256", "%s", init_rec.sha256);
+        meta_set(r, i++, "run.init_from_crc32", "%s", init_rec.crc32);
         meta_set(r, i++, "run.init_from_step", "%s", init_rec.step);
         meta_set(r, i++, "run.init_from_carried", "%s",
                  "every trained tensor: wte, wpe, blocks.*, lnf.*");
@@ -477,13 +477,13 @@ static int settings_from_meta(train_cfg *c, const pf_model *m, const char *path,
         return tool_fail(CMD, "%s: run.tokens %llu is out of range", path, (unsigned long long)ntok);
     /* a run started --init-from keeps saying so */
     const char *ip = pf_model_meta(m, "run.init_from");
-    const char *ih = pf_model_meta(m, "run.init_from_sha256");
+    const char *ih = pf_model_meta(m, "run.init_from_crc32");
     const char *is = pf_model_meta(m, "run.init_from_step");
     const char *ifit = pf_model_meta(m, "run.fit_batches");
-    if (ip && ih && is && strlen(ip) < sizeof(init_rec.path) && strlen(ih) == 64 &&
+    if (ip && ih && is && strlen(ip) < sizeof(init_rec.path) && strlen(ih) == 8 &&
         strlen(is) < sizeof(init_rec.step) && (!ifit || strlen(ifit) < sizeof(init_rec.fit))) {
         snprintf(init_rec.path, sizeof(init_rec.path), "%s", ip);
-        snprintf(init_rec.sha256, sizeof(init_rec.sha256), "%s", ih);
+        snprintf(init_rec.crc32, sizeof(init_rec.crc32), "%s", ih);
         snprintf(init_rec.step, sizeof(init_rec.step), "%s", is);
         snprintf(init_rec.fit, sizeof(init_rec.fit), "%s", ifit ? ifit : "");
     } else if (ip) {
@@ -933,8 +933,8 @@ static int load_data(const train_cfg *c, run_state *r, const char *data, int for
 /* --init-from: reads the checkpoint into *src, takes its shapes into c (or checks those given
  * against them) and records where the run starts from (init_rec). 0 or an exit code. */
 static int init_source(train_cfg *c, pf_model **src) {
-    char msg[1024], hex[65];
-    if (tool_sha256_file(c->init_from, hex, msg, sizeof(msg)) != 0)
+    char msg[1024], hex[9];
+    if (tool_crc32_file(c->init_from, hex, msg, sizeof(msg)) != 0)
         return tool_fail(CMD, "--init-from: %s", msg);
     if (pf_model_load(src, c->init_from, msg, sizeof(msg)) != PF_OK)
         return tool_fail(CMD, "--init-from: %s", msg);
@@ -970,7 +970,7 @@ static int init_source(train_cfg *c, pf_model **src) {
     char real[PATH_MAX];
     snprintf(init_rec.path, sizeof(init_rec.path), "%s",
              realpath(c->init_from, real) ? real : c->init_from);
-    snprintf(init_rec.sha256, sizeof(init_rec.sha256), "%s", hex);
+    snprintf(init_rec.crc32, sizeof(init_rec.crc32), "%s", hex);
     snprintf(init_rec.step, sizeof(init_rec.step), "%lld", (long long)pf_model_steps(*src));
     if (c->fit_batches > 0) snprintf(init_rec.fit, sizeof(init_rec.fit), "%d", c->fit_batches);
     return 0;

@@ -201,9 +201,9 @@ tool_plot_status tool_plot(const char *name, const char *in, const char *png, co
 /* Formats a shape as "(2, 3, 4)" (or "()") into buf. */
 const char *tool_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 
-/* The SHA-256 of the regular file at path (tools/sha256.c) as 64 lowercase hex digits and a NUL
- * in hex: what `sha256sum` prints. 0, or -1 with msg (cap bytes) naming the file and why. */
-int tool_sha256_file(const char *path, char hex[65], char *msg, size_t cap);
+/* The CRC-32 of the regular file at path (tools/crc32.c, zlib's) as 8 lowercase hex digits and
+ * a NUL: Python's zlib.crc32 of its bytes. 0, or -1 with msg (cap bytes) naming the file and why. */
+int tool_crc32_file(const char *path, char hex[9], char *msg, size_t cap);
 
 /* Milliseconds since an arbitrary start (CLOCK_MONOTONIC). */
 double tool_now_ms(void);
