@@ -59,6 +59,7 @@ fi
 SUBST='approx --all --out => approx --all --quick --out
 --draws 30 --out => --draws 3 --quick --out
 --steps 1000 => --steps 2 --batch 2 --eval-batches 1
+--steps 300 --lr 5e-4 => --steps 2 --batch 2 --eval-batches 1 --lr 5e-4
 DESTDIR=/tmp/stage => DESTDIR=$PWD/stage
 performer) -lm => performer) -lm -Wl,-rpath,$(pkg-config --variable=libdir performer)'
 
