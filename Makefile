@@ -194,6 +194,7 @@ bench: setup all $(BENCHES)
 	@core=$$($(TOOL) --version | \
 	  sed -n 's/.*OpenBLAS kernels: \([A-Za-z0-9_]*\), set by performer over.*/\1/p'); \
 	if [ -z "$${OPENBLAS_CORETYPE-}" ] && [ -n "$$core" ]; then export OPENBLAS_CORETYPE=$$core; fi; \
+	$(BUILD)/bench/bench_peak && echo && \
 	echo "$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv" && \
 	$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv && \
 	if [ -x $(BUILD)/bench/bench_decode ]; then \
