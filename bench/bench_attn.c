@@ -1,4 +1,5 @@
-/* bench_attn.c: attention speed against this machine's own matrix-multiply speed.
+/* bench_attn.c: attention speed against this machine's own matrix-multiply speed and its FMA
+ * peak.
  *
  * Every figure is a median over repeats, and every speed is reported as a ratio to something
  * measured in the same run, since absolute times drift on a shared machine:
@@ -6,6 +7,9 @@
  *     large square product at once (inside the threads' parallel region OpenBLAS runs each call
  *     on its calling thread; this is the machine's matrix-multiply throughput with the same
  *     threads the library uses);
+ *   - the fp32 FMA peak (peak.h) at the same thread count: the largest of its runs before the
+ *     table's cases, after them and (20 ms each) after every timed repeat, since a probe is only
+ *     ever slowed by the machine's other work; the table is printed once it is known;
  *   - exact attention, for FAVOR+.
  *
  * FLOP model (multiply-add = 2 FLOPs; B*H heads):
@@ -37,6 +41,7 @@
 #endif
 
 #include "bench.h"
+#include "peak.h"
 #include "performer.h"
 
 /* ---- the machine's sgemm speed --------------------------------------------------------- */
@@ -212,12 +217,30 @@ static void buffers_free(buffers *b) {
 
 static double flops(const bench_case *c);
 
+/* One line of the table. */
+typedef struct {
+    int L, causal, heads;
+    method meth;
+    double med[4], ratio[4]; /* time_passes' */
+    double frac;             /* of sgemm */
+    double gf, vs_exact, mem_f, mem_b, mem_s;
+} table_row;
+
+static const char *row_name(const table_row *w) {
+    static const char *const names[2][2] = {{"exact bidirectional", "exact causal"},
+                                            {"FAVOR+ bidirectional", "FAVOR+ causal"}};
+    return names[w->meth == FAVOR][w->causal != 0];
+}
+
+/* The FMA peak probe's short runs, one after each repeat of the table's cases. */
+static peak_sampler fma_during;
+
 /* np passes of a case run in turn in each repeat, after a
  * warm-up, until `reps` repeats or `budget` seconds: med[p] the median seconds of pass p and
  * ratio[p] the median over repeats of its time over pass 0's in the same repeat (so that the
  * shared machine's drifts cancel). NAN on failure. With sg (sgemm_buffer) each repeat also runs
  * the sgemm probe, and *sg_frac is the median over repeats of pass 0's GFLOP/s (flops model)
- * over the probe's in that repeat. */
+ * over the probe's in that repeat, and a short run of the FMA peak probe follows (fma_during). */
 static void time_passes(const bench_case *c, const pass *ps, int np, int reps, double budget,
                         double *med, double *ratio, float *sg, int threads, double *sg_frac) {
     enum { MAXR = 64, MAXP = 4 };
@@ -245,7 +268,10 @@ static void time_passes(const bench_case *c, const pass *ps, int np, int reps, d
             t[p][n] = now() - t0;
         }
         for (int p = 0; p < np; p++) q[p][n] = t[p][n] / t[0][n];
-        if (sg) fr[n] = flops(c) / t[0][n] * 1e-9 / sgemm_once(sg, threads);
+        if (sg) {
+            fr[n] = flops(c) / t[0][n] * 1e-9 / sgemm_once(sg, threads);
+            peak_sample(&fma_during);
+        }
         n++;
         if (now() - start > budget) break;
     }
@@ -399,36 +425,29 @@ int main(int argc, char **argv) {
     float W[256 * 64]; /* (for kept_heads' checks) */
     pf_projection_draw(W, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
     const int reps = quick ? 3 : 7;
+    /* the CSV goes to a temporary name, renamed when complete; checked before any timing */
+    char csv_tmp[4096];
+    FILE *csv = NULL;
+    if (csv_path) {
+        snprintf(csv_tmp, sizeof csv_tmp, "%s.tmp", csv_path);
+        if (!(csv = fopen(csv_tmp, "w"))) {
+            fprintf(stderr, "bench_attn: cannot write %s\n", csv_tmp);
+            return 1;
+        }
+    }
+    const peak_fma pk0 = peak_measure(threads);
+    peak_sampler_init(&fma_during, threads, 0.02);
     double sg = sgemm_gflops(threads, reps);
     float *sgbuf = sgemm_buffer(threads);
     char cpu[192], blas[128];
-    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
-           "machine sgemm: %.1f GFLOP/s (OpenBLAS, median of %d, %d x 1024^3; \"of sgemm\" is the\n"
-           "median over repeats of the forward's GFLOP/s over that of the same probe run right\n"
-           "after it, as this shared machine's speed drifts; exact attention's products run in\n"
-           "OpenBLAS, FAVOR+'s in the library's own vector kernels)\n",
-           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(),
-           blas_kernels(blas, sizeof blas), sg, reps, threads);
-    printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
-           "the peak resident size of a process running one call, less that of one only holding\n"
-           "the same tensors (the method's own working memory)\n\n",
-           B, H, d, m);
-    printf("fwd+bwd/f: the recomputing backward; kept/f and kept MiB: the backward from the\n"
-           "features the forward kept (pf_attn_favor_save) for as many heads as fit in %zu MiB\n"
-           "(kept/f is to the plain forward, kept/kf to the keeping forward)\n\n",
-           KEEP_BUDGET >> 20);
-    printf("%7s  %-21s %9s %8s %8s %8s %10s %9s %9s %6s %8s %8s %9s\n", "L", "method", "fwd ms",
-           "GFLOP/s", "of sgemm", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB", "heads", "kept/f",
-           "kept/kf", "kept MiB");
-    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-    if (csv_path && !csv) {
-        fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
-        return 1;
-    }
-    if (csv)
-        fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction,"
-                     "fwd_mib,fwdbwd_mib,saved_seconds,saved_mib,saved_heads,"
-                     "save_fwd_seconds,machine\n");
+    cpu_name(cpu, sizeof cpu);
+    blas_kernels(blas, sizeof blas);
+
+    /* The table's cases, timed first and printed once the FMA peak has been measured again
+     * after them (progress on stderr meanwhile). */
+    enum { MAXROWS = 64 };
+    table_row rows[MAXROWS];
+    int nrows = 0;
     for (int li = 0; li < nlen; li++) {
         int L = lengths[li];
         double exact_t[2] = {NAN, NAN};
@@ -439,47 +458,99 @@ int main(int argc, char **argv) {
         double base_fwd = peak_mib(&idle_f), base_b = peak_mib(&idle_b);
         for (int meth = EXACT; meth <= FAVOR; meth++) {
             if (meth == EXACT && L > max_exact) continue;
-            for (int causal = 0; causal <= 1; causal++) {
+            for (int causal = 0; causal <= 1 && nrows < MAXROWS; causal++) {
                 bench_case c = {B, H, L, d, m, (method)meth, causal, FWD, 0};
                 double budget = quick ? 3.0 : 10.0;
                 /* forward, forward+backward and (FAVOR+) forward+backward with the features
                  * kept, in turn; the exact backward is quadratic too: timed while affordable */
                 const pass ps[4] = {FWD, FWD_BWD, FWD_BWD_SAVED, FWD_SAVE};
                 const int np = meth == FAVOR ? 4 : (L <= max_exact_bwd ? 2 : 1);
-                double med[4] = {NAN, NAN, NAN, NAN}, ratio[4] = {NAN, NAN, NAN, NAN}, frac;
-                time_passes(&c, ps, np, reps, budget, med, ratio, sgbuf, threads, &frac);
-                const double sec = med[0], both = ratio[1], saved = ratio[2];
-                const double saved_k = ratio[2] / ratio[3];
-                const int heads = meth == FAVOR ? kept_heads(&c, W) : 0;
-                double mem_f = peak_mib(&c) - base_fwd, mem_b = NAN, mem_s = NAN;
+                table_row *w = &rows[nrows++];
+                for (int p = 0; p < 4; p++) w->med[p] = w->ratio[p] = NAN;
+                time_passes(&c, ps, np, reps, budget, w->med, w->ratio, sgbuf, threads, &w->frac);
+                w->L = L, w->meth = (method)meth, w->causal = causal;
+                w->heads = meth == FAVOR ? kept_heads(&c, W) : 0;
+                w->mem_f = peak_mib(&c) - base_fwd, w->mem_b = NAN, w->mem_s = NAN;
                 if (np > 1) {
                     c.pass = FWD_BWD;
-                    mem_b = peak_mib(&c) - base_b;
+                    w->mem_b = peak_mib(&c) - base_b;
                 }
                 if (np > 2) {
                     c.pass = FWD_BWD_SAVED;
-                    mem_s = peak_mib(&c) - base_b;
+                    w->mem_s = peak_mib(&c) - base_b;
                 }
                 c.pass = FWD;
-                double gf = flops(&c) / sec * 1e-9;
-                if (meth == EXACT) exact_t[causal] = sec;
-                char name[32];
-                snprintf(name, sizeof name, "%s %s", meth == EXACT ? "exact" : "FAVOR+",
-                         causal ? "causal" : "bidirectional");
-                char cv[6][24];
-                printf("%7d  %-21s %9.2f %8.1f %7.0f%% %8s %10s %9.1f %9s %6d %8s %8s %9s\n", L,
-                       name, sec * 1e3, gf, 100 * frac, cell(cv[0], "%.2fx", exact_t[causal] / sec),
-                       cell(cv[1], "%.2fx", both), mem_f, cell(cv[2], "%.1f", mem_b), heads,
-                       cell(cv[3], "%.2fx", saved), cell(cv[4], "%.2fx", saved_k),
-                       cell(cv[5], "%.1f", mem_s));
-                fflush(stdout);
-                if (csv)
-                    fprintf(csv,
-                            "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g,"
-                            "\"%s, vector kernels %s, OpenBLAS kernels %s\"\n",
-                            L, meth == EXACT ? "exact" : "favor", causal, sec, med[1], gf, frac,
-                            mem_f, mem_b, med[2], mem_s, heads, med[3], cpu, pf_simd_path(), blas);
+                w->gf = flops(&c) / w->med[0] * 1e-9;
+                if (meth == EXACT) exact_t[causal] = w->med[0];
+                w->vs_exact = exact_t[causal] / w->med[0];
+                fprintf(stderr, "bench_attn: L = %d %s: %.2f ms\n", L, row_name(w),
+                        w->med[0] * 1e3);
             }
+        }
+    }
+    const peak_fma pk1 = peak_measure(threads);
+    peak_fma pk = peak_max(pk0, pk1);
+    pk.gn = fma_during.best > pk.gn ? fma_during.best : pk.gn;
+
+    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
+           "machine sgemm: %.1f GFLOP/s (OpenBLAS, median of %d, %d x 1024^3; \"of sgemm\" is the\n"
+           "median over repeats of the forward's GFLOP/s over that of the same probe run right\n"
+           "after it, as this shared machine's speed drifts; exact attention's products run in\n"
+           "OpenBLAS, FAVOR+'s in the library's own vector kernels)\n",
+           pf_version(), cpu, threads, pf_simd_path(), blas, sg, reps, threads);
+    printf("fp32 FMA peak (%s, registers only, bench/peak.h): %.1f GFLOP/s on 1 thread,\n"
+           "%.1f on %d (%.2fx). Each the largest of its runs: 3 of 0.2 s before the cases (%.1f,\n"
+           "%.1f), 3 after them (%.1f, %.1f) and, on %d threads, one of 20 ms after every timed\n"
+           "repeat (%d runs, best %.1f). \"of FMA\" is the forward's GFLOP/s over the %d-thread\n"
+           "peak; the sgemm probe is %.0f%% of it\n",
+           peak_isa_name(pk.isa), pk.g1, pk.gn, threads, pk.gn / pk.g1, pk0.g1, pk0.gn, pk1.g1,
+           pk1.gn, threads, fma_during.runs, fma_during.best, threads, 100 * sg / pk.gn);
+    if (threads > 1 && pk.gn < 0.8 * threads * pk.g1)
+        printf("(%d threads gave less than %.1fx one thread: the cores were busy with other work "
+               "or share\ntheir FMA units; every fraction of the %d-thread peak is then too "
+               "high)\n",
+               threads, 0.8 * threads, threads);
+    printf("B=%d H=%d d=%d m=%d, positive features, orthogonal W; times are medians; memory is\n"
+           "the peak resident size of a process running one call, less that of one only holding\n"
+           "the same tensors (the method's own working memory)\n\n",
+           B, H, d, m);
+    printf("fwd+bwd/f: the recomputing backward; kept/f and kept MiB: the backward from the\n"
+           "features the forward kept (pf_attn_favor_save) for as many heads as fit in %zu MiB\n"
+           "(kept/f is to the plain forward, kept/kf to the keeping forward)\n\n",
+           KEEP_BUDGET >> 20);
+    printf("%7s  %-21s %9s %8s %8s %7s %8s %10s %9s %9s %6s %8s %8s %9s\n", "L", "method", "fwd ms",
+           "GFLOP/s", "of sgemm", "of FMA", "vs exact", "fwd+bwd/f", "fwd MiB", "f+b MiB", "heads",
+           "kept/f", "kept/kf", "kept MiB");
+    if (csv)
+        fprintf(csv, "L,method,causal,fwd_seconds,fwdbwd_seconds,gflops,sgemm_fraction,"
+                     "fwd_mib,fwdbwd_mib,saved_seconds,saved_mib,saved_heads,"
+                     "save_fwd_seconds,fma_fraction,fma_peak_gflops,sgemm_gflops,machine\n");
+    for (int i = 0; i < nrows; i++) {
+        const table_row *w = &rows[i];
+        const double fma = w->gf / pk.gn;
+        char cv[6][24];
+        printf("%7d  %-21s %9.2f %8.1f %7.0f%% %6.0f%% %8s %10s %9.1f %9s %6d %8s %8s %9s\n", w->L,
+               row_name(w), w->med[0] * 1e3, w->gf, 100 * w->frac, 100 * fma,
+               cell(cv[0], "%.2fx", w->vs_exact), cell(cv[1], "%.2fx", w->ratio[1]), w->mem_f,
+               cell(cv[2], "%.1f", w->mem_b), w->heads, cell(cv[3], "%.2fx", w->ratio[2]),
+               cell(cv[4], "%.2fx", w->ratio[2] / w->ratio[3]), cell(cv[5], "%.1f", w->mem_s));
+        if (csv)
+            fprintf(csv,
+                    "%d,%s,%d,%.6g,%.6g,%.4g,%.4g,%.4g,%.4g,%.6g,%.4g,%d,%.6g,%.4g,%.4g,%.4g,"
+                    "\"%s, vector kernels %s, OpenBLAS kernels %s\"\n",
+                    w->L, w->meth == EXACT ? "exact" : "favor", w->causal, w->med[0], w->med[1],
+                    w->gf, w->frac, w->mem_f, w->mem_b, w->med[2], w->mem_s, w->heads, w->med[3],
+                    fma, pk.gn, sg, cpu, pf_simd_path(), blas);
+    }
+    fflush(stdout);
+    if (csv) {
+        const int bad = ferror(csv) | (fclose(csv) != 0);
+        csv = NULL;
+        if (bad || rename(csv_tmp, csv_path) != 0) {
+            fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
+            remove(csv_tmp);
+            free(sgbuf);
+            return 1;
         }
     }
     if (threads > 1) {
@@ -489,8 +560,11 @@ int main(int argc, char **argv) {
             bench_case one = {1, 1, 65536, d, m, FAVOR, causal, FWD, 1}, all = one;
             all.threads = threads;
             double t1 = time_case(&one, reps, 5.0), tn = time_case(&all, reps, 5.0);
-            printf("  FAVOR+ %-13s forward: %.2f ms on 1 thread, %.2f ms on %d: %.2fx\n",
-                   causal ? "causal" : "bidirectional", t1 * 1e3, tn * 1e3, threads, t1 / tn);
+            const double g1 = flops(&one) * 1e-9 / t1, gn = flops(&all) * 1e-9 / tn;
+            printf("  FAVOR+ %-13s forward: %.2f ms on 1 thread (%.0f%% of its FMA peak), "
+                   "%.2f ms on %d (%.0f%%): %.2fx\n",
+                   causal ? "causal" : "bidirectional", t1 * 1e3, 100 * g1 / pk.g1, tn * 1e3,
+                   threads, 100 * gn / pk.gn, t1 / tn);
         }
     }
     {
@@ -523,7 +597,6 @@ int main(int argc, char **argv) {
                "tensors, %.0f MiB (library: %.0f MiB)\n",
                "", peak, tensors * 7 / 8, peak - base);
     }
-    if (csv) fclose(csv);
     free(sgbuf);
     return 0;
 }

@@ -7,7 +7,15 @@
  * the context-1024 median measured in the same run (the target: at most 1.1x at 65536). B = 1
  * sequence, H = 8, d = dv = 64, m = 256 positive features, orthogonal W.
  *
- * Usage: bench_decode [--quick] [--tokens N]
+ * And against the arithmetic of a token (multiply-add = 2 FLOPs; r = m features):
+ *   per head   4 m d          the feature maps' projections of q and k (the exps not counted)
+ *            + 2 r (dv + 1)   the state update S += k~ [v | 1]
+ *            + 2 r (dv + 1)   the numerator and denominator q~ S
+ * the time it would take at the 1-thread fp32 FMA peak (peak.h: a single token runs on one
+ * thread, pf_favor_state_step), the largest of the probe's runs before the tokens, after them
+ * and between their rounds, and each median time per token as a multiple of that time.
+ *
+ * Usage: bench_decode [--quick] [--tokens N] [--csv FILE]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +27,7 @@
 #endif
 
 #include "bench.h"
+#include "peak.h"
 #include "performer.h"
 
 int main(int argc, char **argv) {
@@ -59,17 +68,19 @@ int main(int argc, char **argv) {
     fill(v, nq, 3, 1.0f);
     double *t = xmalloc(sizeof(double) * NCTX * (size_t)tokens);
     char cpu[192], blas[128];
-    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
-           "streaming causal FAVOR+ decode, H=%d d=%d m=%d, positive\n",
-           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(),
-           blas_kernels(blas, sizeof blas), H, d, m);
-    printf("%8s %14s %10s\n", "context", "us per token", "vs 1024");
-    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-    if (csv_path && !csv) {
-        fprintf(stderr, "bench_decode: cannot write %s\n", csv_path);
-        return 1;
+    /* the CSV goes to a temporary name, renamed when complete */
+    char csv_tmp[4096];
+    FILE *csv = NULL;
+    if (csv_path) {
+        snprintf(csv_tmp, sizeof csv_tmp, "%s.tmp", csv_path);
+        if (!(csv = fopen(csv_tmp, "w"))) {
+            fprintf(stderr, "bench_decode: cannot write %s\n", csv_tmp);
+            return 1;
+        }
     }
-    if (csv) fprintf(csv, "context,seconds_per_token,ratio_to_first,machine\n");
+    const peak_fma pk0 = peak_measure(1);
+    peak_sampler during;
+    peak_sampler_init(&during, 1, 0.02);
     /* every context's state first, then the single tokens in turn across them, so that the
      * shared machine's drifts fall on every context alike */
     pf_favor_state *st[NCTX] = {NULL};
@@ -101,6 +112,7 @@ int main(int argc, char **argv) {
                 if (i >= 0) t[(size_t)c * (size_t)tokens + (size_t)i] = now() - t0;
             }
         }
+        peak_sample(&during); /* (registers only: the states stay where they were) */
     }
     free(q1);
     free(k1);
@@ -108,19 +120,51 @@ int main(int argc, char **argv) {
     for (int c = 0; c < nctx; c++) pf_favor_state_free(st[c]);
     if (s != PF_OK) {
         fprintf(stderr, "bench_decode: %s\n", pf_status_str(s));
-        if (csv) fclose(csv);
+        if (csv) fclose(csv), remove(csv_tmp);
         return 1;
     }
+    const peak_fma pk1 = peak_measure(1);
+    peak_fma pk = peak_max(pk0, pk1);
+    pk.g1 = during.best > pk.g1 ? during.best : pk.g1;
+    const int r = m; /* positive features */
+    const double tok_flops = (double)H * (4.0 * m * d + 4.0 * r * (dv + 1));
+    const double at_peak = tok_flops / (pk.g1 * 1e9);
+    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n"
+           "streaming causal FAVOR+ decode, H=%d d=%d m=%d, positive; a token runs on 1 thread\n",
+           pf_version(), cpu_name(cpu, sizeof cpu), threads, pf_simd_path(),
+           blas_kernels(blas, sizeof blas), H, d, m);
+    printf(
+        "fp32 FMA peak, 1 thread: %.1f GFLOP/s (%s, bench/peak.h; the largest of\n"
+        "3 runs of 0.2 s before the tokens, %.1f, 3 after, %.1f, and %d of 20 ms between rounds,\n"
+        "%.1f); a token's arithmetic, H (4 m d + 4 r (dv+1)) = %.0f FLOPs, takes %.2f us at\n"
+        "that peak (\"vs peak\": the time per token over that)\n",
+        pk.g1, peak_isa_name(pk.isa), pk0.g1, pk1.g1, during.runs, during.best, tok_flops,
+        at_peak * 1e6);
+    printf("%8s %14s %10s %10s %10s\n", "context", "us per token", "vs 1024", "GFLOP/s", "vs peak");
+    if (csv)
+        fprintf(csv, "context,seconds_per_token,ratio_to_first,flops_per_token,"
+                     "peak_seconds_per_token,peak_multiple,fma_peak_gflops,machine\n");
     double base = 0;
     for (int c = 0; c < nctx; c++) {
         const double med = median(t + (size_t)c * (size_t)tokens, tokens);
         if (c == 0) base = med;
-        printf("%8d %14.2f %9.2fx\n", contexts[c], med * 1e6, med / base);
+        printf("%8d %14.2f %9.2fx %10.1f %9.2fx\n", contexts[c], med * 1e6, med / base,
+               tok_flops / med * 1e-9, med / at_peak);
         if (csv)
-            fprintf(csv, "%d,%.6g,%.4g,\"%s, vector kernels %s, OpenBLAS kernels %s\"\n",
-                    contexts[c], med, med / base, cpu, pf_simd_path(), blas);
+            fprintf(csv,
+                    "%d,%.6g,%.4g,%.6g,%.6g,%.4g,%.4g,\"%s, vector kernels %s, OpenBLAS kernels "
+                    "%s\"\n",
+                    contexts[c], med, med / base, tok_flops, at_peak, med / at_peak, pk.g1, cpu,
+                    pf_simd_path(), blas);
     }
-    if (csv) fclose(csv);
+    if (csv) {
+        const int bad = ferror(csv) | (fclose(csv) != 0);
+        if (bad || rename(csv_tmp, csv_path) != 0) {
+            fprintf(stderr, "bench_decode: cannot write %s\n", csv_path);
+            remove(csv_tmp);
+            return 1;
+        }
+    }
     free(W);
     free(q);
     free(k);

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-"""Plots of `make bench`: time and memory against L (log-log), and decode time per token.
+"""Plots of `make bench`: time and memory against L (log-log), the forward's fraction of the
+machine's FMA peak against L, and decode time per token.
 
 usage: plot_bench.py ATTN_CSV [DECODE_CSV] OUTDIR
 
 ATTN_CSV is bench_attn --csv (L, method, causal, fwd_seconds, fwdbwd_seconds, ..., fwd_mib,
-fwdbwd_mib, machine); DECODE_CSV is bench_decode --csv (context, seconds_per_token, ...,
-machine). Writes OUTDIR/bench_time.png, OUTDIR/bench_memory.png and OUTDIR/bench_decode.png,
-each naming the machine (CPU and kernel sets) the run was on.
+fwdbwd_mib, ..., fma_fraction, fma_peak_gflops, sgemm_gflops, machine); DECODE_CSV is
+bench_decode --csv (context, seconds_per_token, ..., peak_seconds_per_token, ..., machine).
+Writes OUTDIR/bench_time.png, OUTDIR/bench_memory.png, OUTDIR/bench_peak.png (not from a CSV
+older than the FMA peak's columns) and OUTDIR/bench_decode.png, each naming the machine (CPU and
+kernel sets) the run was on.
 """
 import csv
 import math
@@ -121,11 +124,48 @@ def plot_memory(data, path):
               score_matrix, 8)
 
 
+def plot_peak(data, path):
+    """The forward's GFLOP/s (bench_attn's FLOP model) over the FMA peak at the same thread count
+    (bench/peak.h), against L, with the sgemm probe's fraction for reference."""
+    if not data or "fma_fraction" not in data[0]:
+        return
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    top = 1.0
+    for k, pts in sorted(series(data, "fma_fraction").items()):
+        label, color, ls = STYLE[k]
+        xs, ys = zip(*sorted(pts))
+        ys = [100 * y for y in ys]
+        top = max(top, max(ys))
+        ax.plot(xs, ys, ls, color=color, marker="o", ms=3, label=label + ", forward")
+    peak, sg = num(data[0].get("fma_peak_gflops")), num(data[0].get("sgemm_gflops"))
+    if math.isfinite(peak) and math.isfinite(sg) and peak > 0:
+        ax.axhline(100 * sg / peak, color="#2ca02c", ls=":",
+                   label="OpenBLAS sgemm 1024³ (%.0f%%)" % (100 * sg / peak))
+    ax.axhline(80, color="#d62728", ls="-.", lw=0.8, label="80%")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, max(100, top * 1.1))
+    title = "forward as a fraction of the fp32 FMA peak, B=1 H=8 d=64 m=256"
+    if math.isfinite(peak):
+        title += "\n(peak %.0f GFLOP/s, all threads)" % peak
+    ax.set_title(title + machine(data, True), fontsize=9)
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("% of FMA peak (median time)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_decode(data, path):
     xs = [int(r["context"]) for r in data]
     ys = [num(r["seconds_per_token"]) * 1e6 for r in data]
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     ax.plot(xs, ys, "-", color="#1f77b4", marker="o", ms=3, label="FAVOR+ streaming state")
+    at_peak = num(data[0].get("peak_seconds_per_token")) * 1e6 if data else math.nan
+    if math.isfinite(at_peak):
+        ax.axhline(at_peak, color="#d62728", ls="-.", lw=0.8,
+                   label="its arithmetic at the 1-thread FMA peak (%.1f µs)" % at_peak)
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, max(ys) * 1.3)
     ax.set_title("decoding: time per token, H=8 d=64 m=256" + machine(data, True), fontsize=9)
@@ -147,6 +187,7 @@ def main(argv):
     attn = rows(argv[1])
     plot_time(attn, os.path.join(outdir, "bench_time.png"))
     plot_memory(attn, os.path.join(outdir, "bench_memory.png"))
+    plot_peak(attn, os.path.join(outdir, "bench_peak.png"))
     if len(argv) == 4 and os.path.exists(argv[2]):
         plot_decode(rows(argv[2]), os.path.join(outdir, "bench_decode.png"))
     return 0
