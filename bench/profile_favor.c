@@ -1,0 +1,625 @@
+/* profile_favor.c: where the time of a FAVOR+ forward goes, stage by stage, on one thread.
+ *
+ * The library's forward (src/attn_favor.c, src/features.c) is redone here from the library's own
+ * internal pieces (pf_mm, the vector kernels, pf_favor_weighted_values, pf_favor_rebase,
+ * pf_favor_combine) in the library's order, with a clock read around each stage: per block of
+ * 256 rows for the feature maps and the bidirectional products, per causal chunk for the chunk's
+ * pieces. The few static helpers it needs (the row statistics of pf_fmap_rows, readout) are
+ * copied. The output is checked bit for bit against pf_attn_favor on one thread, and the sum of
+ * the stages' times is set against the library's own time, measured in the same run: so the
+ * table describes the library's forward, not another program. The library itself carries no
+ * timers.
+ *
+ * Positive features, B = 1, H heads, d = dv, m features, one thread, the FAVOR_BLOCK and chunk
+ * of the library (256 and 16), bidirectional key blocks as pf_favor_bidir_blocks cuts them; a
+ * causal head must be one scan block (pf_favor_scan_blocks: H >= 4, or L <= 1024). Every stage's
+ * time is the median over repeats of its total in one forward. Each forward is followed by a run
+ * of the FMA peak probe (peak.h) of ~50 ms, and each fraction of the peak is the median over
+ * repeats of the ratio within one repeat, as this machine's speed drifts with other work; a
+ * repeat in which the thread lost the CPU for over 1% of its time is done again.
+ *
+ * FLOPs (multiply-add = 2): the products' own counts (the [V | 1] products have dv + 1 columns,
+ * the causal chunk products their full C x C and C x (r + C) shapes); the exps and the other
+ * elementwise work are shown by elements, with no FLOPs.
+ *
+ * --library N runs only pf_attn_favor, N times, with no clock reads and no output: for a
+ * sampling profiler (perf record -e cpu-clock, see docs/profile_favor.md).
+ *
+ * Usage: profile_favor [--L N] [--heads H] [--reps R] [--causal|--bidirectional] [--md]
+ *                      [--library N]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "favor.h"
+#include "peak.h"
+
+enum { BLOCK = 256, CHUNK = 16 };
+
+typedef enum {
+    S_SETUP,   /* checks, map binding (W^T), workspace */
+    S_PROJ,    /* U = sqrt(s) X W^T (queries and keys) */
+    S_STATS,   /* per row |x|^2, the overflow test, max u, u - t */
+    S_EXP,     /* exp(u - t) */
+    S_VALUES,  /* key log factors' max, weighted [V | 1] rows (V checked) */
+    S_KV,      /* bidirectional K~^T [V | 1] */
+    S_COMBINE, /* bidirectional: key blocks' partial sums combined */
+    S_QKV,     /* bidirectional Q~ (K~^T [V | 1]) */
+    S_READOUT, /* numerators over denominators, output checks */
+    S_PREFIX,  /* causal: prefix maxima of the key log factors */
+    S_A,       /* causal: A = Q~ K~^T within the chunk */
+    S_MASK,    /* causal: A masked and scaled by e^(P_j - P_i) */
+    S_CVALUES, /* causal: e^(c_j - P_j) [v_j | 1] (for A) and e^(c_j - M') [v_j | 1] (state) */
+    S_QSCALE,  /* causal: rows of Q~ times e^(M - P_i) */
+    S_OUT,     /* causal: O = [e^(M-P) Q~ | A] [S ; Vw] */
+    S_STATE,   /* causal: S = beta S + K~^T [V | 1] */
+    NSTAGES
+} stage;
+
+static const char *const stage_name[NSTAGES] = {
+    "setup: checks, W^T, scratch",
+    "projection X W^T (Q and K)",
+    "feature map: |x|^2, max u, u - t",
+    "feature map: exp",
+    "weighted [V | 1] rows",
+    "K~^T [V | 1] (r x dv+1)",
+    "combine key blocks",
+    "Q~ (K~^T [V | 1])",
+    "normalisation (readout)",
+    "causal: prefix max of c",
+    "causal: A = Q~ K~^T (C x C)",
+    "causal: A masked, e^(P_j - P_i)",
+    "causal: weighted [V | 1] (A, state)",
+    "causal: Q~ rows times e^(M - P_i)",
+    "causal: [Q~ | A] [S ; Vw]",
+    "causal: state S += K~^T [V | 1]",
+};
+
+typedef struct {
+    double t[NSTAGES];     /* seconds in one forward */
+    double flops[NSTAGES]; /* multiply-add = 2 */
+    double elems[NSTAGES]; /* elements of the elementwise stages */
+    long clocks;           /* clock reads */
+} profile;
+
+/* This thread's CPU time, seconds. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double mark(profile *p, stage s, double t0) {
+    const double t1 = now();
+    p->t[s] += t1 - t0;
+    p->clocks++;
+    return t1;
+}
+
+/* ---- the positive feature map, pf_fmap_rows's steps (features.c) -------------------------- */
+
+/* features.c's sumsq_f64 */
+static inline __attribute__((always_inline)) double sumsq_f64(const float *x, int d) {
+    double acc[8] = {0};
+    int k = 0;
+    for (; k + 8 <= d; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
+    for (; k < d; k++) acc[0] += (double)x[k] * (double)x[k];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* Row statistics and the shift, u - t, of n rows of U in phi; c gets t - ln sqrt(m) - h.
+ * Returns 1 on a row the library would refuse (not expected here). */
+PF_CLONES static int fmap_stats(const pf_fmap *fm, float *phi, int ldphi, double *c, const float *X,
+                                int n) {
+    const int m = fm->m, d = fm->d;
+    const pf_simd_table *vk = pf_simd();
+    const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
+    const double wmax2 = fm->wmax * fm->wmax;
+    const double lnr = 0.5 * log((double)m);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        float *p = phi + (size_t)i * (size_t)ldphi;
+        const double sq = sumsq_f64(X + (size_t)i * (size_t)d, d);
+        const double h = 0.5 * s2 * sq;
+        if (!(s2 * sq * wmax2 <= 1e76) && pf_nonfinite_f32(p, (size_t)m)) bad = 1;
+        const float mx = vk->max(p, (size_t)m);
+        const float t = (float)((double)mx + lnr);
+#pragma omp simd
+        for (int f = 0; f < m; f++) p[f] -= t;
+        c[i] = (double)t - lnr - h + fm->logd;
+    }
+    return bad;
+}
+
+static void fmap_exp(const pf_fmap *fm, float *phi, int ldphi, int n) {
+    const pf_simd_table *vk = pf_simd();
+    if (ldphi == fm->m)
+        vk->exp(phi, phi, (size_t)n * (size_t)fm->m);
+    else
+        for (int i = 0; i < n; i++)
+            vk->exp(phi + (size_t)i * ldphi, phi + (size_t)i * ldphi, fm->m);
+}
+
+/* pf_fmap_rows (positive, no eps, no amax) in three timed stages. */
+static int fmap_rows(profile *p, const pf_fmap *fm, float *phi, int ldphi, double *c,
+                     const float *X, int n) {
+    double t = now();
+    pf_mm(0, 0, n, fm->m, fm->d, fm->wscale, X, fm->d, fm->Wt, fm->m, 0.0f, phi, ldphi);
+    t = mark(p, S_PROJ, t);
+    p->flops[S_PROJ] += 2.0 * n * fm->m * fm->d;
+    const int bad = fmap_stats(fm, phi, ldphi, c, X, n);
+    t = mark(p, S_STATS, t);
+    p->elems[S_STATS] += (double)n * fm->m;
+    fmap_exp(fm, phi, ldphi, n);
+    mark(p, S_EXP, t);
+    p->elems[S_EXP] += (double)n * fm->m;
+    return bad;
+}
+
+/* attn_favor.c's readout, its common path (finite, non-zero denominators) and its checks. */
+PF_CLONES static int readout(float *out, const float *o, int n, int dv) {
+    const int dw = pf_favor_dw(dv);
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        const float *restrict row = o + (size_t)i * (size_t)dw;
+        float *restrict dst = out + (size_t)i * (size_t)dv;
+        const float inv = 1.0f / row[dv];
+        any |= !(inv * 0.0f == 0.0f) || !(row[dv] * 0.0f == 0.0f);
+#pragma omp simd
+        for (int k = 0; k < dv; k++) dst[k] = row[k] * inv + 0.0f;
+    }
+    any |= pf_nonfinite_f32(out, (size_t)n * (size_t)dv);
+    return any;
+}
+
+/* ---- one head --------------------------------------------------------------------------- */
+
+typedef struct {
+    int L, d, dv, m, r, H, causal;
+} dims;
+
+/* Bidirectional: key blocks of kbl rows (each in blocks of BLOCK rows), combined in order, then
+ * query blocks of BLOCK rows. part (nkb, r, dw), pmax (nkb). */
+static int head_bidir(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws *ws, float *part,
+                      double *pmax, int nkb, int kbl, float *out, const float *Q, const float *K,
+                      const float *V) {
+    const int r = D->r, d = D->d, dv = D->dv, dw = pf_favor_dw(dv);
+    const size_t nkv = (size_t)r * (size_t)dw;
+    int bad = 0;
+    for (int kb = 0; kb < nkb; kb++) {
+        const int j0 = kb * kbl, n = D->L - j0 < kbl ? D->L - j0 : kbl;
+        float *KVb = part + (size_t)kb * nkv;
+        double M = -INFINITY;
+        double t = now();
+        memset(KVb, 0, sizeof(float) * nkv);
+        mark(p, S_KV, t);
+        for (int b0 = 0; b0 < n; b0 += BLOCK) {
+            const int nb = n - b0 < BLOCK ? n - b0 : BLOCK;
+            const size_t row = (size_t)(j0 + b0);
+            bad |= fmap_rows(p, fm, ws->phi, r, ws->c, K + row * (size_t)d, nb);
+            t = now();
+            const float beta = pf_favor_rebase(&M, ws->c, nb);
+            bad |= pf_favor_weighted_values(ws->vaug, dw, V + row * (size_t)dv, dv, ws->c, NULL, M,
+                                            nb);
+            t = mark(p, S_VALUES, t);
+            p->elems[S_VALUES] += (double)nb * (dv + 1);
+            pf_mm(1, 0, r, dv + 1, nb, 1.0f, ws->phi, r, ws->vaug, dw, beta, KVb, dw);
+            mark(p, S_KV, t);
+            p->flops[S_KV] += 2.0 * r * (dv + 1) * nb;
+        }
+        pmax[kb] = M;
+    }
+    double t = now();
+    for (int kb = 1; kb < nkb; kb++)
+        pf_favor_combine(part, &pmax[0], part + kb * nkv, pmax[kb], nkv);
+    mark(p, S_COMBINE, t);
+    p->elems[S_COMBINE] += (double)(nkb - 1) * (double)nkv;
+    for (int i0 = 0; i0 < D->L; i0 += BLOCK) {
+        const int nb = D->L - i0 < BLOCK ? D->L - i0 : BLOCK;
+        bad |= fmap_rows(p, fm, ws->phi, r, ws->cq, Q + (size_t)i0 * (size_t)d, nb);
+        t = now();
+        pf_mm(0, 0, nb, dv + 1, r, 1.0f, ws->phi, r, part, dw, 0.0f, ws->o, dw);
+        t = mark(p, S_QKV, t);
+        p->flops[S_QKV] += 2.0 * nb * r * (dv + 1);
+        bad |= readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv);
+        mark(p, S_READOUT, t);
+        p->elems[S_READOUT] += (double)nb * dv;
+    }
+    return bad;
+}
+
+/* Causal: pf_favor_causal_rows over the whole head from an empty state (every key valid). */
+static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws *ws, float *out,
+                       const float *Q, const float *K, const float *V) {
+    const int r = D->r, d = D->d, dv = D->dv, dw = pf_favor_dw(dv), C = CHUNK, L = D->L;
+    const int NB = pf_favor_block(1, C), ldq = r + C;
+    float *S = ws->state, *Vw = ws->state + (size_t)r * (size_t)dw;
+    double M = -INFINITY, *P = ws->p;
+    int bad = 0;
+    for (int b0 = 0; b0 < L; b0 += NB) {
+        const int nb = L - b0 < NB ? L - b0 : NB;
+        double t = now();
+        bad |= pf_nonfinite_f32(V + (size_t)b0 * (size_t)dv, (size_t)nb * (size_t)dv);
+        mark(p, S_CVALUES, t);
+        float *kphi = ws->kphi;
+        double *kc = ws->c;
+        bad |= fmap_rows(p, fm, ws->phi, ldq, ws->cq, Q + (size_t)b0 * (size_t)d, nb);
+        bad |= fmap_rows(p, fm, kphi, r, kc, K + (size_t)b0 * (size_t)d, nb);
+        for (int t0 = b0; t0 < b0 + nb; t0 += C) {
+            const int n = b0 + nb - t0 < C ? b0 + nb - t0 : C, nk = n;
+            float *Qc = ws->phi + (size_t)(t0 - b0) * (size_t)ldq, *A = Qc + r;
+            const float *Kc = kphi + (size_t)(t0 - b0) * (size_t)r;
+            const float *Vc = V + (size_t)t0 * (size_t)dv;
+            const double *ck = kc + (t0 - b0);
+            const int have_state = M > -INFINITY;
+            t = now();
+            double run = M;
+            for (int j = 0; j < n; j++) {
+                if (j < nk && ck[j] > run) run = ck[j];
+                P[j] = run;
+            }
+            t = mark(p, S_PREFIX, t);
+            pf_mm(0, 1, n, nk, r, 1.0f, Qc, ldq, Kc, r, 0.0f, A, ldq);
+            t = mark(p, S_A, t);
+            p->flops[S_A] += 2.0 * n * nk * r;
+            for (int i = 0; i < n; i++) {
+                float *row = A + (size_t)i * (size_t)ldq;
+                const int jmax = i < nk - 1 ? i : nk - 1;
+                for (int j = 0; j <= jmax; j++)
+                    if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
+                for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
+            }
+            t = mark(p, S_MASK, t);
+            p->elems[S_MASK] += (double)n * nk;
+            pf_favor_weighted_values(Vw, dw, Vc, dv, ck, P, 0.0, nk);
+            t = mark(p, S_CVALUES, t);
+            p->elems[S_CVALUES] += (double)nk * (dv + 1);
+            if (have_state) {
+                for (int i = 0; i < n; i++) {
+                    if (P[i] == M) continue;
+                    const float f = (float)exp(M - P[i]);
+                    float *row = Qc + (size_t)i * (size_t)ldq;
+                    for (int k = 0; k < r; k++) row[k] *= f;
+                    p->elems[S_QSCALE] += r;
+                }
+            }
+            t = mark(p, S_QSCALE, t);
+            const int kdim = (have_state ? r : 0) + nk;
+            pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dw,
+                  0.0f, ws->o, dw);
+            t = mark(p, S_OUT, t);
+            p->flops[S_OUT] += 2.0 * n * kdim * (dv + 1);
+            bad |= readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv);
+            t = mark(p, S_READOUT, t);
+            p->elems[S_READOUT] += (double)n * dv;
+            const double Mn = P[n - 1];
+            const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
+            pf_favor_weighted_values(ws->vs, dw, Vc, dv, ck, NULL, Mn, nk);
+            t = mark(p, S_CVALUES, t);
+            p->elems[S_CVALUES] += (double)nk * (dv + 1);
+            pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dw, beta, S, dw);
+            mark(p, S_STATE, t);
+            p->flops[S_STATE] += 2.0 * r * (dv + 1) * nk;
+            M = Mn;
+        }
+    }
+    return bad;
+}
+
+/* One instrumented forward of H heads (B = 1). Returns 0, or 1 if some input was refused. */
+static int forward(profile *p, const dims *D, float *out, const float *Q, const float *K,
+                   const float *V, const float *W) {
+    memset(p, 0, sizeof *p);
+    double t = now();
+    const pf_shape shape = {1, D->H, D->L, D->L, D->d, D->dv};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.causal = D->causal;
+    opts.threads = 1;
+    pf_favor_opts fav = pf_favor_opts_default();
+    fav.W = W;
+    fav.m = D->m;
+    if (pf_favor_check(&shape, &opts, &fav) != PF_OK) return 1;
+    const int C = D->causal ? CHUNK : 0, r = D->r, dw = pf_favor_dw(D->dv);
+    int kbl = D->L, nkb = D->causal ? pf_favor_scan_blocks(D->L, D->H, C, &kbl)
+                                    : pf_favor_bidir_blocks(D->L, D->H, &kbl);
+    if (D->causal && nkb != 1) return 2; /* (see the top; main checks) */
+    pf_favor_ws ws;
+    pf_kernel_ws kw;
+    if (pf_favor_ws_alloc(&ws, pf_favor_block(D->causal, C), C, r, D->dv) != 0) return 1;
+    if (pf_kernel_ws_alloc(&kw, PF_KERNEL_POSITIVE, D->m, D->d) != 0) return 1;
+    float *part = pf_alloc((size_t)nkb * (size_t)r * (size_t)dw, sizeof(float));
+    double *pmax = xmalloc(sizeof(double) * (size_t)nkb);
+    if (!part) return 1;
+    t = mark(p, S_SETUP, t);
+    int bad = 0;
+    for (int h = 0; h < D->H && !bad; h++) {
+        const size_t o = (size_t)h * (size_t)D->L;
+        t = now();
+        pf_fmap fm = pf_favor_fmap(&shape, &opts, &fav, h);
+        bad |= pf_favor_bind(&fm, &kw, &fav, Q + o * D->d, D->L, K + o * D->d, D->L) != PF_OK;
+        mark(p, S_SETUP, t);
+        if (D->causal) {
+            memset(ws.state, 0, sizeof(float) * (size_t)r * (size_t)dw);
+            bad |= head_causal(p, D, &fm, &ws, out + o * D->dv, Q + o * D->d, K + o * D->d,
+                               V + o * D->dv);
+        } else {
+            bad |= head_bidir(p, D, &fm, &ws, part, pmax, nkb, kbl, out + o * D->dv, Q + o * D->d,
+                              K + o * D->d, V + o * D->dv);
+        }
+    }
+    t = now();
+    pf_favor_ws_free(&ws);
+    pf_kernel_ws_free(&kw);
+    pf_free(part);
+    free(pmax);
+    mark(p, S_SETUP, t);
+    return bad;
+}
+
+/* name as a table cell: for Markdown (md) a code span with its pipes escaped, into buf (96). */
+static const char *cell_name(char *buf, const char *name, int md) {
+    if (!md) return name;
+    size_t o = 0;
+    buf[o++] = '`';
+    for (const char *c = name; *c && o < 92; c++) {
+        if (*c == '|') buf[o++] = '\\';
+        buf[o++] = *c;
+    }
+    buf[o++] = '`';
+    buf[o] = '\0';
+    return buf;
+}
+
+/* ---- each product alone ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    int ta, tb, m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+} product;
+
+/* One product shape run over and over on the same operands (in cache), runs of ~20 ms each
+ * paired with a run of the FMA peak probe of as long: the median over 15 pairs of GFLOP/s and,
+ * in *frac, of GFLOP/s over the probe's. */
+static double product_gflops(const product *pr, peak_isa isa, double *frac) {
+    const size_t na = (size_t)(pr->ta ? pr->k : pr->m) * (size_t)pr->lda;
+    const size_t nb = (size_t)(pr->tb ? pr->n : pr->k) * (size_t)pr->ldb;
+    const size_t nc = (size_t)pr->m * (size_t)pr->ldc;
+    float *A = pf_alloc(na, sizeof(float)), *B = pf_alloc(nb, sizeof(float));
+    float *Cm = pf_alloc(nc, sizeof(float));
+    if (!A || !B || !Cm) exit(2);
+    fill(A, na, 11, 0.1f);
+    fill(B, nb, 12, 0.1f);
+    fill(Cm, nc, 13, 0.1f);
+    const double f = 2.0 * pr->m * pr->n * pr->k;
+    long it = 1;
+    for (;;) {
+        const double t0 = now();
+        for (long i = 0; i < it; i++)
+            pf_mm(pr->ta, pr->tb, pr->m, pr->n, pr->k, pr->alpha, A, pr->lda, B, pr->ldb, pr->beta,
+                  Cm, pr->ldc);
+        if (now() - t0 > 0.02) break;
+        it *= 2;
+    }
+    const long probe_iters = peak_iters(isa, 1, 0.02);
+    double g[15], q[15];
+    for (int r = 0; r < 15; r++) {
+        const double t0 = now();
+        for (long i = 0; i < it; i++)
+            pf_mm(pr->ta, pr->tb, pr->m, pr->n, pr->k, pr->alpha, A, pr->lda, B, pr->ldb, pr->beta,
+                  Cm, pr->ldc);
+        g[r] = f * (double)it / (now() - t0) * 1e-9;
+        q[r] = g[r] / peak_run(isa, 1, probe_iters);
+    }
+    peak_sink = peak_sink + Cm[0];
+    pf_free(A), pf_free(B), pf_free(Cm);
+    *frac = median(q, 15);
+    return median(g, 15);
+}
+
+static void products_alone(const dims *D, peak_isa isa, int md) {
+    const int r = D->r, d = D->d, dv = D->dv, dw = pf_favor_dw(dv), C = CHUNK;
+    const product ps[] = {
+        {"projection X W^T", 0, 0, BLOCK, D->m, d, d, D->m, r, 0.125f, 0.0f},
+        {"K~^T [V | 1]", 1, 0, r, dv + 1, BLOCK, r, dw, dw, 1.0f, 0.5f},
+        {"K~^T V (no ones column)", 1, 0, r, dv, BLOCK, r, dw, dw, 1.0f, 0.5f},
+        {"Q~ (K~^T [V | 1])", 0, 0, BLOCK, dv + 1, r, r, dw, dw, 1.0f, 0.0f},
+        {"Q~ (K~^T V) (no ones column)", 0, 0, BLOCK, dv, r, r, dw, dw, 1.0f, 0.0f},
+        {"causal A = Q~ K~^T", 0, 1, C, C, r, r + C, r, r + C, 1.0f, 0.0f},
+        {"causal [Q~ | A] [S ; Vw]", 0, 0, C, dv + 1, r + C, r + C, dw, dw, 1.0f, 0.0f},
+        {"causal S += K~^T [V | 1]", 1, 0, r, dv + 1, C, r, dw, dw, 1.0f, 0.5f},
+    };
+    printf("\nEach product alone, its operands in cache (pf_mm; medians over 15 runs of ~20 ms, "
+           "each paired\nwith a run of the peak probe):\n");
+    printf(md ? "| %-30s | %-16s | %8s | %7s |\n" : "%-30s %-16s %9s %8s\n", "product", "m x n x k",
+           "GFLOP/s", "% peak");
+    if (md) printf("|---|---|--:|--:|\n");
+    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
+        double frac;
+        const double g = product_gflops(&ps[i], isa, &frac);
+        char shape[32];
+        snprintf(shape, sizeof shape, "%d x %d x %d", ps[i].m, ps[i].n, ps[i].k);
+        char nm[96];
+        printf(md ? "| %-30s | %-16s | %8.1f | %7.0f |\n" : "%-30s %-16s %9.1f %8.0f\n",
+               cell_name(nm, ps[i].name, md), shape, g, 100 * frac);
+    }
+}
+
+static double lib_forward(const dims *D, float *out, const float *Q, const float *K, const float *V,
+                          const float *W) {
+    const pf_shape shape = {1, D->H, D->L, D->L, D->d, D->dv};
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.causal = D->causal;
+    opts.threads = 1;
+    pf_favor_opts fav = pf_favor_opts_default();
+    fav.W = W;
+    fav.m = D->m;
+    const double t0 = now();
+    const pf_status st = pf_attn_favor(out, Q, K, V, &shape, &opts, &fav);
+    const double t = now() - t0;
+    if (st != PF_OK) {
+        fprintf(stderr, "profile_favor: pf_attn_favor: %s\n", pf_status_str(st));
+        exit(1);
+    }
+    return t;
+}
+
+int main(int argc, char **argv) {
+    dims D = {4096, 64, 64, 256, 256, 8, -1};
+    int reps = 9, md = 0, library = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--L") == 0 && i + 1 < argc)
+            D.L = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--heads") == 0 && i + 1 < argc)
+            D.H = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--causal") == 0)
+            D.causal = 1;
+        else if (strcmp(argv[i], "--bidirectional") == 0)
+            D.causal = 0;
+        else if (strcmp(argv[i], "--md") == 0)
+            md = 1;
+        else if (strcmp(argv[i], "--library") == 0 && i + 1 < argc)
+            library = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: profile_favor [--L N] [--heads H] [--reps R] "
+                            "[--causal|--bidirectional] [--md] [--library N]\n");
+            return 2;
+        }
+    }
+    if (D.L < 1 || D.H < 1 || reps < 1 || reps > 99) {
+        fprintf(stderr, "profile_favor: L, heads >= 1, 1 <= reps <= 99\n");
+        return 2;
+    }
+    int kbl;
+    if (D.causal != 0 && pf_favor_scan_blocks(D.L, D.H, CHUNK, &kbl) != 1) {
+        fprintf(stderr, "profile_favor: the causal profile needs one scan block a head (heads "
+                        ">= 4, or L <= 1024)\n");
+        return 2;
+    }
+    const size_t n = (size_t)D.H * (size_t)D.L * (size_t)D.d;
+    float *Q = xmalloc(sizeof(float) * n), *K = xmalloc(sizeof(float) * n);
+    float *V = xmalloc(sizeof(float) * n), *out = xmalloc(sizeof(float) * n);
+    float *ref = xmalloc(sizeof(float) * n), *W = xmalloc(sizeof(float) * D.m * D.d);
+    fill(Q, n, 1, 1.0f);
+    fill(K, n, 2, 1.0f);
+    fill(V, n, 3, 1.0f);
+    pf_projection_draw(W, D.m, D.d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
+    if (library > 0) {
+        D.causal = D.causal > 0;
+        for (int i = 0; i < library; i++) lib_forward(&D, out, Q, K, V, W);
+        return 0;
+    }
+
+    /* every timed forward is paired with a run of the FMA peak probe (peak.h) of ~50 ms right
+     * after it, and each fraction of the peak is the median over the pairs of the ratio within
+     * one pair: this machine's speed drifts with other work (and with its host's) */
+    const peak_isa isa = peak_isa_of_cpu();
+    const long probe_iters = peak_iters(isa, 1, 0.05);
+    char cpu[192];
+    printf("performer %s on %s, 1 thread, vector kernels %s\n", pf_version(),
+           cpu_name(cpu, sizeof cpu), pf_simd_path());
+    double clk[64];
+    for (int i = 0; i < 64; i++) {
+        const double t0 = now();
+        for (int k = 0; k < 1000; k++) (void)now();
+        clk[i] = (now() - t0) / 1000;
+    }
+    const double clock_cost = median(clk, 64);
+    const char *row_fmt = md ? "| %-36s | %10s | %8s | %7s | %8s | %7s | %9s |\n"
+                             : "%-36s %11s %9s %8s %9s %8s %10s\n";
+
+    for (int causal = 0; causal <= 1; causal++) {
+        if (D.causal >= 0 && causal != D.causal) continue;
+        dims Dc = D;
+        Dc.causal = causal;
+        profile prof[99], tmp;
+        double lib[99], tot[99], probe[99];
+        /* warm-up, and the bitwise check */
+        lib_forward(&Dc, ref, Q, K, V, W);
+        if (forward(&tmp, &Dc, out, Q, K, V, W)) {
+            fprintf(stderr, "profile_favor: the inputs were refused\n");
+            return 1;
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++) diff += memcmp(&out[i], &ref[i], sizeof(float)) != 0;
+        /* the library, the profile and the probe in turn; a run counts when this thread had
+         * the CPU for all but 1% of its wall time (the clocks would count the time the
+         * machine's other work took the CPU away), up to 10 tries a run */
+        int kept = 0, tries = 0;
+        for (; kept < reps; tries++) {
+            const double w0 = now(), c0 = cpu_now();
+            lib[kept] = lib_forward(&Dc, ref, Q, K, V, W);
+            forward(&prof[kept], &Dc, out, Q, K, V, W);
+            probe[kept] = peak_run(isa, 1, probe_iters);
+            const double w = now() - w0, c = cpu_now() - c0;
+            if (w - c > 0.01 * w && tries < 10 * reps) continue;
+            tot[kept] = 0;
+            for (int s = 0; s < NSTAGES; s++) tot[kept] += prof[kept].t[s];
+            kept++;
+        }
+        const profile *p0 = &prof[0];
+        const double model = 8.0 * Dc.H * (double)Dc.L * Dc.m * Dc.d; /* bench_attn's */
+        double all_flops = 0;
+        for (int s = 0; s < NSTAGES; s++) all_flops += p0->flops[s];
+        /* medians of times, and of per-run fractions of the peak */
+        double v[99], med[NSTAGES], frac[NSTAGES];
+        for (int s = 0; s < NSTAGES; s++) {
+            for (int r = 0; r < reps; r++) v[r] = prof[r].t[s];
+            med[s] = median(v, reps);
+            for (int r = 0; r < reps; r++) v[r] = p0->flops[s] / prof[r].t[s] * 1e-9 / probe[r];
+            frac[s] = median(v, reps);
+        }
+        for (int r = 0; r < reps; r++) v[r] = model / lib[r] * 1e-9 / probe[r];
+        const double lib_frac = median(v, reps);
+        for (int r = 0; r < reps; r++) v[r] = all_flops / tot[r] * 1e-9 / probe[r];
+        const double tot_frac = median(v, reps);
+        const double lib_t = median(lib, reps), tot_t = median(tot, reps);
+        for (int r = 0; r < reps; r++) v[r] = probe[r];
+        const double pk_med = median(v, reps), pk_lo = v[0], pk_hi = v[reps - 1];
+        printf("\nFAVOR+ %s forward, B=1 H=%d L=%d d=%d m=%d, positive, 1 thread, median of %d\n"
+               "FMA peak, 1 thread, %s: %.1f GFLOP/s (median of the runs paired with the "
+               "forwards;\n%.1f to %.1f); %d of %d runs kept (the others lost the CPU to other "
+               "work for over 1%%\nof their time); output %s pf_attn_favor's (%zu of %zu floats "
+               "differ)\nlibrary call %.2f ms (%.1f GFLOP/s by bench_attn's model, 8 H L m d = "
+               "%.4g FLOPs: %.0f%% of\npeak); stages' sum %.2f ms (%.2fx the library's; %ld "
+               "clock reads of %.0f ns each, %.2f ms)\n\n",
+               causal ? "causal" : "bidirectional", Dc.H, Dc.L, Dc.d, Dc.m, reps,
+               peak_isa_name(isa), pk_med, pk_lo, pk_hi, reps, tries,
+               diff ? "DIFFERS FROM" : "identical to", diff, n, lib_t * 1e3, model / lib_t * 1e-9,
+               model, 100 * lib_frac, tot_t * 1e3, tot_t / lib_t, p0->clocks, clock_cost * 1e9,
+               p0->clocks * clock_cost * 1e3);
+        printf(row_fmt, "stage", "MFLOP", "ms", "% time", "GFLOP/s", "% peak", "ns/elem");
+        if (md) printf("|---|--:|--:|--:|--:|--:|--:|\n");
+        for (int s = 0; s < NSTAGES; s++) {
+            if (p0->t[s] == 0 && p0->flops[s] == 0 && p0->elems[s] == 0) continue;
+            char c[6][24];
+            const double f = p0->flops[s];
+            snprintf(c[0], 24, f > 0 ? "%.1f" : "-", f * 1e-6);
+            snprintf(c[1], 24, "%.2f", med[s] * 1e3);
+            snprintf(c[2], 24, "%.1f", 100 * med[s] / tot_t);
+            snprintf(c[3], 24, f > 0 ? "%.1f" : "-", f / med[s] * 1e-9);
+            snprintf(c[4], 24, f > 0 ? "%.0f" : "-", 100 * frac[s]);
+            snprintf(c[5], 24, p0->elems[s] > 0 ? "%.2f" : "-", med[s] / p0->elems[s] * 1e9);
+            char nm[96];
+            printf(row_fmt, cell_name(nm, stage_name[s], md), c[0], c[1], c[2], c[3], c[4], c[5]);
+        }
+        char c[4][24];
+        snprintf(c[0], 24, "%.1f", all_flops * 1e-6);
+        snprintf(c[1], 24, "%.2f", tot_t * 1e3);
+        snprintf(c[2], 24, "%.1f", all_flops / tot_t * 1e-9);
+        snprintf(c[3], 24, "%.0f", 100 * tot_frac);
+        printf(row_fmt, md ? "**all stages**" : "all stages", c[0], c[1], "100.0", c[2], c[3], "-");
+        printf("(bench_attn's model: %.1f MFLOP; the products above do %.1f, %.2fx)\n",
+               model * 1e-6, all_flops * 1e-6, all_flops / model);
+        if (diff) return 1;
+    }
+    products_alone(&D, isa, md);
+    free(Q), free(K), free(V), free(out), free(ref), free(W);
+    return 0;
+}
