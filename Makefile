@@ -332,8 +332,9 @@ $(BUILD)/bench/mpi/%: bench/mpi/%.c $(wildcard bench/*.h) $(MPI_LIB) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(ALLCFLAGS) -Ibench -o $@ $< $(MPI_LIB) $(STATIC) $(LDLIBS)
 
-# Bytes per call against L and time at 1 and 2 ranks (CSV and figure in $(BUILD)/bench/;
-# docs/mpi.md holds a committed run and the scaling model built on it).
+# Bytes per attention call against L, and per training step of the language model against its
+# context, and their times at 1 and 2 ranks (CSVs and figures in $(BUILD)/bench/; docs/mpi.md
+# holds a committed run and the scaling models built on it).
 bench-mpi: setup mpi
 	sh bench/mpi/run.sh $(BUILD)
 else
