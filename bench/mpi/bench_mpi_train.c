@@ -19,6 +19,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "bench.h"
@@ -104,17 +105,25 @@ static void part_free(part *p) {
 typedef struct meas {
     double step, fwd, bwd; /* seconds, median (each repeat's slowest rank) */
     double comm;           /* seconds in communication, rank 0, median */
+    double cpu;            /* processor seconds of rank 0 (its process), median */
     uint64_t fwd_bytes, bwd_bytes, sent, received, messages; /* rank 0, one step */
     float loss;                                              /* the warm-up step's */
 } meas;
 
+/* Processor seconds of this process (a rank waiting in MPI polls, and is counted). */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* One step across the ranks: forward, backward (with the gradient sum), AdamW. */
 static void step_ranks(part *p, int T, const pf_adamw *opt, double *tf, double *tb, double *tc,
-                       meas *m) {
+                       double *tcpu, meas *m) {
     pf_mpi_info fi, bi;
     float loss = 0, gn = 0;
     MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = now();
+    const double c0 = cpu_now(), t0 = now();
     pf_status st = pf_mpi_trainer_forward(p->tr, &loss, NULL, p->tok, p->tgt, B, T, &fi);
     if (st != PF_OK) die("pf_mpi_trainer_forward", st, &fi);
     const double t1 = now();
@@ -123,6 +132,7 @@ static void step_ranks(part *p, int T, const pf_adamw *opt, double *tf, double *
     st = pf_model_step(p->m, opt, &gn);
     if (st != PF_OK) die("pf_model_step", st, NULL);
     const double t2 = now();
+    *tcpu = cpu_now() - c0;
     *tf = t1 - t0;
     *tb = t2 - t1;
     *tc = fi.comm_seconds + bi.comm_seconds;
@@ -234,7 +244,7 @@ int main(int argc, char **argv) {
         }
         fseek(f, 0, SEEK_END);
         if (ftell(f) == 0)
-            fprintf(f, "np,mode,T,B,params,step_s,fwd_s,bwd_s,comm_s,fwd_bytes,bwd_bytes,"
+            fprintf(f, "np,mode,T,B,params,step_s,fwd_s,bwd_s,comm_s,cpu_s,fwd_bytes,bwd_bytes,"
                        "sent,received,messages,single_step_s,single_fwd_s,single_bwd_s,loss,"
                        "single_loss\n");
     }
@@ -259,9 +269,10 @@ int main(int argc, char **argv) {
         printf("\nper step (forward, backward with the gradient sum, AdamW): bytes rank 0 sent + "
                "received; time, median of R after a warm-up (slowest rank), against the single "
                "process on the whole batch at one thread in the same run\n"
-               "%8s %6s %2s %10s %10s %8s %9s %9s %8s %9s %7s %12s\n",
+               "(cpu ms: rank 0's processor time a step; speedup: one ms / step ms)\n"
+               "%8s %6s %2s %10s %10s %5s %9s %9s %8s %9s %9s %7s %12s\n",
                "mode", "T", "R", "fwd bytes", "bwd bytes", "msgs", "step ms", "fwd ms", "comm ms",
-               "one ms", "one/N", "tok/s a rank");
+               "cpu ms", "one ms", "speedup", "tok/s a rank");
     pf_adamw opt = pf_adamw_default();
     opt.lr = 1e-3f; /* (performer train's) */
     double worst_loss = 0;
@@ -282,9 +293,10 @@ int main(int argc, char **argv) {
         /* per repeat (r = 0: the warm-up): the ranks' forward, backward and communication,
          * and the single process's forward and backward, one of its steps after each of theirs
          * (the same load on both) */
-        double *t = xmalloc(sizeof(double) * 6 * (size_t)(reps + 1));
+        double *t = xmalloc(sizeof(double) * 7 * (size_t)(reps + 1));
         double *xf = t, *xb = t + (reps + 1), *xc = t + 2 * (reps + 1);
         double *of = t + 3 * (reps + 1), *ob = t + 4 * (reps + 1), *tot = t + 5 * (reps + 1);
+        double *xp = t + 6 * (reps + 1);
         float one_loss = 0;
         for (int kind = 0; kind < 2; kind++) {
             if (kind == PF_MPI_DATA && B < nranks) continue; /* (a sequence a rank at least) */
@@ -292,7 +304,7 @@ int main(int argc, char **argv) {
             meas m = {0};
             float l0 = 0;
             for (int r = 0; r <= reps; r++) {
-                step_ranks(&p, T, &opt, xf + r, xb + r, xc + r, &m);
+                step_ranks(&p, T, &opt, xf + r, xb + r, xc + r, xp + r, &m);
                 if (r == 0) l0 = m.loss;
                 float l = 0;
                 if (rank == 0) step_one(one, tok, tgt, T, &opt, of + r, ob + r, &l);
@@ -305,6 +317,7 @@ int main(int argc, char **argv) {
             m.fwd = slowest_median(xf + 1, reps);
             m.bwd = slowest_median(xb + 1, reps);
             m.comm = median(xc + 1, reps);
+            m.cpu = median(xp + 1, reps);
             m.loss = l0;
             /* (the single process runs on rank 0 only: its own medians) */
             for (int r = 0; r < reps; r++) tot[r] = of[r + 1] + ob[r + 1];
@@ -314,18 +327,19 @@ int main(int argc, char **argv) {
                 const char *name = kind == PF_MPI_DATA ? "data" : "sequence";
                 const double rel = fabs((double)m.loss - one_loss) / one_loss;
                 if (rel > worst_loss) worst_loss = rel;
-                printf("%8s %6d %2d %10llu %10llu %8llu %9.1f %9.1f %8.2f %9.1f %7.2f %12.3g\n",
+                printf("%8s %6d %2d %10llu %10llu %5llu %9.1f %9.1f %8.2f %9.1f %9.1f %7.2f "
+                       "%12.3g\n",
                        name, T, reps, (unsigned long long)m.fwd_bytes,
                        (unsigned long long)m.bwd_bytes, (unsigned long long)m.messages,
-                       1e3 * m.step, 1e3 * m.fwd, 1e3 * m.comm, 1e3 * one_s, one_s / m.step,
-                       (double)B * T / nranks / m.step);
+                       1e3 * m.step, 1e3 * m.fwd, 1e3 * m.comm, 1e3 * m.cpu, 1e3 * one_s,
+                       one_s / m.step, (double)B * T / nranks / m.step);
                 fflush(stdout);
                 if (f)
                     fprintf(f,
-                            "%d,%s,%d,%d,%lld,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%llu,%llu,%llu,"
+                            "%d,%s,%d,%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%llu,%llu,%llu,"
                             "%.6g,%.6g,%.6g,%.9g,%.9g\n",
                             nranks, name, T, B, (long long)params, m.step, m.fwd, m.bwd, m.comm,
-                            (unsigned long long)m.fwd_bytes, (unsigned long long)m.bwd_bytes,
+                            m.cpu, (unsigned long long)m.fwd_bytes, (unsigned long long)m.bwd_bytes,
                             (unsigned long long)m.sent, (unsigned long long)m.received,
                             (unsigned long long)m.messages, one_s, one_f, one_b, (double)m.loss,
                             (double)one_loss);
@@ -343,6 +357,17 @@ int main(int argc, char **argv) {
                    "floats, the ranks arriving together): %.2f ms, median of 7\n",
                    (long long)params, 1e3 * g);
     }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    long other = rank > 0 ? ru.ru_maxrss : 0, others = 0; /* (KiB) */
+    MPI_Reduce(&other, &others, 1, MPI_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0 && nranks > 1)
+        printf("peak memory (resident): rank 0 %.0f MiB (with the single process's model), the "
+               "other ranks at most %.0f MiB\n",
+               ru.ru_maxrss / 1024.0, others / 1024.0);
+    else if (rank == 0)
+        printf("peak memory (resident): %.0f MiB (with the single process's model)\n",
+               ru.ru_maxrss / 1024.0);
     if (rank == 0)
         printf("load average (1 min): %.1f at the start, %.1f at the end\n", load0, loadavg());
     if (rank == 0)
