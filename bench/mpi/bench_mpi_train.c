@@ -279,7 +279,7 @@ int main(int argc, char **argv) {
     for (int it = 0; it < nT; it++) {
         const int T = Ts[it];
         /* a few repeats, fewer for long contexts (this machine's 2 cores are shared) */
-        const int reps = quick ? 3 : T >= 4096 ? 3 : 5;
+        const int reps = quick ? 3 : T >= 16384 ? 3 : T >= 4096 ? 5 : 9;
         int32_t *tok = xmalloc(sizeof(int32_t) * B * (size_t)T);
         int32_t *tgt = xmalloc(sizeof(int32_t) * B * (size_t)T);
         batch(tok, tgt, T);

@@ -2,7 +2,8 @@
 docs/mpi.md ("Training across ranks").
 
 Left: bytes rank 0 sends and receives per training step against the context T (measured): flat.
-Middle: time per step against T at N = 1, 2 ranks, beside the single process (measured).
+Middle: time per step against T at N = 1, 2 ranks, beside the single process, and at 2 ranks
+rank 0's processor time a step (measured).
 Right: time per sequence-parallel step against the number of ranks N at L = 2^20 tokens per
 sequence (B = 2), from the per-rank compute rate measured at one rank (its largest T) and a
 stated network (bandwidth beta, latency alpha), with the measured points scaled to 2^20.
@@ -77,7 +78,7 @@ def main():
     for mode in ("data", "sequence"):
         for np_ in nps:
             pts = sorted((int(r["T"]), int(r["fwd_bytes"]) + int(r["bwd_bytes"]),
-                          float(r["step_s"]), float(r["single_step_s"]))
+                          float(r["step_s"]), float(r["single_step_s"]), float(r["cpu_s"]))
                          for r in rows if r["mode"] == mode and r["np"] == np_)
             if not pts:
                 continue
@@ -86,6 +87,9 @@ def main():
                     ls="-" if np_ != "1" else ":", label=lab)
             a2.plot([p[0] for p in pts], [p[2] for p in pts], marker=marks[mode],
                     ls="-" if np_ != "1" else ":", label=lab)
+            if np_ != "1":  # (below the step's time: rank 0 was off its core for the difference)
+                a2.plot([p[0] for p in pts], [p[4] for p in pts], ls=":", lw=1, marker="+",
+                        color=a2.lines[-1].get_color(), label=f"{lab}: rank 0's processor time")
             if mode == "sequence":
                 a2.plot([p[0] for p in pts], [p[3] for p in pts],
                         "k" + ("--" if np_ != "1" else ":"), marker="x",
@@ -101,7 +105,7 @@ def main():
     a2.set_xlabel("context T (tokens a sequence, B = 2)")
     a2.set_ylabel("seconds per step (forward, backward, AdamW)")
     a2.set_title("Time per step, this machine (2 shared cores)")
-    a2.legend(fontsize=8)
+    a2.legend(fontsize=7)
 
     print(f"training model: P = {P} parameters, state exchange S = {S} bytes a layer "
           f"(B {B}, H {HEADS}, r {R}, dv {DH}), {LAYERS} layers")
