@@ -16,7 +16,8 @@
 #   tests are skipped, saying so; everything else runs.
 #
 # Under the ASan build (libperformer.so holding __asan_init) python runs with the ASan runtime
-# preloaded (LD_PRELOAD, as an instrumented library loaded by an uninstrumented program needs),
+# preloaded (LD_PRELOAD, as an instrumented library loaded by an uninstrumented program needs,
+# and libstdc++ with it, for the C++ exceptions torch throws),
 # leak detection off (the interpreter keeps objects until exit) and allocator_may_return_null=1
 # (a test asks for 1 TiB and expects PF_ENOMEM): the package's risk is exactly what ASan sees,
 # struct layouts and buffer sizes handed to C. The resident-memory checks (ASan's quarantine
@@ -34,7 +35,9 @@ if ! $PY -c 'import numpy' 2>/dev/null; then fail "$PY has no numpy"; finish; ex
 
 if nm -D "$LIB" 2>/dev/null | grep -q __asan_init; then
     rt=$(gcc -print-file-name=libasan.so)
-    export LD_PRELOAD="$rt"
+    # libstdc++ too: ASan's __cxa_throw interceptor finds the real one when it starts, so a C++
+    # exception torch throws (an input changed in place before a backward) needs it loaded then
+    export LD_PRELOAD="$rt $(gcc -print-file-name=libstdc++.so.6)"
     export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     export PF_TEST_ASAN=1
     echo "note: ASan build: python runs with $rt preloaded (ASAN_OPTIONS=$ASAN_OPTIONS)"

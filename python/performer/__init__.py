@@ -405,9 +405,10 @@ def attention_grad(q, k, v, dout, *, method="favor", causal=False, kernel="posit
 
 class _Saved:
     """A pf_favor_saved: the features a FAVOR+ forward keeps for its backward, for as many
-    heads as fit in max_bytes (0: every head). Freed by free() or when collected."""
+    heads as fit in max_bytes (0: every head); nbytes is what it holds. Freed by free() or
+    when collected."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("ptr", "nbytes")
 
     def __init__(self, sh, opts, fav, max_bytes):
         p = ctypes.c_void_p()
@@ -416,6 +417,7 @@ class _Saved:
         if st:
             _raise(st, "pf_favor_saved_create")
         self.ptr = p.value
+        self.nbytes = _L.pf_favor_saved_bytes(self.ptr)
 
     @property
     def bytes(self):

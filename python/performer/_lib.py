@@ -136,6 +136,7 @@ _PROTOS = {
     "pf_favor_saved_free": (None, [P]),
     "pf_favor_saved_bytes": (c_size_t, [P]),
     "pf_favor_saved_heads": (c_int, [P]),
+    "pf_favor_saved_clear": (None, [P]),
     "pf_attn_favor_save": (c_int, [P, P, P, P, _shape_p, _attn_p, _favor_p, P]),
     "pf_attn_favor_backward_saved": (c_int, [P, P, P, P, P, P, P, P, _shape_p, _attn_p,
                                              _favor_p, P]),

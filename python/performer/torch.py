@@ -18,17 +18,27 @@ are refused with TypeError: the library has CPU kernels only. Shapes as in perfo
 Threads: `threads=None` follows torch.get_num_threads() at each call; results do not depend on
 it. ctypes releases the GIL during the C call. Errors are performer's (performer.Error
 subclasses that are ValueError, MemoryError, FloatingPointError, ... as the status says).
+
+Repeated calls: a call with the shapes and options of an earlier one (and the same W tensor,
+or one at the same address) reuses its checked arguments and C structs, and a FAVOR+ forward
+reuses the kept-feature storage an earlier backward of the same plan handed back, as a C
+training loop keeps one pf_favor_saved: the results are the same bits. The storage held
+between calls is bounded by POOL_BYTES (1 GiB) in all; empty_cache() frees it and the plans,
+pooled_bytes() says how much is held.
 """
 import ctypes
 import math
+import threading
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
 import performer as _pf
 from . import _lib
 
-__all__ = ["attention", "FastAttention", "SAVE_BYTES"]
+__all__ = ["attention", "FastAttention", "SAVE_BYTES", "POOL_BYTES", "empty_cache",
+           "pooled_bytes"]
 
 _L = _lib.lib
 _P = ctypes.byref
@@ -38,6 +48,11 @@ _P = ctypes.byref
 #: the others recomputed there (the same bits). 0 means no limit.
 SAVE_BYTES = 1 << 30
 
+#: Kept-feature storage held between calls for reuse (bytes, every plan's pool together): a
+#: backward hands its storage back and the next forward of the same shapes and options fills it
+#: again, as a C training loop keeps one pf_favor_saved. empty_cache() frees it.
+POOL_BYTES = 1 << 30
+
 _CONVERTED = (torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -45,12 +60,12 @@ def _t32(x, name):
     """x as a contiguous float32 CPU tensor (itself if it is one), through differentiable ops."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise TypeError(f"{name} is on {x.device}: performer.torch runs on the CPU (the C "
                         "library has no CUDA kernels); move it with .cpu()")
-    if x.layout != torch.strided:
+    if x.layout is not torch.strided:
         raise TypeError(f"{name} has layout {x.layout}: dense (strided) tensors only")
-    if x.dtype != torch.float32:
+    if x.dtype is not torch.float32:
         if x.dtype not in _CONVERTED:
             raise TypeError(f"{name}: dtype {x.dtype} is not supported: float32 (used as it "
                             "is), or float64, float16, bfloat16 (converted to float32)")
@@ -68,9 +83,13 @@ def _nonfinite(st, function, named):
 
 
 class _Plan:
-    """The C structs of one call and what they point into (kept alive with them)."""
+    """The C structs of one call and what they point into (kept alive with them): sh, opts,
+    fav, key_len; args, the pointers to the structs as the C calls take them (made once);
+    W, the float32 copy of a converted W (None when the caller's W is used as it is); pool,
+    cleared kept-feature storage for this plan's next forwards; live, whether the plan is in
+    the cache (storage given back to a plan out of it is freed)."""
 
-    __slots__ = ("sh", "opts", "fav", "key_len", "oshape", "budget", "W")
+    __slots__ = ("sh", "opts", "fav", "key_len", "oshape", "budget", "W", "args", "pool", "live")
 
 
 def _plan(q, k, v, W, *, method, causal, kernel, key_lengths, scale, eps, chunk, oprf_a,
@@ -82,83 +101,229 @@ def _plan(q, k, v, W, *, method, causal, kernel, key_lengths, scale, eps, chunk,
     p.key_len = _pf._key_lengths(key_lengths, p.sh)
     p.opts = _pf._attn_opts(p.sh, scale, causal, p.key_len, _threads(threads))
     p.oshape = tuple(q.shape[:-1]) + (p.sh.dv,)
-    p.fav, p.W = None, None
+    p.fav, p.W, p.pool, p.live = None, None, [], False
     if method == "favor":
         if W is None:
             raise ValueError("method='favor' needs W (m,d) or (H,m,d): performer.projection(m, d) "
                              "or a FastAttention's projection_matrix")
-        p.W = _t32(W, "W").detach()
-        p.fav, _ = _pf._favor_opts(p.sh, kernel=kernel, W=p.W.numpy(), features=256,
+        Wt = _t32(W, "W")
+        p.fav, _ = _pf._favor_opts(p.sh, kernel=kernel, W=Wt.detach().numpy(), features=256,
                                    proj="orthogonal", norm="chi", seed=0, eps=eps, chunk=chunk,
                                    oprf_a=oprf_a, causal=causal)
+        if Wt is not W:  # a converted copy: the plan keeps it (fav points into it)
+            p.W = Wt.detach()
         p.budget = SAVE_BYTES if save_bytes is None else int(save_bytes)
         if p.budget < 0:
             raise ValueError(f"save_bytes must be >= 0, got {save_bytes}")
+        p.args = (_P(p.sh), _P(p.opts), _P(p.fav))
     elif method == "exact":
         if W is not None or kernel != "positive" or eps != 0 or chunk != 0 or oprf_a is not None:
             raise ValueError("W, kernel, eps, chunk and oprf_a are for method='favor' only")
+        p.args = (_P(p.sh), _P(p.opts))
     else:
         raise ValueError(f"method '{method}' is not known here: 'favor' or 'exact'")
     return p
 
 
-def _forward(p, q, k, v, saved=None, lse=None):
-    """Runs the plan's forward into a new tensor (FAVOR+ keeping features if saved is given,
-    exact writing lse if given)."""
-    out = torch.empty(p.oshape, dtype=torch.float32)
-    named = (("q", q), ("k", k), ("v", v), ("W", p.W))
-    if p.fav is not None:
-        if saved is not None:
-            st = _L.pf_attn_favor_save(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                       _P(p.sh), _P(p.opts), _P(p.fav), saved.ptr)
-            fn = "pf_attn_favor_save"
-        else:
-            st = _L.pf_attn_favor(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                  _P(p.sh), _P(p.opts), _P(p.fav))
-            fn = "pf_attn_favor"
+# ---- plans kept for repeated calls ------------------------------------------------------------
+#
+# A training or inference loop calls attention() with the same shapes and options again and
+# again. Checking them and making the C structs costs more than the C call on small inputs, so
+# a plan is kept under a key of everything it was made from, and a call that finds its key runs
+# at once. What may go into a key is what compares by value: numbers, strings and None (an
+# option of any other type, a tensor as scale say, is checked and planned at every call), key
+# lengths as a tuple of ints (from a list of ints or a 1-D integer tensor or array), and W by its
+# address and shape when it is used as it is (float32, contiguous, CPU): the structs hold only
+# that address and shape, nothing computed from W's values, so W may change in place between
+# calls (a redrawn projection) and a key that matches is right by construction. A W that must
+# be converted is converted at every call (not kept). At most _PLANS_MAX plans are kept, the
+# oldest dropped first. The kept features' storage (pf_favor_saved) is pooled per plan: a
+# backward hands it back cleared (pf_favor_saved_clear) and the next forward of that plan fills
+# it again, instead of allocating and first touching up to SAVE_BYTES at each call (tens of
+# milliseconds at L = 4096); POOL_BYTES bounds what the pools hold between calls, empty_cache()
+# frees it.
+
+_PLANS = {}
+_PLANS_MAX = 64
+_LOCK = threading.Lock()
+_pooled = [0]  # bytes held by every plan's pool
+_PLAIN = frozenset((type(None), bool, int, float, str))
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _key_lengths_key(kl):
+    """key_lengths as a hashable tuple of ints, None for None, or False when it cannot be one
+    (the call is then planned without the cache, and its checks say what is wrong)."""
+    if kl is None:
+        return None
+    if isinstance(kl, torch.Tensor):
+        ok = kl.ndim == 1 and kl.dtype in _INT_DTYPES
+    elif isinstance(kl, np.ndarray):
+        ok = kl.ndim == 1 and kl.dtype.kind in "iu"
+    elif isinstance(kl, (list, tuple)):
+        ok = all(type(x) is int for x in kl)
     else:
-        st = _L.pf_attn_exact(out.data_ptr(), None if lse is None else lse.data_ptr(),
-                              q.data_ptr(), k.data_ptr(), v.data_ptr(), _P(p.sh), _P(p.opts))
-        fn = "pf_attn_exact"
+        ok = False
+    return tuple(kl.tolist() if hasattr(kl, "tolist") else kl) if ok else False
+
+
+def _plan_key(q, k, v, W, method, causal, kernel, key_lengths, scale, eps, chunk, oprf_a, th,
+              save_bytes):
+    """The cache key of a call, or None when it has none (see above)."""
+    if type(chunk) is not int or type(th) is not int:
+        return None
+    for x in (method, kernel, scale, eps, oprf_a, save_bytes):
+        if type(x) not in _PLAIN:
+            return None
+    if W is None:
+        wkey = None
+    elif isinstance(W, torch.Tensor) and W.dtype is torch.float32 and W.is_cpu \
+            and W.layout is torch.strided and W.is_contiguous():
+        wkey = (W.data_ptr(), W.shape)
+    else:
+        return None
+    kl = _key_lengths_key(key_lengths)
+    if kl is False:
+        return None
+    return (method, kernel, True if causal else False, q.shape, k.shape, v.shape, kl, scale,
+            eps, chunk, oprf_a, th, SAVE_BYTES if save_bytes is None else save_bytes, wkey)
+
+
+def _drain(p):
+    """Takes p out of use: its pooled storage is freed (the caller holds _LOCK)."""
+    p.live = False
+    for s in p.pool:
+        _pooled[0] -= s.nbytes
+        s.free()
+    p.pool.clear()
+
+
+def _remember(key, p):
+    with _LOCK:
+        if key in _PLANS:
+            return _PLANS[key]
+        while len(_PLANS) >= _PLANS_MAX:
+            _drain(_PLANS.pop(next(iter(_PLANS))))
+        p.live = True
+        _PLANS[key] = p
+    return p
+
+
+def _take_saved(p):
+    """Cleared kept-feature storage for a forward of p: from its pool, else new."""
+    if p.pool:
+        with _LOCK:
+            if p.pool:
+                s = p.pool.pop()
+                _pooled[0] -= s.nbytes
+                return s
+    return _pf._Saved(p.sh, p.opts, p.fav, p.budget)
+
+
+def _give_back(p, s):
+    """Returns storage a forward filled: cleared into p's pool while it fits, else freed."""
+    _L.pf_favor_saved_clear(s.ptr)
+    with _LOCK:
+        if p.live and len(p.pool) < 4 and _pooled[0] + s.nbytes <= POOL_BYTES:
+            p.pool.append(s)
+            _pooled[0] += s.nbytes
+            return
+    s.free()
+
+
+def empty_cache():
+    """Frees what performer.torch keeps between calls: the plans and the pooled kept-feature
+    storage (at most POOL_BYTES). Calls after it plan and allocate again; a backward still to
+    come frees its own storage."""
+    with _LOCK:
+        for p in _PLANS.values():
+            _drain(p)
+        _PLANS.clear()
+
+
+def pooled_bytes():
+    """Bytes of kept-feature storage pooled for reuse now (at most POOL_BYTES)."""
+    return _pooled[0]
+
+
+def _named(q, k, v, W):
+    return (("q", q), ("k", k), ("v", v), ("W", W))
+
+
+def _dout32(dout):
+    if dout.dtype is not torch.float32:
+        dout = dout.to(torch.float32)
+    return dout if dout.is_contiguous() else dout.contiguous()
+
+
+def _favor_backward(ctx, dout):
+    q, k, v, out, W = ctx.saved_tensors  # torch checks that none was changed in place since
+    p = ctx.plan
+    dout = _dout32(dout)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    args = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), q.data_ptr(),
+            k.data_ptr(), v.data_ptr(), out.data_ptr()) + p.args
+    kept, ctx.kept = ctx.kept, None
+    if kept is not None:
+        st = _L.pf_attn_favor_backward_saved(*args, kept.ptr)
+        _give_back(p, kept)
+        fn = "pf_attn_favor_backward_saved"
+    else:
+        st = _L.pf_attn_favor_backward(*args)
+        fn = "pf_attn_favor_backward"
     if st:
-        _nonfinite(st, fn, named)
-    return out
+        _nonfinite(st, fn, (("q", q), ("k", k), ("v", v), ("dout", dout)))
+    return dq, dk, dv, None
+
+
+_favor_backward_once = once_differentiable(_favor_backward)
 
 
 class _FavorFunction(torch.autograd.Function):
     """FAVOR+ whose forward keeps the features (pf_attn_favor_save, within the plan's budget)
-    and whose backward is pf_attn_favor_backward_saved. The kept features are freed by the
-    first backward; a second one (retain_graph=True) recomputes them with
-    pf_attn_favor_backward, which gives the same bits. W is a constant (no gradient)."""
+    and whose backward is pf_attn_favor_backward_saved. The kept features go back to the
+    plan's pool after the first backward; a second one (retain_graph=True) recomputes them
+    with pf_attn_favor_backward, which gives the same bits. W is a constant (no gradient): it
+    comes with the plan, pw = (plan, W as the C call reads it), and is saved for the backward
+    like q, k and v, so an in-place change to any of them before the backward is an error."""
 
     @staticmethod
-    def forward(ctx, q, k, v, W, p):
-        saved = _pf._Saved(p.sh, p.opts, p.fav, p.budget)
-        out = _forward(p, q, k, v, saved=saved)
-        ctx.save_for_backward(q, k, v, W, out)
+    def forward(ctx, q, k, v, pw):
+        p, W = pw
+        saved = _take_saved(p)
+        out = torch.empty(p.oshape, dtype=torch.float32)
+        st = _L.pf_attn_favor_save(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                   *p.args, saved.ptr)
+        if st:
+            _give_back(p, saved)
+            _nonfinite(st, "pf_attn_favor_save", _named(q, k, v, W))
+        ctx.save_for_backward(q, k, v, out, W)
         ctx.plan, ctx.kept = p, saved
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
-        q, k, v, W, out = ctx.saved_tensors
-        p = ctx.plan
-        dout = dout.to(torch.float32).contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        args = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), q.data_ptr(),
-                k.data_ptr(), v.data_ptr(), out.data_ptr(), _P(p.sh), _P(p.opts), _P(p.fav))
-        kept, ctx.kept = ctx.kept, None
-        if kept is not None:
-            st = _L.pf_attn_favor_backward_saved(*args, kept.ptr)
-            kept.free()
-            fn = "pf_attn_favor_backward_saved"
-        else:
-            st = _L.pf_attn_favor_backward(*args)
-            fn = "pf_attn_favor_backward"
-        if st:
-            _nonfinite(st, fn, (("q", q), ("k", k), ("v", v), ("dout", dout)))
-        return dq, dk, dv, None, None
+        # create_graph=True runs the backward in grad mode: once_differentiable then makes a
+        # second differentiation an error; otherwise its wrapper (a no_grad block) is skipped
+        if torch.is_grad_enabled():
+            return _favor_backward_once(ctx, dout)
+        return _favor_backward(ctx, dout)
+
+
+def _exact_backward(ctx, dout):
+    q, k, v, out, lse = ctx.saved_tensors
+    p = ctx.plan
+    dout = _dout32(dout)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    st = _L.pf_attn_exact_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(),
+                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                   lse.data_ptr(), *p.args)
+    if st:
+        _nonfinite(st, "pf_attn_exact_backward", (("q", q), ("k", k), ("v", v), ("dout", dout)))
+    return dq, dk, dv, None
+
+
+_exact_backward_once = once_differentiable(_exact_backward)
 
 
 class _ExactFunction(torch.autograd.Function):
@@ -168,25 +333,34 @@ class _ExactFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, p):
         lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32)
-        out = _forward(p, q, k, v, lse=lse)
+        out = torch.empty(p.oshape, dtype=torch.float32)
+        st = _L.pf_attn_exact(out.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                              v.data_ptr(), *p.args)
+        if st:
+            _nonfinite(st, "pf_attn_exact", _named(q, k, v, None))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan = p
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        p = ctx.plan
-        dout = dout.to(torch.float32).contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        st = _L.pf_attn_exact_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                                       dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                       out.data_ptr(), lse.data_ptr(), _P(p.sh), _P(p.opts))
-        if st:
-            _nonfinite(st, "pf_attn_exact_backward", (("q", q), ("k", k), ("v", v),
-                                                      ("dout", dout)))
-        return dq, dk, dv, None
+        if torch.is_grad_enabled():
+            return _exact_backward_once(ctx, dout)
+        return _exact_backward(ctx, dout)
+
+
+def _forward_nograd(p, q, k, v, W):
+    out = torch.empty(p.oshape, dtype=torch.float32)
+    if p.fav is not None:
+        st = _L.pf_attn_favor(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), *p.args)
+        fn = "pf_attn_favor"
+    else:
+        st = _L.pf_attn_exact(out.data_ptr(), None, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                              *p.args)
+        fn = "pf_attn_exact"
+    if st:
+        _nonfinite(st, fn, _named(q, k, v, W))
+    return out
 
 
 def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor",
@@ -212,18 +386,25 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
     backward is not supported."""
     q0 = q
     q, k, v = _t32(q, "q"), _t32(k, "k"), _t32(v, "v")
-    p = _plan(q, k, v, W, method=method, causal=causal, kernel=kernel, key_lengths=key_lengths,
-              scale=scale, eps=eps, chunk=chunk, oprf_a=oprf_a, threads=threads,
-              save_bytes=save_bytes)
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if not grad:
-        with torch.no_grad():
-            out = _forward(p, q.detach(), k.detach(), v.detach())
-    elif method == "favor":
-        out = _FavorFunction.apply(q, k, v, p.W, p)
+    th = torch.get_num_threads() if threads is None else threads
+    key = _plan_key(q, k, v, W, method, causal, kernel, key_lengths, scale, eps, chunk, oprf_a,
+                    th, save_bytes)
+    p = None if key is None else _PLANS.get(key)
+    if p is None:
+        p = _plan(q, k, v, W, method=method, causal=causal, kernel=kernel,
+                  key_lengths=key_lengths, scale=scale, eps=eps, chunk=chunk, oprf_a=oprf_a,
+                  threads=th, save_bytes=save_bytes)
+        if key is not None:
+            p = _remember(key, p)
+    Wc = W if p.W is None else p.W  # W as the C call reads it
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if p.fav is not None:
+            out = _FavorFunction.apply(q, k, v, (p, Wc))
+        else:
+            out = _ExactFunction.apply(q, k, v, p)
     else:
-        out = _ExactFunction.apply(q, k, v, p)
-    return out if q0.dtype == torch.float32 else out.to(q0.dtype)
+        out = _forward_nograd(p, q, k, v, Wc)
+    return out if q0.dtype is torch.float32 else out.to(q0.dtype)
 
 
 # ---- performer-pytorch's FastAttention ------------------------------------------------------

@@ -250,6 +250,154 @@ class TestGradients(unittest.TestCase):
             torch.set_num_threads(old)
 
 
+class TestRepeatedCalls(unittest.TestCase):
+    """A call with the shapes and options of an earlier one reuses its plan (the C structs) and
+    the kept features' storage (pooled): every result must still be the bits of a fresh call
+    through the numpy layer (performer.attention_grad, which keeps nothing between calls), W may
+    change in place between calls, an input changed in place between a forward and its backward
+    is still an error, and a cached plan never lets through an option its checks refuse."""
+
+    def setUp(self):
+        pt.empty_cache()
+
+    def tearDown(self):
+        pt.empty_cache()
+
+    def check(self, q, k, v, G, W, what, **kw):
+        o = pt.attention(q, k, v, W=W, **kw)
+        got = [o] + grads(o, G, q, k, v)
+        want = performer.attention_grad(q.detach().numpy(), k.detach().numpy(),
+                                        v.detach().numpy(), G.numpy(), W=W.detach().numpy(),
+                                        **{a: b for a, b in kw.items() if a != "threads"})
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            self.assertTrue(same_bits(a.detach().numpy(), b), f"{what}: {name}")
+
+    def test_w_changed_in_place_between_calls(self):
+        q, k, v, G = inputs(11)
+        W = torch.from_numpy(performer.projection(16, 8, seed=1))
+        for causal in (False, True):
+            self.check(q, k, v, G, W, "first", causal=causal)
+            self.check(q, k, v, G, W, "again", causal=causal)
+            W.copy_(torch.from_numpy(performer.projection(16, 8, seed=2)))  # torch sees it
+            self.check(q, k, v, G, W, "W copied into", causal=causal)
+            W.numpy()[:] *= 0.5  # through numpy: torch's version counter does not move
+            self.check(q, k, v, G, W, "W changed through numpy", causal=causal)
+        fa = pt.FastAttention(8, nb_features=16, causal=True)
+        with torch.no_grad():
+            before = fa(q, k, v)
+            fa.redraw_projection_matrix()
+            after = fa(q, k, v)
+        want = performer.attention(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(),
+                                   W=fa.projection_matrix.numpy(), causal=True)
+        self.assertTrue(same_bits(after.numpy(), want))
+        self.assertFalse(torch.equal(before, after))
+
+    def test_inputs_changed_in_place_before_backward(self):
+        for method in ("favor", "exact"):
+            for name in ("q", "k", "v", "W") if method == "favor" else ("q", "k", "v"):
+                q, k, v, G = inputs(12)
+                W = torch.from_numpy(performer.projection(16, 8, seed=3))
+                kw = dict(W=W) if method == "favor" else {}
+                for attempt in range(2):  # the second one through the cached plan
+                    out = pt.attention(q, k, v, method=method, **kw)
+                    with torch.no_grad():
+                        dict(q=q, k=k, v=v, W=W)[name].mul_(1.001)
+                    with self.subTest(method=method, changed=name, attempt=attempt):
+                        with self.assertRaisesRegex(RuntimeError, "modified by an inplace"):
+                            (out * G).sum().backward()
+                if method == "favor":  # the plan and the pool still give the right bits
+                    self.check(q, k, v, G, W, f"after {name} changed")
+
+    def test_pooled_storage(self):
+        q, k, v, G = inputs(13, B=1, H=2, Lq=64, Lk=64)
+        W = torch.from_numpy(performer.projection(16, 8, seed=4))
+        self.assertEqual(pt.pooled_bytes(), 0)
+        self.check(q, k, v, G, W, "first")
+        one = pt.pooled_bytes()
+        self.assertGreater(one, 64 * 16 * 2 * 4)  # the features of q and k at least
+        self.check(q, k, v, G, W, "from the pool")
+        self.assertEqual(pt.pooled_bytes(), one)
+        # two forwards before their backwards: the second makes new storage, both come back
+        o1, o2 = pt.attention(q, k, v, W=W), pt.attention(q, k, v, W=W)
+        self.assertEqual(pt.pooled_bytes(), 0)
+        g1, g2 = grads(o1, G, q, k, v), grads(o2, G, q, k, v)
+        self.assertEqual(pt.pooled_bytes(), 2 * one)
+        for a, b in zip(g1, g2):
+            self.assertTrue(torch.equal(a, b))
+        # a backward after empty_cache() frees its storage instead of pooling it
+        o = pt.attention(q, k, v, W=W)
+        pt.empty_cache()
+        self.assertEqual(pt.pooled_bytes(), 0)
+        for a, b in zip(grads(o, G, q, k, v), g1):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual(pt.pooled_bytes(), 0)
+        old = pt.POOL_BYTES
+        try:
+            pt.POOL_BYTES = one - 1  # too small to pool one: freed after each backward
+            self.check(q, k, v, G, W, "pool too small")
+            self.assertEqual(pt.pooled_bytes(), 0)
+        finally:
+            pt.POOL_BYTES = old
+        # double backward stays an error (once_differentiable), the first gradient is right
+        o = pt.attention(q, k, v, W=W)
+        gq, = torch.autograd.grad((o * G.clone().requires_grad_()).sum(), q, create_graph=True)
+        self.assertTrue(torch.equal(gq, g1[0]))
+        self.assertTrue(gq.requires_grad)
+        with self.assertRaisesRegex(RuntimeError, "once_differentiable"):
+            gq.sum().backward()
+
+    def test_options_in_the_key(self):
+        q, k, v, G = inputs(14)
+        W = torch.from_numpy(performer.projection(16, 8, seed=5))
+        for lens in ([24, 17], torch.tensor([24, 17]), np.array([24, 17], np.int64),
+                     (24, 17), torch.tensor([24, 17], dtype=torch.int16)):
+            self.check(q, k, v, G, W, f"key_lengths {type(lens).__name__}", key_lengths=lens)
+        self.check(q, k, v, G, W, "key_lengths 24, 9", key_lengths=[24, 9])
+        refused = [(TypeError, "key_lengths must hold integers",
+                    dict(key_lengths=torch.tensor([24.0, 17.0]))),
+                   (TypeError, "key_lengths must hold integers", dict(key_lengths=[24.0, 17])),
+                   (TypeError, "threads must be an integer", dict(threads=True)),
+                   (TypeError, "chunk must be an integer", dict(chunk=True))]
+        pt.attention(q, k, v, W=W, key_lengths=[24, 17], threads=1, chunk=1)  # cached first
+        for exc, text, kw in refused:
+            args = dict(key_lengths=[24, 17], threads=1, chunk=1)
+            args.update(kw)
+            with self.subTest(text, **{a: str(b) for a, b in kw.items()}):
+                with self.assertRaisesRegex(exc, text):
+                    pt.attention(q, k, v, W=W, **args)
+        # SAVE_BYTES is read at each call: a smaller budget keeps less
+        self.check(q, k, v, G, W, "budget")
+        full = pt.pooled_bytes()
+        old = pt.SAVE_BYTES
+        try:
+            pt.empty_cache()
+            pt.SAVE_BYTES = 1
+            self.check(q, k, v, G, W, "budget 1")
+            self.assertLess(pt.pooled_bytes(), full)
+        finally:
+            pt.SAVE_BYTES = old
+        # a W that is converted (float64), a per-head W, a W that requires grad
+        self.check(q, k, v, G, W.double(), "float64 W")
+        Wh = torch.from_numpy(np.stack([performer.projection(16, 8, seed=s) for s in (6, 7)]))
+        self.check(q, k, v, G, Wh, "per-head W")
+        W2 = torch.from_numpy(performer.projection(16, 8, seed=9))  # same shape, elsewhere
+        for w in (W, W2, W):
+            self.check(q, k, v, G, w, "two Ws of one shape")
+        Wp = torch.nn.Parameter(W.clone() * 0.9)
+        self.check(q, k, v, G, Wp, "W a Parameter")
+        self.assertIsNone(Wp.grad)
+
+    def test_cache_is_bounded(self):
+        W = torch.from_numpy(performer.projection(16, 8, seed=8))
+        for L in range(1, pt._PLANS_MAX + 20):
+            q, k, v, G = inputs(L, B=1, H=1, Lq=L, Lk=L)
+            grads(pt.attention(q, k, v, W=W, causal=True), G, q, k, v)
+        self.assertEqual(len(pt._PLANS), pt._PLANS_MAX)
+        self.assertEqual(pt.pooled_bytes(),
+                         sum(s.nbytes for p in pt._PLANS.values() for s in p.pool))
+        self.check(q, k, v, G, W, "after evictions", causal=True)
+
+
 class TestErrors(unittest.TestCase):
     def test_refusals(self):
         q, k, v, _ = inputs(8)
