@@ -2,33 +2,53 @@
 """bench_python.py: what the Python package costs, and what performer.torch buys over pure torch.
 
     /usr/bin/python3 bench/bench_python.py [--build build] [--lengths 1024,4096,16384]
-                                           [--repeats N] [--threads N] [--max-gb G] [--quick]
+                                           [--repeats N] [--threads N] [--torch-blas-threads N]
+                                           [--max-gb G] [--quick]
+                                           [--extra-coretype NAME] [--extra-lengths L,..]
 
 1. The wrapper's fixed cost: a tiny call (H = 1, L = 16, d = 16, m = 16, one thread) through
    performer.attention, performer.torch.attention and the autograd function's forward+backward,
    against the same C functions called through ctypes with every argument made beforehand (the
-   C call itself plus ctypes' own few hundred ns). Medians of 7 rounds of 2000 calls, in us.
-   Target: under 50 us of overhead a call. An empty torch.autograd.Function is timed too: what
-   any Python autograd function costs in torch itself.
-2. performer.torch.attention against FAVOR+ written in pure torch the way performer-pytorch
-   computes it (its softmax_kernel with the data normaliser d^-1/4, the 1e-4 and the detached
-   maxima; linear_attention; and, causal, causal_linear_attention_noncuda, its default path on
-   the CPU: cumulative sums over 128 pieces of the sequence, every prefix state materialised),
-   forward and forward+backward, bidirectional and causal, B = 1, H = 4, d = 64, m = 256, at
-   each length: medians, and ratios pure torch / performer (the speed-up; target >= 10x for
-   forward+backward). Both sides run on --threads threads (torch.set_num_threads, which
-   performer.torch follows), by default torch's own default (torch.get_num_threads(): 1 with
-   Debian's torch on this 2-core machine). One thread a side is also what a shared machine
-   measures steadily: at two, each side's OpenMP barriers wait on threads the other jobs
-   deschedule, and the same case varied 10x between runs here.
-3. Peak memory of the causal forward+backward: each case runs in its own process, which
-   reports its peak resident size (ru_maxrss) less its resident size once torch is loaded and
-   the inputs made: the computation's own memory. Pure torch's causal backward keeps every
-   prefix state, about 3 B H L m dv floats with what is made from them; a case whose estimate
-   exceeds --max-gb (default: a third of the available memory, at most 8) is not run, and the
-   table says so.
-The header names the CPU, the load average, the library's kernel sets (`performer --version`)
-and torch's version. All ratios come from one run (the machine is shared and noisy).
+   C call itself plus ctypes' own few hundred ns; forward+backward keeps its features in one
+   pf_favor_saved made once, as a C training loop does). Medians of 7 rounds of 2000 calls, in
+   us. Target: under 50 us of overhead a call. Forward+backward through autograd is split into
+   what torch charges any Python torch.autograd.Function doing the same around its work (an
+   empty one that allocates the output and three gradients and saves five tensors, timed
+   alike), the C calls, and the rest: performer.torch's own cost.
+2. FAVOR+ three ways, forward and forward+backward, bidirectional and causal, B = 1, H = 4,
+   d = 64, m = 256, at each length: the C library called directly through ctypes with its
+   arguments made beforehand (forward: pf_attn_favor; forward+backward: pf_attn_favor_save +
+   pf_attn_favor_backward_saved on a pf_favor_saved made once), performer.torch.attention, and
+   FAVOR+ written in pure torch the way performer-pytorch computes it (its softmax_kernel with
+   the data normaliser d^-1/4, the 1e-4 and the detached maxima; linear_attention; and, causal,
+   causal_linear_attention_noncuda, its default path on the CPU: cumulative sums over 128
+   pieces of the sequence, every prefix state materialised). Medians, and three ratios: pure
+   torch / C (the speed-up the library itself shows), pure torch / performer.torch (what the
+   package delivers; target >= 10x forward+backward) and performer.torch / C (the wrapper's
+   share). Each case runs in a fresh process that times the three interleaved, call by call (C,
+   performer.torch, pure torch, C, ...; each call after a pause of PAUSE s, so that no thread
+   of the call before, OpenBLAS's spinning workers say, runs into it): the machine is shared,
+   and a change of load then moves the three alike.
+   Threads: every side uses --threads threads, by default every core this process may run on
+   (os.sched_getaffinity): the library's calls get it as their thread count, pure torch gets
+   torch.set_num_threads and, for its matrix products, which run in OpenBLAS (Debian's torch
+   calls libblas.so.3, the pthread OpenBLAS), openblas_set_num_threads (--torch-blas-threads
+   sets that one apart: its pthreads and torch's OpenMP threads share the cores). torch's default
+   would be 1 on this 2-core VM: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else
+   half of std::thread::hardware_concurrency() (it assumes two hardware threads a core, which a
+   VM without SMT does not have). Each case reports the threads it ran with.
+3. Peak memory of every forward+backward (the causal one is where pure torch's grows): one call
+   in a process of its own, which reports its peak resident size (ru_maxrss) less its resident
+   size once torch is loaded and the inputs made: the computation's own memory, kept features
+   included. Pure torch's causal backward keeps every prefix state, about 3 B H L m dv floats
+   with what is made from them; a case whose estimate exceeds --max-gb (default: a third of the
+   available memory, at most 8) is not run, and the table says so.
+--extra-coretype NAME (e.g. Prescott) times pure torch again with OPENBLAS_CORETYPE=NAME, at
+--extra-lengths: the generic SSE3 kernels OpenBLAS 0.3.21 falls back to on CPUs its table does
+not know (an Intel family 6 model 207 got them), as an extra table against the same run's C
+and performer.torch columns.
+The header names the CPU, the load average, the library's kernel sets (`performer --version`),
+OpenBLAS's kernel set under torch and torch's version. All ratios come from one run.
 """
 import argparse
 import ctypes
@@ -42,6 +62,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B_, H_, D_, M_ = 1, 4, 64, 256
+PAUSE = 0.2  # s before each timed call of part 2
 
 
 def cpu_name():
@@ -62,6 +83,13 @@ def cpu_name():
     return f"{name} (family {fam}, model {model})" if fam else name
 
 
+def cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def mem_available_gb():
     try:
         with open("/proc/meminfo") as f:
@@ -76,6 +104,18 @@ def mem_available_gb():
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def openblas():
+    """The OpenBLAS this process has loaded (numpy and torch load Debian's pthread build), or
+    None."""
+    try:
+        ob = ctypes.CDLL("libopenblas.so.0")
+        ob.openblas_get_corename.restype = ctypes.c_char_p
+        ob.openblas_get_num_threads.restype = ctypes.c_int
+        return ob
+    except (OSError, AttributeError):
+        return None
 
 
 # ---- pure torch, the way performer-pytorch computes FAVOR+ ------------------------------------
@@ -139,60 +179,147 @@ def pp_bytes(L, causal, backward):
 
 # ---- one case, in a child process -------------------------------------------------------------
 
+def c_direct(q, k, v, dout, W, causal, backward, threads):
+    """The C library through ctypes, every argument made beforehand: a function running one
+    forward (pf_attn_favor) or forward+backward (pf_attn_favor_save and
+    pf_attn_favor_backward_saved on storage made once, within performer.torch's default budget),
+    and what to free afterwards."""
+    import torch
+    import performer.torch as pt
+    from performer import _lib
+    L, P = _lib.lib, ctypes.byref
+    Lx = q.shape[-2]
+    sh = _lib.pf_shape(B_, H_, Lx, Lx, D_, D_)
+    opts = _lib.pf_attn_opts(0.0, 1 if causal else 0, None, threads)
+    fav = _lib.pf_favor_opts(0, W.data_ptr(), M_, 0, 0.0, 0, 0, 0.0)
+    out = torch.empty_like(q)
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    a = (P(sh), P(opts), P(fav))
+    fwd = (out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()) + a
+    keep = (out, dq, dk, dv)  # the pointers above are into these: held by run()
+    if not backward:
+        def run():
+            _lib.check(L.pf_attn_favor(*fwd), "pf_attn_favor")
+            return keep
+        return run, None
+    saved = ctypes.c_void_p()
+    _lib.check(L.pf_favor_saved_create(P(saved), *a, pt.SAVE_BYTES), "pf_favor_saved_create")
+    bwd = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(), q.data_ptr(),
+           k.data_ptr(), v.data_ptr(), out.data_ptr()) + a + (saved,)
+
+    def run():
+        _lib.check(L.pf_attn_favor_save(*fwd, saved), "pf_attn_favor_save")
+        _lib.check(L.pf_attn_favor_backward_saved(*bwd), "pf_attn_favor_backward_saved")
+        return keep
+    return run, lambda: L.pf_favor_saved_free(saved)
+
+
 def child(spec):
-    """Runs one (impl, L, causal, backward) case and prints a JSON line of medians and memory."""
+    """One case (L, causal, backward) in a fresh process. mode "time": every impl in spec's
+    list, interleaved round by round (C, performer.torch, pure torch, C, ...), each call after
+    a pause of PAUSE s (so that no thread of the call before, such as OpenBLAS's spinning
+    workers, runs into it); prints a JSON line of each impl's median ms, the threads it ran
+    with and OpenBLAS's kernel set. mode "memory": one call of the one impl listed; prints its
+    peak resident size less the size with the inputs made."""
     import torch
     import performer
     import performer.torch as pt
-    impl, L, causal, backward, repeats, threads = (
-        spec[k] for k in ("impl", "L", "causal", "backward", "repeats", "threads"))
+    L, causal, backward, repeats, threads = (
+        spec[k] for k in ("L", "causal", "backward", "repeats", "threads"))
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B_, H_, L, D_, generator=g) * 0.5 for _ in range(3))
     dout = torch.randn(B_, H_, L, D_, generator=g)
     W = torch.from_numpy(performer.projection(M_, D_, seed=0))
-    for t in (q, k, v):
-        t.requires_grad_(backward)
+    ob = openblas()
+    runs, done = {}, []
+    for impl in spec["impls"]:
+        if impl == "c":
+            runs[impl], free = c_direct(q, k, v, dout, W, causal, backward, threads)
+            done.append(free)
+            continue
+        xs = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
+
+        def run(impl=impl, xs=xs):
+            for t in xs:
+                t.grad = None
+            if impl == "performer":
+                out = pt.attention(*xs, W=W, causal=causal)
+            else:
+                out = pp_fast_attention(*xs, W, causal)
+            if backward:
+                out.backward(dout)
+        runs[impl] = run
+    if spec["mode"] == "time" and ("c" in runs or "performer" in runs):
+        runs.get("c", runs.get("performer"))()  # the library's first call pins OpenBLAS ...
+    if ob is not None:
+        ob.openblas_set_num_threads(spec["blas_threads"])  # ... to one thread: pure torch's
+    # products get the threads asked for
     base = rss_mb()
-
-    def run():
-        for t in (q, k, v):
-            t.grad = None
-        if impl == "performer":
-            out = pt.attention(q, k, v, W=W, causal=causal)
-        else:
-            out = pp_fast_attention(q, k, v, W, causal)
-        if backward:
-            out.backward(dout)
-        return out
-
-    times = []
+    times = {impl: [] for impl in runs}
     with torch.set_grad_enabled(backward):
-        t0 = time.perf_counter()
-        run()  # warm-up
-        if time.perf_counter() - t0 > 5:  # a slow case: fewer repeats keep the run short
-            repeats = min(repeats, 2)
-        for _ in range(repeats):
+        if spec["mode"] == "memory":
+            next(iter(runs.values()))()
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(json.dumps({"peak_mb": peak - base}))
+            return
+        rounds = {}
+        for impl, run in runs.items():  # warm-up; a slow impl (over 5 s) gets 2 rounds
+            time.sleep(PAUSE)
             t0 = time.perf_counter()
             run()
-            times.append((time.perf_counter() - t0) * 1e3)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"ms": statistics.median(times), "peak_mb": peak - base}))
+            rounds[impl] = repeats if time.perf_counter() - t0 <= 5 else min(repeats, 2)
+        for r in range(repeats):
+            for impl, run in runs.items():
+                if r >= rounds[impl]:
+                    continue
+                time.sleep(PAUSE)
+                t0 = time.perf_counter()
+                run()
+                times[impl].append((time.perf_counter() - t0) * 1e3)
+    for free in done:
+        if free:
+            free()
+    print(json.dumps({
+        "ms": {impl: statistics.median(t) for impl, t in times.items()},
+        "torch_threads": torch.get_num_threads(),
+        "blas_threads": ob.openblas_get_num_threads() if ob else None,
+        "blas_core": ob.openblas_get_corename().decode() if ob else None}))
 
 
-def run_case(args, impl, L, causal, backward):
-    spec = dict(impl=impl, L=L, causal=causal, backward=backward, threads=args.threads,
-                repeats=args.repeats if L < 16384 else max(3, args.repeats // 2))
-    if impl == "torch" and pp_bytes(L, causal, backward) > args.max_gb * 2**30:
-        return {"skipped": pp_bytes(L, causal, backward) / 2**30}
+def run_child(spec, env_extra=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.join(HERE, "..", "python")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    env.update(env_extra or {})
     r = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                        capture_output=True, text=True)
     if r.returncode != 0:
         return {"failed": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else
                 f"exit {r.returncode}"}
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_case(args, L, causal, backward, impls=("c", "performer", "torch"), env_extra=None):
+    """{impl: {"ms": .., "peak_mb": ..} or {"skipped": GB} or {"failed": why}}, plus "threads":
+    (torch threads, OpenBLAS threads, OpenBLAS kernels). Memory is measured for forward+backward
+    only, in a process per impl."""
+    spec = dict(L=L, causal=causal, backward=backward, threads=args.threads, mode="time",
+                blas_threads=args.torch_blas_threads,
+                repeats=args.repeats if L < 16384 else max(3, args.repeats // 2))
+    out = {}
+    if "torch" in impls and pp_bytes(L, causal, backward) > args.max_gb * 2**30:
+        out["torch"] = {"skipped": pp_bytes(L, causal, backward) / 2**30}
+        impls = tuple(i for i in impls if i != "torch")
+    r = run_child(dict(spec, impls=list(impls)), env_extra)
+    for impl in impls:
+        out[impl] = {"ms": r["ms"][impl]} if "ms" in r else dict(r)
+    out["threads"] = (r.get("torch_threads"), r.get("blas_threads"), r.get("blas_core"))
+    if backward and "ms" in r:
+        for impl in impls:
+            if impl != "c":
+                m = run_child(dict(spec, impls=[impl], mode="memory"), env_extra)
+                out[impl]["peak_mb"] = m.get("peak_mb")
+    return out
 
 
 # ---- the wrapper's fixed cost -----------------------------------------------------------------
@@ -209,6 +336,7 @@ def per_call_us(fn, n=2000, rounds=7):
 
 
 def overhead(has_torch):
+    """Rows (what, us, overhead us or None) of part 1."""
     import numpy as np
     import performer
     from performer import _lib
@@ -221,9 +349,10 @@ def overhead(has_torch):
     opts = _lib.pf_attn_opts(0.0, 0, None, 1)
     fav = _lib.pf_favor_opts(0, W.ctypes.data, 16, 0, 0.0, 0, 0, 0.0)
     P = ctypes.byref
-    ptrs = [a.ctypes.data for a in (out, q, k, v)]
+    a = (P(sh), P(opts), P(fav))
+    ptrs = [x.ctypes.data for x in (out, q, k, v)]
     rows = []
-    c_fwd = per_call_us(lambda: L.pf_attn_favor(*ptrs, P(sh), P(opts), P(fav)))
+    c_fwd = per_call_us(lambda: L.pf_attn_favor(*ptrs, *a))
     rows.append(("ctypes call of a trivial function (pf_kernel_width)",
                  per_call_us(lambda: L.pf_kernel_width(0, 16)), None))
     rows.append(("C forward through ctypes, arguments made beforehand", c_fwd, None))
@@ -235,21 +364,30 @@ def overhead(has_torch):
         return rows
     import torch
     import performer.torch as pt
-    tq, tk, tv, tW = (torch.from_numpy(a) for a in (q, k, v, W))
+    tq, tk, tv, tW = (torch.from_numpy(x) for x in (q, k, v, W))
     t = per_call_us(lambda: pt.attention(tq, tk, tv, W=tW, threads=1))
     rows.append(("performer.torch.attention, no grad", t, t - c_fwd))
     dq, dk, dv, dout = (np.empty_like(q) for _ in range(4))
-    gp = [a.ctypes.data for a in (dq, dk, dv, dout)]
+    gp = [x.ctypes.data for x in (dq, dk, dv, dout)]
+    s = ctypes.c_void_p()
+    L.pf_favor_saved_create(P(s), *a, 0)
 
     def c_both():
-        s = ctypes.c_void_p()
-        L.pf_favor_saved_create(P(s), P(sh), P(opts), P(fav), 0)
-        L.pf_attn_favor_save(*ptrs, P(sh), P(opts), P(fav), s)
-        L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], P(sh), P(opts), P(fav), s)
-        L.pf_favor_saved_free(s)
+        L.pf_attn_favor_save(*ptrs, *a, s)
+        L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s)
+
+    def c_both_alloc():
+        s2 = ctypes.c_void_p()
+        L.pf_favor_saved_create(P(s2), *a, 0)
+        L.pf_attn_favor_save(*ptrs, *a, s2)
+        L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s2)
+        L.pf_favor_saved_free(s2)
 
     c_fb = per_call_us(c_both, n=1000)
-    rows.append(("C forward+backward through ctypes (saved features)", c_fb, None))
+    rows.append(("C forward+backward through ctypes, kept features' storage made once",
+                 c_fb, None))
+    t = per_call_us(c_both_alloc, n=1000)
+    rows.append(("  the same making and freeing the storage at each call", t, t - c_fb))
     gq, gk, gv = (x.clone().requires_grad_() for x in (tq, tk, tv))
     tdout = torch.from_numpy(dout)
 
@@ -257,28 +395,43 @@ def overhead(has_torch):
         gq.grad = gk.grad = gv.grad = None
         pt.attention(gq, gk, gv, W=tW, threads=1).backward(tdout)
 
-    t = per_call_us(t_both, n=1000)
-    rows.append(("performer.torch.attention forward+backward (autograd)", t, t - c_fb))
-
     class Empty(torch.autograd.Function):  # torch's own cost of a Python autograd function
         @staticmethod
-        def forward(ctx, a, b, c):
-            out = torch.empty_like(a)
-            ctx.save_for_backward(a, b, c, out)
+        def forward(ctx, a, b, c, w):
+            out = a.new_empty(a.shape)
+            ctx.save_for_backward(a, b, c, out, w)
             return out
 
         @staticmethod
         def backward(ctx, d):
-            a, b, c, _ = ctx.saved_tensors
-            return torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
+            a, b, c, _, _ = ctx.saved_tensors
+            return torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), None
 
     def t_empty():
         gq.grad = gk.grad = gv.grad = None
-        Empty.apply(gq, gk, gv).backward(tdout)
+        Empty.apply(gq, gk, gv, tW).backward(tdout)
 
-    rows.append(("for scale: an empty torch.autograd.Function, forward+backward",
-                 per_call_us(t_empty, n=1000), None))
+    # interleaved, so that a change of load moves all three alike
+    tb, te, cb = [], [], []
+    for _ in range(3):
+        tb.append(per_call_us(t_both, n=1000))
+        te.append(per_call_us(t_empty, n=1000))
+        cb.append(per_call_us(c_both, n=1000))
+    L.pf_favor_saved_free(s)
+    tb, te, cb = statistics.median(tb), statistics.median(te), statistics.median(cb)
+    rows.append(("performer.torch.attention forward+backward (autograd)", tb, tb - cb))
+    rows.append(("  of it: any autograd.Function doing the same (empty)", te, None))
+    rows.append(("  of it: the C calls (as above, timed alongside)", cb, None))
+    rows.append(("  of it: performer.torch's own cost", tb - te - cb, None))
     return rows
+
+
+def fmt_ms(r):
+    return f"{r['ms']:.2f}" if "ms" in r else ("—" if "skipped" in r else "failed")
+
+
+def ratio(a, b):
+    return f"{a['ms'] / b['ms']:.1f}x" if "ms" in a and "ms" in b else "—"
 
 
 def main():
@@ -288,7 +441,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-gb", type=float, default=min(8.0, mem_available_gb() / 3))
     ap.add_argument("--threads", type=int, default=0,
-                    help="threads of both sides in part 2 (default: torch's own default)")
+                    help="threads of every side in part 2 (default 0: every core this process "
+                    "may run on)")
+    ap.add_argument("--torch-blas-threads", type=int, default=0,
+                    help="OpenBLAS threads for pure torch's products (default 0: --threads)")
+    ap.add_argument("--extra-coretype", default="",
+                    help="also time pure torch with OPENBLAS_CORETYPE set to this (e.g. Prescott)")
+    ap.add_argument("--extra-lengths", default="1024,4096")
     ap.add_argument("--quick", action="store_true", help="lengths 1024,4096; 3 repeats")
     ap.add_argument("--child")
     args = ap.parse_args()
@@ -311,50 +470,83 @@ def main():
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"bench_python: {cpu_name()}, {os.cpu_count()} cores (load average {load}); "
           f"{version}")
+    ob = openblas()
     print(f"  library {performer.library_path}; numpy {__import__('numpy').__version__}; "
-          + (f"torch {torch.__version__}" if has_torch else "no torch (python3-torch)"))
+          + (f"torch {torch.__version__} (its default threads here: "
+             f"{torch.get_num_threads()}; OMP_NUM_THREADS "
+             f"{os.environ.get('OMP_NUM_THREADS', 'unset')})" if has_torch
+             else "no torch (python3-torch)")
+          + (f"; OpenBLAS in this process: {ob.openblas_get_corename().decode()} kernels"
+             if ob else ""))
     print()
     print("1. fixed cost of a call: H = 1, L = 16, d = 16, m = 16, one thread "
           "(median of 7 x 2000 calls)")
-    print(f"  {'call':<58} {'us':>8} {'overhead us':>12}")
+    print(f"  {'call':<70} {'us':>8} {'overhead us':>12}")
     for name, us, over in overhead(has_torch):
-        print(f"  {name:<58} {us:8.2f} {'' if over is None else f'{over:12.2f}'}")
+        print(f"  {name:<70} {us:8.2f} {'' if over is None else f'{over:12.2f}'}")
     if not has_torch:
         print("\nno torch: parts 2 and 3 (performer.torch against pure torch) not run")
         return
     if args.threads <= 0:
-        args.threads = torch.get_num_threads()
+        args.threads = cores()
+    if args.torch_blas_threads <= 0:
+        args.torch_blas_threads = args.threads
     lengths = [int(x) for x in args.lengths.split(",") if x]
     if not lengths:
         return
     print()
-    print(f"2. performer.torch.attention vs pure-torch FAVOR+ as performer-pytorch computes it: "
-          f"B = {B_}, H = {H_}, d = {D_}, m = {M_}, {args.threads} threads each, medians "
-          f"of {args.repeats} (3 at L >= 16384, 2 where a call takes over 5 s)")
-    print("   ms; speed-up = pure torch / performer; MB = each process's peak resident size "
-          "less its size with the inputs made")
-    hdr = (f"  {'L':>6} {'pass':<16} {'performer ms':>12} {'torch ms':>10} {'speed-up':>9}"
-           f" {'performer MB':>13} {'torch MB':>9}")
-    print(hdr)
+    print(f"2. FAVOR+ three ways: the C library called directly (C), performer.torch.attention "
+          f"(pt) and pure torch as performer-pytorch computes it (torch); B = {B_}, H = {H_}, "
+          f"d = {D_}, m = {M_}; {args.threads} threads on every side (--threads; "
+          f"default: every core); medians of {args.repeats} (3 at L >= 16384, 2 where a call "
+          "takes over 5 s)")
+    print("   ms; torch/C = the library's own speed-up, torch/pt = what performer.torch "
+          "delivers, pt/C = the wrapper's share; MB = each process's peak resident size less "
+          "its size with the inputs made")
+    print(f"  {'L':>6} {'pass':<15} {'C ms':>9} {'pt ms':>9} {'torch ms':>10} {'torch/C':>8} "
+          f"{'torch/pt':>9} {'pt/C':>6} {'pt MB':>6} {'torch MB':>9}")
+    results, threads_seen = {}, set()
     for L in lengths:
         for causal in (False, True):
             for backward in (False, True):
-                a = run_case(args, "performer", L, causal, backward)
-                b = run_case(args, "torch", L, causal, backward)
+                r = run_case(args, L, causal, backward)
+                results[L, causal, backward] = r
+                threads_seen.add(r["threads"])
+                c, a, b = r["c"], r["performer"], r["torch"]
                 kind = ("causal" if causal else "bidir") + (" fwd+bwd" if backward else " fwd")
-                pa = f"{a['ms']:12.2f}" if "ms" in a else f"{'failed':>12}"
-                if "ms" in b:
-                    pb, ratio = f"{b['ms']:10.2f}", f"{b['ms'] / a['ms']:8.1f}x" if "ms" in a \
-                        else ""
-                    mb = f"{b['peak_mb']:9.0f}"
-                elif "skipped" in b:
-                    pb, ratio, mb = f"{'—':>10}", f"{'—':>9}", \
-                        f" not run: needs ~{b['skipped']:.0f} GB > --max-gb {args.max_gb:.0f}"
+                if "skipped" in b:
+                    tail = f" not run: needs ~{b['skipped']:.0f} GB > --max-gb {args.max_gb:.0f}"
+                elif "failed" in b:
+                    tail = "  " + b["failed"][:60]
                 else:
-                    pb, ratio, mb = f"{'failed':>10}", f"{'—':>9}", "  " + b["failed"][:60]
-                ma = f"{a['peak_mb']:13.0f}" if "ms" in a else ""
-                print(f"  {L:>6} {kind:<16} {pa} {pb} {ratio:>9} {ma} {mb}", flush=True)
-
+                    tail = f"{b['peak_mb']:9.0f}" if b.get("peak_mb") is not None else ""
+                amb = f"{a['peak_mb']:6.0f}" if a.get("peak_mb") is not None else f"{'':6}"
+                print(f"  {L:>6} {kind:<15} {fmt_ms(c):>9} {fmt_ms(a):>9} {fmt_ms(b):>10} "
+                      f"{ratio(b, c):>8} {ratio(b, a):>9} {ratio(a, c):>6} {amb} {tail}",
+                      flush=True)
+    for tt, bt, core in sorted(threads_seen, key=str):
+        print(f"   threads: the library's calls (C and pt) {args.threads}; pure torch "
+              f"torch.get_num_threads() {tt}, OpenBLAS {bt} ({core} kernels) for its products")
+    if not args.extra_coretype:
+        return
+    print()
+    print(f"extra: pure torch with OPENBLAS_CORETYPE={args.extra_coretype} (OpenBLAS's kernels "
+          "for a CPU its table does not know), in its own process, against the C and pt "
+          "columns above")
+    print(f"  {'L':>6} {'pass':<15} {'torch ms':>10} {'kernels':>10} {'torch/C':>8} "
+          f"{'torch/pt':>9}")
+    for L in [int(x) for x in args.extra_lengths.split(",") if x]:
+        for causal in (False, True):
+            for backward in (False, True):
+                if (L, causal, backward) not in results:
+                    continue
+                r0 = results[L, causal, backward]
+                r = run_case(args, L, causal, backward, ("torch",),
+                             {"OPENBLAS_CORETYPE": args.extra_coretype})
+                b = r["torch"]
+                kind = ("causal" if causal else "bidir") + (" fwd+bwd" if backward else " fwd")
+                print(f"  {L:>6} {kind:<15} {fmt_ms(b):>10} {r['threads'][2] or '':>10} "
+                      f"{ratio(b, r0['c']):>8} {ratio(b, r0['performer']):>9}", flush=True)
 
 if __name__ == "__main__":
     main()
