@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/bench_python.py [--build build] [--lengths 1024,4096,16384]
                                            [--repeats N] [--threads N] [--torch-blas-threads N]
-                                           [--max-gb G] [--quick]
+                                           [--max-gb G] [--quick] [--cpu-time]
                                            [--extra-coretype NAME] [--extra-lengths L,..]
 
 1. The wrapper's fixed cost: a tiny call (H = 1, L = 16, d = 16, m = 16, one thread) through
@@ -43,6 +43,10 @@
    included. Pure torch's causal backward keeps every prefix state, about 3 B H L m dv floats
    with what is made from them; a case whose estimate exceeds --max-gb (default: a third of the
    available memory, at most 8) is not run, and the table says so.
+--cpu-time times with the process's CPU time (user + system, every thread) instead of the wall
+clock: with --threads 1 that is the work itself, however busy the machine is, which a 2-thread
+run on a shared 2-core machine cannot promise (a thread of a parallel region descheduled by
+another job makes the whole region wait; pure torch, with a region per operation, suffers most).
 --extra-coretype NAME (e.g. Prescott) times pure torch again with OPENBLAS_CORETYPE=NAME, at
 --extra-lengths: the generic SSE3 kernels OpenBLAS 0.3.21 falls back to on CPUs its table does
 not know (an Intel family 6 model 207 got them), as an extra table against the same run's C
@@ -226,6 +230,7 @@ def child(spec):
     import performer.torch as pt
     L, causal, backward, repeats, threads = (
         spec[k] for k in ("L", "causal", "backward", "repeats", "threads"))
+    clock = time.process_time if spec["cpu_time"] else time.perf_counter
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B_, H_, L, D_, generator=g) * 0.5 for _ in range(3))
@@ -274,9 +279,9 @@ def child(spec):
                 if r >= rounds[impl]:
                     continue
                 time.sleep(PAUSE)
-                t0 = time.perf_counter()
+                t0 = clock()
                 run()
-                times[impl].append((time.perf_counter() - t0) * 1e3)
+                times[impl].append((clock() - t0) * 1e3)
     for free in done:
         if free:
             free()
@@ -304,7 +309,7 @@ def run_case(args, L, causal, backward, impls=("c", "performer", "torch"), env_e
     (torch threads, OpenBLAS threads, OpenBLAS kernels). Memory is measured for forward+backward
     only, in a process per impl."""
     spec = dict(L=L, causal=causal, backward=backward, threads=args.threads, mode="time",
-                blas_threads=args.torch_blas_threads,
+                blas_threads=args.torch_blas_threads, cpu_time=args.cpu_time,
                 repeats=args.repeats if L < 16384 else max(3, args.repeats // 2))
     out = {}
     if "torch" in impls and pp_bytes(L, causal, backward) > args.max_gb * 2**30:
@@ -324,14 +329,17 @@ def run_case(args, L, causal, backward, impls=("c", "performer", "torch"), env_e
 
 # ---- the wrapper's fixed cost -----------------------------------------------------------------
 
+CLOCK_NS = time.perf_counter_ns  # part 1's clock (--cpu-time: time.process_time_ns)
+
+
 def per_call_us(fn, n=2000, rounds=7):
     fn()
     meds = []
     for _ in range(rounds):
-        t0 = time.perf_counter_ns()
+        t0 = CLOCK_NS()
         for _ in range(n):
             fn()
-        meds.append((time.perf_counter_ns() - t0) / n / 1e3)
+        meds.append((CLOCK_NS() - t0) / n / 1e3)
     return statistics.median(meds)
 
 
@@ -448,6 +456,9 @@ def main():
     ap.add_argument("--extra-coretype", default="",
                     help="also time pure torch with OPENBLAS_CORETYPE set to this (e.g. Prescott)")
     ap.add_argument("--extra-lengths", default="1024,4096")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with the process's CPU time (all its threads) instead of the "
+                    "wall clock: with --threads 1, the work itself whatever else runs")
     ap.add_argument("--quick", action="store_true", help="lengths 1024,4096; 3 repeats")
     ap.add_argument("--child")
     args = ap.parse_args()
@@ -455,6 +466,9 @@ def main():
         return child(json.loads(args.child))
     if args.quick:
         args.lengths, args.repeats = "1024,4096", 3
+    global CLOCK_NS
+    if args.cpu_time:
+        CLOCK_NS = time.process_time_ns
     build = os.path.abspath(args.build)
     os.environ.setdefault("PERFORMER_LIB", os.path.join(build, "libperformer.so"))
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -479,6 +493,9 @@ def main():
           + (f"; OpenBLAS in this process: {ob.openblas_get_corename().decode()} kernels"
              if ob else ""))
     print()
+    what = ("CPU time of the process (--cpu-time)" if args.cpu_time else "wall-clock time")
+    print(f"times: {what}")
+    print()
     print("1. fixed cost of a call: H = 1, L = 16, d = 16, m = 16, one thread "
           "(median of 7 x 2000 calls)")
     print(f"  {'call':<70} {'us':>8} {'overhead us':>12}")
@@ -498,8 +515,8 @@ def main():
     print(f"2. FAVOR+ three ways: the C library called directly (C), performer.torch.attention "
           f"(pt) and pure torch as performer-pytorch computes it (torch); B = {B_}, H = {H_}, "
           f"d = {D_}, m = {M_}; {args.threads} threads on every side (--threads; "
-          f"default: every core); medians of {args.repeats} (3 at L >= 16384, 2 where a call "
-          "takes over 5 s)")
+          f"default: every core), OpenBLAS {args.torch_blas_threads} under pure torch; "
+          f"medians of {args.repeats} (3 at L >= 16384, 2 where a call takes over 5 s)")
     print("   ms; torch/C = the library's own speed-up, torch/pt = what performer.torch "
           "delivers, pt/C = the wrapper's share; MB = each process's peak resident size less "
           "its size with the inputs made")
