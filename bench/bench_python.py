@@ -11,10 +11,11 @@
    against the same C functions called through ctypes with every argument made beforehand (the
    C call itself plus ctypes' own few hundred ns; forward+backward keeps its features in one
    pf_favor_saved made once, as a C training loop does). Medians of 7 rounds of 2000 calls, in
-   us. Target: under 50 us of overhead a call. Forward+backward through autograd is split into
-   what torch charges any Python torch.autograd.Function doing the same around its work (an
-   empty one that allocates the output and three gradients and saves five tensors, timed
-   alike), the C calls, and the rest: performer.torch's own cost.
+   us; forward+backward through autograd, of 21 rounds of 300 interleaved with the two it is
+   split into: what torch charges any Python torch.autograd.Function doing the same around its
+   work (an empty one that allocates the output and three gradients and saves five tensors)
+   and the C calls; the rest is performer.torch's own cost. Target: under 50 us of overhead a
+   call.
 2. FAVOR+ three ways, forward and forward+backward, bidirectional and causal, B = 1, H = 4,
    d = 64, m = 256, at each length: the C library called directly through ctypes with its
    arguments made beforehand (forward: pf_attn_favor; forward+backward: pf_attn_favor_save +
@@ -419,12 +420,13 @@ def overhead(has_torch):
         gq.grad = gk.grad = gv.grad = None
         Empty.apply(gq, gk, gv, tW).backward(tdout)
 
-    # interleaved, so that a change of load moves all three alike
+    # interleaved in short rounds, so that a change of load (which moves even CPU time here:
+    # whole seconds when every call runs 2x slower) moves all three alike
     tb, te, cb = [], [], []
-    for _ in range(3):
-        tb.append(per_call_us(t_both, n=1000))
-        te.append(per_call_us(t_empty, n=1000))
-        cb.append(per_call_us(c_both, n=1000))
+    for _ in range(21):
+        tb.append(per_call_us(t_both, n=300, rounds=1))
+        te.append(per_call_us(t_empty, n=300, rounds=1))
+        cb.append(per_call_us(c_both, n=300, rounds=1))
     L.pf_favor_saved_free(s)
     tb, te, cb = statistics.median(tb), statistics.median(te), statistics.median(cb)
     rows.append(("performer.torch.attention forward+backward (autograd)", tb, tb - cb))
@@ -497,7 +499,7 @@ def main():
     print(f"times: {what}")
     print()
     print("1. fixed cost of a call: H = 1, L = 16, d = 16, m = 16, one thread "
-          "(median of 7 x 2000 calls)")
+          "(medians of 7 x 2000 calls; forward+backward: of 21 x 300, interleaved)")
     print(f"  {'call':<70} {'us':>8} {'overhead us':>12}")
     for name, us, over in overhead(has_torch):
         print(f"  {name:<70} {us:8.2f} {'' if over is None else f'{over:12.2f}'}")
