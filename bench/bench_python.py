@@ -10,11 +10,11 @@
    performer.attention, performer.torch.attention and the autograd function's forward+backward,
    against the same C functions called through ctypes with every argument made beforehand (the
    C call itself plus ctypes' own few hundred ns; forward+backward keeps its features in one
-   pf_favor_saved made once, as a C training loop does). Medians of 7 rounds of 2000 calls, in
-   us; forward+backward through autograd, of 21 rounds of 300 interleaved with the two it is
-   split into: what torch charges any Python torch.autograd.Function doing the same around its
-   work (an empty one that allocates the output and three gradients and saves five tensors)
-   and the C calls; the rest is performer.torch's own cost. Target: under 50 us of overhead a
+   pf_favor_saved made once, as a C training loop does). Medians of 21 rounds of 300 calls,
+   in us, every function taking turns round by round. Forward+backward through autograd is
+   split into what torch charges any Python torch.autograd.Function doing the same around its
+   work (an empty one that allocates the output and three gradients and saves five tensors),
+   the C calls, and the rest: performer.torch's own cost. Target: under 50 us of overhead a
    call.
 2. FAVOR+ three ways, forward and forward+backward, bidirectional and causal, B = 1, H = 4,
    d = 64, m = 256, at each length: the C library called directly through ctypes with its
@@ -344,6 +344,17 @@ def per_call_us(fn, n=2000, rounds=7):
     return statistics.median(meds)
 
 
+def interleaved(fns, rounds=21, n=300):
+    """Median us per call of each function, timed in short rounds taking turns: a change of
+    load (which moves even CPU time here: whole seconds in which every call takes twice as
+    long) then moves them all alike."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for t, fn in zip(times, fns):
+            t.append(per_call_us(fn, n=n, rounds=1))
+    return [statistics.median(t) for t in times]
+
+
 def overhead(has_torch):
     """Rows (what, us, overhead us or None) of part 1."""
     import numpy as np
@@ -360,22 +371,19 @@ def overhead(has_torch):
     P = ctypes.byref
     a = (P(sh), P(opts), P(fav))
     ptrs = [x.ctypes.data for x in (out, q, k, v)]
-    rows = []
-    c_fwd = per_call_us(lambda: L.pf_attn_favor(*ptrs, *a))
-    rows.append(("ctypes call of a trivial function (pf_kernel_width)",
-                 per_call_us(lambda: L.pf_kernel_width(0, 16)), None))
-    rows.append(("C forward through ctypes, arguments made beforehand", c_fwd, None))
-    t = per_call_us(lambda: performer.attention(q, k, v, W=W, threads=1, out=out))
-    rows.append(("performer.attention(q, k, v, W=W, out=out)", t, t - c_fwd))
-    t = per_call_us(lambda: performer.attention(q, k, v, W=W, threads=1))
-    rows.append(("performer.attention(q, k, v, W=W)", t, t - c_fwd))
+    fns = [lambda: L.pf_kernel_width(0, 16),
+           lambda: L.pf_attn_favor(*ptrs, *a),
+           lambda: performer.attention(q, k, v, W=W, threads=1, out=out),
+           lambda: performer.attention(q, k, v, W=W, threads=1)]
     if not has_torch:
-        return rows
+        triv, c_fwd, t_out, t_np = interleaved(fns)
+        return [("ctypes call of a trivial function (pf_kernel_width)", triv, None),
+                ("C forward through ctypes, arguments made beforehand", c_fwd, None),
+                ("performer.attention(q, k, v, W=W, out=out)", t_out, t_out - c_fwd),
+                ("performer.attention(q, k, v, W=W)", t_np, t_np - c_fwd)]
     import torch
     import performer.torch as pt
     tq, tk, tv, tW = (torch.from_numpy(x) for x in (q, k, v, W))
-    t = per_call_us(lambda: pt.attention(tq, tk, tv, W=tW, threads=1))
-    rows.append(("performer.torch.attention, no grad", t, t - c_fwd))
     dq, dk, dv, dout = (np.empty_like(q) for _ in range(4))
     gp = [x.ctypes.data for x in (dq, dk, dv, dout)]
     s = ctypes.c_void_p()
@@ -392,11 +400,6 @@ def overhead(has_torch):
         L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s2)
         L.pf_favor_saved_free(s2)
 
-    c_fb = per_call_us(c_both, n=1000)
-    rows.append(("C forward+backward through ctypes, kept features' storage made once",
-                 c_fb, None))
-    t = per_call_us(c_both_alloc, n=1000)
-    rows.append(("  the same making and freeing the storage at each call", t, t - c_fb))
     gq, gk, gv = (x.clone().requires_grad_() for x in (tq, tk, tv))
     tdout = torch.from_numpy(dout)
 
@@ -420,20 +423,21 @@ def overhead(has_torch):
         gq.grad = gk.grad = gv.grad = None
         Empty.apply(gq, gk, gv, tW).backward(tdout)
 
-    # interleaved in short rounds, so that a change of load (which moves even CPU time here:
-    # whole seconds when every call runs 2x slower) moves all three alike
-    tb, te, cb = [], [], []
-    for _ in range(21):
-        tb.append(per_call_us(t_both, n=300, rounds=1))
-        te.append(per_call_us(t_empty, n=300, rounds=1))
-        cb.append(per_call_us(c_both, n=300, rounds=1))
+    fns += [lambda: pt.attention(tq, tk, tv, W=tW, threads=1), c_both, c_both_alloc, t_both,
+            t_empty]
+    triv, c_fwd, t_out, t_np, t_ng, c_fb, c_fba, tb, te = interleaved(fns)
     L.pf_favor_saved_free(s)
-    tb, te, cb = statistics.median(tb), statistics.median(te), statistics.median(cb)
-    rows.append(("performer.torch.attention forward+backward (autograd)", tb, tb - cb))
-    rows.append(("  of it: any autograd.Function doing the same (empty)", te, None))
-    rows.append(("  of it: the C calls (as above, timed alongside)", cb, None))
-    rows.append(("  of it: performer.torch's own cost", tb - te - cb, None))
-    return rows
+    return [("ctypes call of a trivial function (pf_kernel_width)", triv, None),
+            ("C forward through ctypes, arguments made beforehand", c_fwd, None),
+            ("performer.attention(q, k, v, W=W, out=out)", t_out, t_out - c_fwd),
+            ("performer.attention(q, k, v, W=W)", t_np, t_np - c_fwd),
+            ("performer.torch.attention, no grad", t_ng, t_ng - c_fwd),
+            ("C forward+backward through ctypes, kept features' storage made once", c_fb, None),
+            ("  the same making and freeing the storage at each call", c_fba, c_fba - c_fb),
+            ("performer.torch.attention forward+backward (autograd)", tb, tb - c_fb),
+            ("  of it: any autograd.Function doing the same (empty)", te, None),
+            ("  of it: the C calls (as above)", c_fb, None),
+            ("  of it: performer.torch's own cost", tb - te - c_fb, None)]
 
 
 def fmt_ms(r):
@@ -499,7 +503,7 @@ def main():
     print(f"times: {what}")
     print()
     print("1. fixed cost of a call: H = 1, L = 16, d = 16, m = 16, one thread "
-          "(medians of 7 x 2000 calls; forward+backward: of 21 x 300, interleaved)")
+          "(medians of 21 rounds of 300 calls, every call below taking turns)")
     print(f"  {'call':<70} {'us':>8} {'overhead us':>12}")
     for name, us, over in overhead(has_torch):
         print(f"  {name:<70} {us:8.2f} {'' if over is None else f'{over:12.2f}'}")
