@@ -371,8 +371,13 @@ def overhead(has_torch):
     P = ctypes.byref
     a = (P(sh), P(opts), P(fav))
     ptrs = [x.ctypes.data for x in (out, q, k, v)]
-    fns = [lambda: L.pf_kernel_width(0, 16),
-           lambda: L.pf_attn_favor(*ptrs, *a),
+
+    def c_fwd():
+        st = L.pf_attn_favor(*ptrs, *a)
+        if st:
+            raise _lib.error(st, "pf_attn_favor")
+
+    fns = [lambda: L.pf_kernel_width(0, 16), c_fwd,
            lambda: performer.attention(q, k, v, W=W, threads=1, out=out),
            lambda: performer.attention(q, k, v, W=W, threads=1)]
     if not has_torch:
@@ -384,21 +389,24 @@ def overhead(has_torch):
     import torch
     import performer.torch as pt
     tq, tk, tv, tW = (torch.from_numpy(x) for x in (q, k, v, W))
-    dq, dk, dv, dout = (np.empty_like(q) for _ in range(4))
+    dq, dk, dv = (np.empty_like(q) for _ in range(3))
+    dout = r.standard_normal(q.shape, dtype=np.float32)
     gp = [x.ctypes.data for x in (dq, dk, dv, dout)]
     s = ctypes.c_void_p()
     L.pf_favor_saved_create(P(s), *a, 0)
 
     def c_both():
-        L.pf_attn_favor_save(*ptrs, *a, s)
-        L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s)
+        if L.pf_attn_favor_save(*ptrs, *a, s) or \
+                L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s):
+            raise RuntimeError("C forward+backward failed")
 
     def c_both_alloc():
         s2 = ctypes.c_void_p()
-        L.pf_favor_saved_create(P(s2), *a, 0)
-        L.pf_attn_favor_save(*ptrs, *a, s2)
-        L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s2)
+        st = L.pf_favor_saved_create(P(s2), *a, 0) or L.pf_attn_favor_save(*ptrs, *a, s2) or \
+            L.pf_attn_favor_backward_saved(*gp, *ptrs[1:], ptrs[0], *a, s2)
         L.pf_favor_saved_free(s2)
+        if st:
+            raise RuntimeError("C forward+backward failed")
 
     gq, gk, gv = (x.clone().requires_grad_() for x in (tq, tk, tv))
     tdout = torch.from_numpy(dout)
