@@ -31,13 +31,17 @@
    of the call before, OpenBLAS's spinning workers say, runs into it): the machine is shared,
    and a change of load then moves the three alike.
    Threads: every side uses --threads threads, by default every core this process may run on
-   (os.sched_getaffinity): the library's calls get it as their thread count, pure torch gets
-   torch.set_num_threads and, for its matrix products, which run in OpenBLAS (Debian's torch
-   calls libblas.so.3, the pthread OpenBLAS), openblas_set_num_threads (--torch-blas-threads
-   sets that one apart: its pthreads and torch's OpenMP threads share the cores). torch's default
-   would be 1 on this 2-core VM: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else
-   half of std::thread::hardware_concurrency() (it assumes two hardware threads a core, which a
-   VM without SMT does not have). Each case reports the threads it ran with.
+   (os.sched_getaffinity): the library's calls get it as their thread count, pure torch gets it
+   through torch.set_num_threads. Pure torch's matrix products run in OpenBLAS (Debian's torch
+   calls libblas.so.3, the pthread OpenBLAS, whose threads are its own), on one thread by
+   default (--torch-blas-threads N; 0: --threads): with both pools on every core, torch's
+   OpenMP threads and OpenBLAS's spinning pthreads take the 2 cores from each other, and one
+   pure-torch case (L = 1024, bidirectional forward) took 27 to 134 ms in six runs, against 27
+   to 39 ms with OpenBLAS on one thread, which was also the faster on average (L = 4096
+   forward+backward: 170 against 218-238 ms). torch's own default would be 1 thread on this
+   2-core VM: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else half of
+   std::thread::hardware_concurrency() (it assumes two hardware threads a core, which a VM
+   without SMT does not have). Each case reports the threads it ran with.
 3. Peak memory of every forward+backward (the causal one is where pure torch's grows): one call
    in a process of its own, which reports its peak resident size (ru_maxrss) less its resident
    size once torch is loaded and the inputs made: the computation's own memory, kept features
@@ -465,8 +469,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="threads of every side in part 2 (default 0: every core this process "
                     "may run on)")
-    ap.add_argument("--torch-blas-threads", type=int, default=0,
-                    help="OpenBLAS threads for pure torch's products (default 0: --threads)")
+    ap.add_argument("--torch-blas-threads", type=int, default=1,
+                    help="OpenBLAS threads for pure torch's products (default 1; 0: --threads)")
     ap.add_argument("--extra-coretype", default="",
                     help="also time pure torch with OPENBLAS_CORETYPE set to this (e.g. Prescott)")
     ap.add_argument("--extra-lengths", default="1024,4096")
