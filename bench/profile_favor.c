@@ -4,7 +4,7 @@
  * internal pieces (pf_mm, the vector kernels, pf_favor_weighted_values, pf_favor_rebase,
  * pf_favor_combine) in the library's order, with a clock read around each stage: per block of
  * 256 rows for the feature maps and the bidirectional products, per causal chunk for the chunk's
- * pieces. The few static helpers it needs (the row statistics of pf_fmap_rows, readout) are
+ * pieces. The few static helpers it needs (the row statistics of pf_fmap_rows) are
  * copied. The output is checked bit for bit against pf_attn_favor on one thread, and the sum of
  * the stages' times is set against the library's own time, measured in the same run: so the
  * table describes the library's forward, not another program. The library itself carries no
@@ -101,16 +101,6 @@ static double mark(profile *p, stage s, double t0) {
 
 /* ---- the positive feature map, pf_fmap_rows's steps (features.c) -------------------------- */
 
-/* features.c's sumsq_f64 */
-static inline __attribute__((always_inline)) double sumsq_f64(const float *x, int d) {
-    double acc[8] = {0};
-    int k = 0;
-    for (; k + 8 <= d; k += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
-    for (; k < d; k++) acc[0] += (double)x[k] * (double)x[k];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 /* Row statistics and the shift, u - t, of n rows of U in phi; c gets t - ln sqrt(m) - h.
  * Returns 1 on a row the library would refuse (not expected here). */
 PF_CLONES static int fmap_stats(const pf_fmap *fm, float *phi, int ldphi, double *c, const float *X,
@@ -123,7 +113,7 @@ PF_CLONES static int fmap_stats(const pf_fmap *fm, float *phi, int ldphi, double
     int bad = 0;
     for (int i = 0; i < n; i++) {
         float *p = phi + (size_t)i * (size_t)ldphi;
-        const double sq = sumsq_f64(X + (size_t)i * (size_t)d, d);
+        const double sq = pf_sumsq_f64(X + (size_t)i * (size_t)d, d);
         const double h = 0.5 * s2 * sq;
         if (!(s2 * sq * wmax2 <= 1e76) && pf_nonfinite_f32(p, (size_t)m)) bad = 1;
         const float mx = vk->max(p, (size_t)m);
@@ -158,22 +148,6 @@ static int fmap_rows(profile *p, const pf_fmap *fm, float *phi, int ldphi, doubl
     mark(p, S_EXP, t);
     p->elems[S_EXP] += (double)n * fm->m;
     return bad;
-}
-
-/* attn_favor.c's readout, its common path (finite, non-zero denominators) and its checks. */
-PF_CLONES static int readout(float *out, const float *o, int n, int dv) {
-    const int dw = pf_favor_dw(dv);
-    int any = 0;
-    for (int i = 0; i < n; i++) {
-        const float *restrict row = o + (size_t)i * (size_t)dw;
-        float *restrict dst = out + (size_t)i * (size_t)dv;
-        const float inv = 1.0f / row[dv];
-        any |= !(inv * 0.0f == 0.0f) || !(row[dv] * 0.0f == 0.0f);
-#pragma omp simd
-        for (int k = 0; k < dv; k++) dst[k] = row[k] * inv + 0.0f;
-    }
-    any |= pf_nonfinite_f32(out, (size_t)n * (size_t)dv);
-    return any;
 }
 
 /* ---- one head --------------------------------------------------------------------------- */
@@ -225,7 +199,7 @@ static int head_bidir(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws 
         pf_mm(0, 0, nb, dv + 1, r, 1.0f, ws->phi, r, part, dw, 0.0f, ws->o, dw);
         t = mark(p, S_QKV, t);
         p->flops[S_QKV] += 2.0 * nb * r * (dv + 1);
-        bad |= readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv);
+        bad |= PF_OK != pf_favor_readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv);
         mark(p, S_READOUT, t);
         p->elems[S_READOUT] += (double)nb * dv;
     }
@@ -293,7 +267,7 @@ static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws
                   0.0f, ws->o, dw);
             t = mark(p, S_OUT, t);
             p->flops[S_OUT] += 2.0 * n * kdim * (dv + 1);
-            bad |= readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv);
+            bad |= PF_OK != pf_favor_readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv);
             t = mark(p, S_READOUT, t);
             p->elems[S_READOUT] += (double)n * dv;
             const double Mn = P[n - 1];

@@ -152,10 +152,8 @@ PF_CLONES int pf_favor_weighted_values(float *dst, int dw, const float *V, int d
     return pf_nonfinite_f32(V, (size_t)n * (size_t)dv);
 }
 
-/* out_i = o_i[0..dv) / o_i[dv] for n rows. A zero denominator is PF_EDOMAIN, a non-finite
- * one (or quotient) PF_ENONFINITE; such a row is written as zeros, never NaN. Adding +0 turns
- * a -0 into +0, so a zero output has one bit pattern whatever the order of exact zeros. */
-PF_CLONES static pf_status readout(float *out, const float *o, int n, int dv) {
+/* (favor.h) */
+PF_CLONES pf_status pf_favor_readout(float *out, const float *o, int n, int dv) {
     pf_status st = PF_OK;
     const int dw = pf_favor_dw(dv);
     int any = 0; /* a row to look at again */
@@ -278,7 +276,7 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
         if (qf) keep_rows(qf + (size_t)i0 * (size_t)r, phi, r, nb, r);
         /* O = Q~ KV   (nb x (dv + 1)) */
         pf_mm(0, 0, nb, dv + 1, r, 1.0f, phi, r, KV, dv1, 0.0f, ws->o, dv1);
-        st = worse(st, readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
+        st = worse(st, pf_favor_readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
     }
     return st;
 }
@@ -377,7 +375,7 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             assert(kdim > 0);
             pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dv1,
                   0.0f, ws->o, dv1);
-            st = worse(st, readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
+            st = worse(st, pf_favor_readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
             if (nk > 0) {
                 /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
@@ -836,7 +834,7 @@ pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const f
 
 /* ---- the float64 reference ---------------------------------------------------------------- */
 
-/* out (dv) = num[0..dv) / num[dv], checked like readout. */
+/* out (dv) = num[0..dv) / num[dv], checked like pf_favor_readout. */
 static pf_status readout_f64(float *out, const double *num, int dv) {
     const double den = num[dv];
     pf_status bad = PF_OK;

@@ -38,6 +38,22 @@ typedef struct pf_fmap {
     const float *sderf_B; /* SDERF: B (d,d) */
 } pf_fmap;
 
+/* sum of x[k]^2 in double with 8 independent partial sums (a fixed order, so the same bits
+ * every time): a single chain of dependent adds would cost as much as the row's exps. */
+static inline __attribute__((always_inline)) double pf_sumsq_f64(const float *x, int d) {
+    double acc[8] = {0};
+    int k = 0;
+    for (; k + 8 <= d; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
+    for (; k < d; k++) acc[0] += (double)x[k] * (double)x[k];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* out_i = o_i[0..dv) / o_i[dv] for n rows. A zero denominator is PF_EDOMAIN, a non-finite
+ * one (or quotient) PF_ENONFINITE; such a row is written as zeros, never NaN. Adding +0 turns
+ * a -0 into +0, so a zero output has one bit pattern whatever the order of exact zeros. */
+PF_INTERNAL pf_status pf_favor_readout(float *out, const float *o, int n, int dv);
+
 /* Fills a map's fields; the arguments must have been checked (kernel known, m, d > 0). Every map
  * needs pf_fmap_bind (or pf_favor_bind) before use. */
 PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale,

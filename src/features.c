@@ -211,16 +211,6 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
     return f;
 }
 
-/* sum of x[k]^2 in double with 8 independent partial sums (a fixed order, so the same bits
- * every time): a single chain of dependent adds would cost as much as the row's exps. */
-static inline __attribute__((always_inline)) double sumsq_f64(const float *x, int d) {
-    double acc[8] = {0};
-    int k = 0;
-    for (; k + 8 <= d; k += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
-    for (; k < d; k++) acc[0] += (double)x[k] * (double)x[k];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 
 /* p[0..n) += add */
 static void add_const(float *p, int n, float add) {
@@ -259,7 +249,7 @@ PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, doubl
     for (int i = 0; i < n; i++) {
         float *p = phi + (size_t)i * (size_t)ldphi;
         const float *x = X + (size_t)i * (size_t)d;
-        const double sq = sumsq_f64(x, d);
+        const double sq = pf_sumsq_f64(x, d);
         const double h = 0.5 * s2 * sq;
         /* |u_f| and every partial sum of the product are <= |x'| max|w| (Cauchy-Schwarz): only
          * rows near that bound, or with a NaN or Inf in x (then sq and every u_f are NaN or
