@@ -75,6 +75,12 @@ PF_INTERNAL pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d,
 PF_INTERNAL pf_status pf_fmap_rows(const pf_fmap *f, float *phi, int ldphi, double *c, float *amax,
                                    const float *X, int n);
 
+/* pf_fmap_rows after its projection: the first m columns of each phi row hold U = wscale X W^T
+ * as pf_mm(0, 0, n, m, d, fm->wscale, X, d, fm->Wt, m, 0, phi, ldphi) makes it (so that a caller
+ * may project several maps' rows with one product); the rest as pf_fmap_rows, the same bits. */
+PF_INTERNAL pf_status pf_fmap_map_rows(const pf_fmap *f, float *phi, int ldphi, double *c,
+                                       float *amax, const float *X, int n);
+
 /* The backward of pf_fmap_rows for n rows with the log factors c held constant: out is
  * homogeneous of degree 0 in each query's features and in the key features a query sees, so
  * d out / d x through phi~ = phi exp(-c0), c0 fixed, is exact (a.e.). Given phi~ (n, ldphi) and

@@ -231,14 +231,19 @@ static void add_vec(float *restrict p, const float *restrict b, int n) {
     for (int f = 0; f < n; f++) p[f] += b[f];
 }
 
-PF_CLONES pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
-                                 const float *X, int n) {
-    const int m = fm->m, d = fm->d;
-    const pf_simd_table *vk = pf_simd();
+pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
+                       const float *X, int n) {
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
      * SDERF: rows B w_f, then the bias). */
     assert(fm->Wt); /* (pf_fmap_bind) */
-    pf_mm(0, 0, n, m, d, fm->wscale, X, d, fm->Wt, m, 0.0f, phi, ldphi);
+    pf_mm(0, 0, n, fm->m, fm->d, fm->wscale, X, fm->d, fm->Wt, fm->m, 0.0f, phi, ldphi);
+    return pf_fmap_map_rows(fm, phi, ldphi, c, amax, X, n);
+}
+
+PF_CLONES pf_status pf_fmap_map_rows(const pf_fmap *fm, float *phi, int ldphi, double *c,
+                                     float *amax, const float *X, int n) {
+    const int m = fm->m, d = fm->d;
+    const pf_simd_table *vk = pf_simd();
     /* h = |x'|^2 / 2 with the same float sqrt(s) as u, so u and h describe one x'. */
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
     const float eps = fm->eps;

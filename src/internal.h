@@ -66,6 +66,13 @@ typedef struct pf_simd_table {
      * (n x k, row stride ldb) and cs = 1. beta = 0: C is not read. */
     void (*gemm)(int tb, int m, int n, int k, float alpha, const float *A, size_t rs, size_t cs,
                  const float *B, size_t ldb, float beta, float *C, size_t ldc);
+    /* A decoding step's one pass over a head's state S (r rows of n used columns, row stride
+     * lds; simd/decode_tmpl.h): o (n) = [q | a] [S ; w], k = r + 1 (qa holds q (r) then a), and
+     * S = beta S + k w (k (r) a column, w (n) a row), each element with the bits of gemm's
+     *   gemm(0, 1, n, r + 1, 1, qa, ., 1, [S ; w], lds, 0, o, .)   (S read before its update)
+     *   gemm(0, r, n, 1, 1, k, 1, r, w, ., beta, S, lds)           (as op(A) = k^T) */
+    void (*decode)(float *S, size_t lds, int r, int n, const float *qa, const float *k,
+                   const float *w, float beta, float *o);
 } pf_simd_table;
 
 /* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the

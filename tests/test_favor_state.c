@@ -12,7 +12,9 @@
  * - rows of norm 30 and keys of norms 1..30, whose log factors span ~100 so that the running
  *   max grows and the state is rescaled: equal to the float64 formula to 1e-5;
  * - reset, the position, W copied at create, thread count, every error path (and a refused
- *   step leaves the state as it was). */
+ *   step leaves the state as it was);
+ * - one-token steps (decoding, a path of their own): the same bits as the full pass with C = 1
+ *   for every kernel and several shapes, equal to float64 to 1e-5, the same at 1 and 2 threads. */
 #include <stdint.h>
 #include <string.h>
 
@@ -388,8 +390,113 @@ static void test_long_sequences(void) {
            worst);
 }
 
+/* 7. one-token steps (decoding; favor_state.c's own path, with one pass over the state per head):
+ * over many single tokens, every kernel a causal state supports (OPRF with a given A), shapes
+ * whose dv + 1 is a whole number of vectors, one or two columns more (done apart by the
+ * products), or a masked last vector, W per head or shared, eps 0 and > 0, keys of moderate
+ * norms (the running max settles) and of norms 1..30 (it keeps moving: the state is rescaled):
+ * - the same bits as the full causal pass with chunk C = 1, which runs the general path's
+ *   arithmetic of a one-row step for every row;
+ * - equal to the float64 reference pf_attn_favor_ref to 1e-5 (relative 2-norm);
+ * - the same bits at 1 and 2 threads, also with heads enough for the step to spread them over
+ *   threads. */
+static void test_decode_path(void) {
+    static const int shapes[5][3] = {/* d, dv, m */
+                                     {16, 24, 32},
+                                     {64, 64, 64},
+                                     {8, 17, 20},
+                                     {12, 15, 24},
+                                     {20, 100, 40}};
+    const pf_kernel ks[5] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_TRIG,
+                             PF_KERNEL_RELU, PF_KERNEL_OPRF};
+    const int H = 2, L = 97, one[1] = {1};
+    double worst_ref = 0;
+    int cases = 0;
+    for (int si = 0; si < 5; si++) {
+        const int d = shapes[si][0], dv = shapes[si][1], m = shapes[si][2];
+        for (int moving = 0; moving < 2; moving++) {
+            problem p = problem_make(H, L, d, dv, m, 900 + (uint64_t)(si * 2 + moving));
+            if (moving) set_row_norms(p.K, (size_t)H * L, d, 1.0, 30.0);
+            for (int k = 0; k < 5; k++) {
+                for (int var = 0; var < 2; var++) { /* W per head and eps 0; shared W, eps > 0 */
+                    pf_favor_opts f = favor_of(&p, ks[k], 1);
+                    f.w_per_head = !var;
+                    f.eps = var ? 1e-3f : 0.0f;
+                    if (ks[k] == PF_KERNEL_OPRF) {
+                        f.oprf_a_given = 1;
+                        f.oprf_a = -0.1f;
+                    }
+                    /* trig has no stabiliser of its own: moderate norms only */
+                    if (ks[k] == PF_KERNEL_TRIG && moving) continue;
+                    CHECK_STATUS(full_pass(&p, &f), PF_OK);
+                    pf_favor_state *st = NULL;
+                    f.chunk = 0; /* the state's own chunk: one-token steps do not depend on it */
+                    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+                    if (!st) continue;
+                    CHECK_STATUS(stream(&p, st, one, 1), PF_OK);
+                    CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
+                          "%s d=%d dv=%d m=%d %s W, eps %g, %s keys: one-token steps differ from "
+                          "the full pass with C = 1 (rel err %.3g)",
+                          pf_kernel_name(f.kernel), d, dv, m, var ? "shared" : "per-head", f.eps,
+                          moving ? "moving" : "settled", rel_err(p.out, p.full, nout(&p)));
+                    pf_shape s = {1, H, L, L, d, dv};
+                    pf_attn_opts o = pf_attn_opts_default();
+                    o.causal = 1;
+                    float *ref = xmalloc(sizeof(float) * nout(&p));
+                    CHECK_STATUS(pf_attn_favor_ref(ref, p.Q, p.K, p.V, &s, &o, &f), PF_OK);
+                    const double e = rel_err(p.out, ref, nout(&p));
+                    worst_ref = fmax(worst_ref, e);
+                    CHECK(e <= 1e-5, "%s d=%d dv=%d m=%d: one-token steps vs float64: %.3g",
+                          pf_kernel_name(f.kernel), d, dv, m, e);
+                    free(ref);
+                    pf_favor_state_free(st);
+                    cases++;
+                }
+            }
+            problem_free(&p);
+        }
+    }
+    printf("one-token steps: %d cases bit-identical to the full pass with C = 1; worst rel err vs "
+           "float64 %.3g\n",
+           cases, worst_ref);
+
+#ifdef _OPENMP
+    /* threads: 4 heads (one thread per step) and 64 heads of d = dv = 128, m = 256 (enough for
+     * the step to spread the heads over its threads), at 1 and 2 threads */
+    const int nt = omp_get_max_threads();
+    static const int Hs[2][5] = {{4, 16, 8, 32, 40}, {64, 128, 128, 256, 12}}; /* H d dv m L */
+    for (int c = 0; c < 2; c++) {
+        problem p = problem_make(Hs[c][0], Hs[c][4], Hs[c][1], Hs[c][2], Hs[c][3], 950 + c);
+        set_row_norms(p.K, (size_t)p.H * p.L, p.d, 1.0, 30.0);
+        pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 1);
+        CHECK_STATUS(full_pass(&p, &f), PF_OK);
+        float *first = xmalloc(sizeof(float) * nout(&p));
+        for (int threads = 1; threads <= 2; threads++) {
+            omp_set_num_threads(threads);
+            pf_favor_state *st = NULL;
+            CHECK_STATUS(pf_favor_state_create(&st, p.H, p.d, p.dv, 0.0f, &f), PF_OK);
+            if (!st) continue;
+            CHECK_STATUS(stream(&p, st, one, 1), PF_OK);
+            CHECK(memcmp(p.out, p.full, sizeof(float) * nout(&p)) == 0,
+                  "H=%d, %d threads: one-token steps differ from the full pass with C = 1", p.H,
+                  threads);
+            if (threads == 1)
+                memcpy(first, p.out, sizeof(float) * nout(&p));
+            else
+                CHECK(memcmp(p.out, first, sizeof(float) * nout(&p)) == 0,
+                      "H=%d: one-token steps differ between 1 and 2 threads", p.H);
+            pf_favor_state_free(st);
+        }
+        omp_set_num_threads(nt);
+        free(first);
+        problem_free(&p);
+    }
+#endif
+}
+
 int main(void) {
     test_against_full_pass();
+    test_decode_path();
     test_long_sequences();
     test_large_norms();
     test_copy_threads_scale();

@@ -196,6 +196,12 @@ static inline float sum8(__m256 v) {
 #define GEMM_NAME gemm_avx2
 #include "simd/gemm_tmpl.h"
 
-const pf_simd_table pf_simd_avx2 = {"avx2",   exp_avx2,    exp_sub_sum_avx2,
-                                    max_avx2, sincos_avx2, stream_rows_avx2, gemm_avx2};
+/* a decoding step's pass over a head's state (decode_tmpl.h): blocks of 4 vectors of columns */
+#define v_add(a, b) _mm256_add_ps((a), (b))
+#define DEC_NB 4
+#define DECODE_NAME decode_avx2
+#include "simd/decode_tmpl.h"
+
+const pf_simd_table pf_simd_avx2 = {"avx2",      exp_avx2,         exp_sub_sum_avx2, max_avx2,
+                                    sincos_avx2, stream_rows_avx2, gemm_avx2,        decode_avx2};
 #endif

@@ -202,7 +202,13 @@ static inline __attribute__((always_inline)) void sums4x4(__m512 acc[4][4], floa
 #define GEMM_NAME gemm_avx512
 #include "simd/gemm_tmpl.h"
 
-const pf_simd_table pf_simd_avx512 = {"avx512",   exp_avx512,    exp_sub_sum_avx512,
-                                      max_avx512, sincos_avx512, stream_rows_avx512,
-                                      gemm_avx512};
+/* a decoding step's pass over a head's state (decode_tmpl.h): blocks of 4 vectors of columns */
+#define v_add(a, b) _mm512_add_ps((a), (b))
+#define DEC_NB 4
+#define DECODE_NAME decode_avx512
+#include "simd/decode_tmpl.h"
+
+const pf_simd_table pf_simd_avx512 = {"avx512",    exp_avx512,    exp_sub_sum_avx512,
+                                      max_avx512,  sincos_avx512, stream_rows_avx512,
+                                      gemm_avx512, decode_avx512};
 #endif
