@@ -26,14 +26,17 @@
 #define GD_CAT(a, b) GD_CAT2(a, b)
 #define GD(name) GD_CAT(DECODE_NAME, _##name)
 
-/* Rows 0..r-1 of NB vectors of columns (the last masked by last unless full): the readout's
- * sums over p < r go on in acc, and each row is written back updated. MODE 0: beta = 0, 1:
- * beta = 1, 2: any other beta. MODE, NB and full are constants after inlining. */
-static inline __attribute__((always_inline)) void GD(rows)(int MODE, int NB, int full, VMASK last,
-                                                           float *S, size_t lds, int r,
-                                                           const float *qa, const float *k,
-                                                           const VF *wv, float beta, VF *acc) {
+/* Rows 0..r-1 of NB vectors of columns (the last masked by last unless full), and of NL lone
+ * columns (0 to 2) at Sl with w's entries wl: the readout's sums over p < r go on in acc, and
+ * for a lone column c in accl[c][p mod VW], the very fma lane p mod VW of gemm_tmpl.h's
+ * column() makes (finished by lone_sum); each row is written back updated. MODE 0: beta = 0,
+ * 1: beta = 1, 2: any other beta. MODE, NB, full and NL are constants after inlining. */
+static inline __attribute__((always_inline)) void
+GD(rows)(int MODE, int NB, int full, int NL, VMASK last, float *S, size_t lds, int r,
+         const float *qa, const float *k, const VF *wv, float beta, VF *acc, float *Sl,
+         const float *wl, float (*accl)[VW]) {
     const VF vb = v_set1(beta);
+    const float wl0 = NL > 0 ? wl[0] : 0.0f, wl1 = NL > 1 ? wl[1] : 0.0f;
     for (int p = 0; p < r; p++) {
         float *s = S + (size_t)p * lds;
         const VF qv = v_set1(qa[p]), kv = v_set1(k[p]);
@@ -49,14 +52,34 @@ static inline __attribute__((always_inline)) void GD(rows)(int MODE, int NB, int
             else
                 v_storem(s + VW * b, ns, last);
         }
+#pragma GCC unroll 2
+        for (int c = 0; c < NL; c++) {
+            float *sl = Sl + (size_t)p * lds + c;
+            const float sv = *sl, x = __builtin_fmaf(k[p], c ? wl1 : wl0, 0.0f);
+            accl[c][p & (VW - 1)] = __builtin_fmaf(qa[p], sv, accl[c][p & (VW - 1)]);
+            *sl = MODE == 0 ? x : MODE == 1 ? sv + x : __builtin_fmaf(beta, sv, x);
+        }
     }
 }
 
-/* One block of NB vectors of columns: its pass over the rows, then the score's term. */
-static inline __attribute__((always_inline)) void GD(block)(int NB, int full, VMASK last, float *S,
-                                                            size_t lds, int r, const float *qa,
-                                                            const float *k, const float *w,
-                                                            float beta, float *o) {
+/* The end of a lone column's dot product over p = 0..r: the term p = r (the score times w_j),
+ * then as gemm_tmpl.h's column() with k = r + 1: the lanes past k in its last (masked) block get
+ * fma(0, 0, acc), and v_sum adds the lanes. */
+static inline __attribute__((always_inline)) float GD(lone_sum)(float *al, int r, const float *qa,
+                                                                float wj) {
+    al[r & (VW - 1)] = __builtin_fmaf(qa[r], wj, al[r & (VW - 1)]);
+    const int used = (r + 1) & (VW - 1); /* lanes of the last block; 0: it is whole */
+    if (used)
+        for (int l = used; l < VW; l++) al[l] = __builtin_fmaf(0.0f, 0.0f, al[l]);
+    return v_sum(v_load(al));
+}
+
+/* One block of NB vectors of columns (and NL lone columns): its pass over the rows, then the
+ * score's term. */
+static inline __attribute__((always_inline)) void
+GD(block)(int NB, int full, int NL, VMASK last, float *S, size_t lds, int r, const float *qa,
+          const float *k, const float *w, float beta, float *o, float *Sl, const float *wl,
+          float (*accl)[VW]) {
     VF acc[DEC_NB], wv[DEC_NB];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
@@ -64,11 +87,11 @@ static inline __attribute__((always_inline)) void GD(block)(int NB, int full, VM
         wv[b] = (full || b < NB - 1) ? v_load(w + VW * b) : v_loadm(w + VW * b, last);
     }
     if (beta == 0.0f)
-        GD(rows)(0, NB, full, last, S, lds, r, qa, k, wv, beta, acc);
+        GD(rows)(0, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
     else if (beta == 1.0f)
-        GD(rows)(1, NB, full, last, S, lds, r, qa, k, wv, beta, acc);
+        GD(rows)(1, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
     else
-        GD(rows)(2, NB, full, last, S, lds, r, qa, k, wv, beta, acc);
+        GD(rows)(2, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
     const VF av = v_set1(qa[r]);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
@@ -80,89 +103,79 @@ static inline __attribute__((always_inline)) void GD(block)(int NB, int full, VM
     }
 }
 
-/* Rows [p0, p0 + len) of a lone column j: each S_pj into col[] (the readout's operand) and
- * updated; MODE as for rows(). */
-static inline __attribute__((always_inline)) void GD(lone_rows)(int MODE, float *S, size_t lds,
-                                                                int p0, int len, int j,
-                                                                const float *k, float wj,
-                                                                float beta, float *col) {
-    for (int l = 0; l < len; l++) {
-        const int p = p0 + l;
-        float *s = S + (size_t)p * lds + j;
-        const float sv = *s, x = __builtin_fmaf(k[p], wj, 0.0f);
-        col[l] = sv;
-        *s = MODE == 0 ? x : MODE == 1 ? sv + x : __builtin_fmaf(beta, sv, x);
+/* The first block of nv vector columns (nv > 0), with the lone ones: NB and full from nv. */
+static inline __attribute__((always_inline)) void GD(first)(int NL, int nv, float *S, size_t lds,
+                                                            int r, const float *qa, const float *k,
+                                                            const float *w, float beta, float *o,
+                                                            float (*accl)[VW]) {
+    float *Sl = S + nv;
+    const float *wl = w + nv;
+    if (nv >= DEC_NB * VW) {
+        GD(block)(DEC_NB, 1, NL, v_mask(VW), S, lds, r, qa, k, w, beta, o, Sl, wl, accl);
+        return;
     }
-}
-
-/* A lone column j: the readout's dot product over p = 0..r (the column of S, then w_j) in lanes
- * p mod VW, as gemm_tmpl.h's column() makes it, each S_pj updated once read. */
-static inline __attribute__((always_inline)) void GD(lone_mode)(int MODE, float *S, size_t lds,
-                                                                int r, int j, const float *qa,
-                                                                const float *k, const float *w,
-                                                                float beta, float *o) {
-    VF acc = v_zero();
-    float col[VW];
-    int p0 = 0;
-    for (; p0 + VW <= r; p0 += VW) {
-        GD(lone_rows)(MODE, S, lds, p0, VW, j, k, w[j], beta, col);
-        acc = v_fma(v_load(qa + p0), v_load(col), acc);
+    const int nb = (nv + VW - 1) / VW;
+    const VMASK last = v_mask(nv - VW * (nb - 1));
+    switch (nb) {
+#if DEC_NB > 3
+    case 3:
+        GD(block)(3, 0, NL, last, S, lds, r, qa, k, w, beta, o, Sl, wl, accl);
+        break;
+#endif
+#if DEC_NB > 2
+    case 2:
+        GD(block)(2, 0, NL, last, S, lds, r, qa, k, w, beta, o, Sl, wl, accl);
+        break;
+#endif
+    default:
+        GD(block)(1, 0, NL, last, S, lds, r, qa, k, w, beta, o, Sl, wl, accl);
     }
-    /* the last rows and w_j: 1 to VW lanes */
-    const int len = r - p0;
-    GD(lone_rows)(MODE, S, lds, p0, len, j, k, w[j], beta, col);
-    col[len] = w[j];
-    if (len + 1 == VW) {
-        acc = v_fma(v_load(qa + p0), v_load(col), acc);
-    } else {
-        const VMASK mk = v_mask(len + 1);
-        acc = v_fma(v_loadm(qa + p0, mk), v_loadm(col, mk), acc);
-    }
-    o[j] = v_sum(acc);
-}
-
-static void GD(lone)(float *S, size_t lds, int r, int j, const float *qa, const float *k,
-                     const float *w, float beta, float *o) {
-    if (beta == 0.0f)
-        GD(lone_mode)(0, S, lds, r, j, qa, k, w, beta, o);
-    else if (beta == 1.0f)
-        GD(lone_mode)(1, S, lds, r, j, qa, k, w, beta, o);
-    else
-        GD(lone_mode)(2, S, lds, r, j, qa, k, w, beta, o);
 }
 
 static void DECODE_NAME(float *S, size_t lds, int r, int n, const float *qa, const float *k,
                         const float *w, float beta, float *o) {
     if (r <= 0 || n <= 0) return;
-    /* the columns gemm does apart (gemm_tmpl.h), and the vector columns in blocks of DEC_NB */
+    /* the columns gemm does apart (gemm_tmpl.h), in the first block's pass (there is one:
+     * n > VW), and the others in blocks of DEC_NB vectors */
     const int lone = n % VW <= 2 && n > VW ? n % VW : 0;
     const int nv = n - lone;
-    for (int j = nv; j < n; j++) GD(lone)(S, lds, r, j, qa, k, w, beta, o);
+    float accl[2][VW];
+    for (int c = 0; c < 2; c++)
+        for (int l = 0; l < VW; l++) accl[c][l] = 0.0f;
+    if (lone == 1)
+        GD(first)(1, nv, S, lds, r, qa, k, w, beta, o, accl);
+    else if (lone == 2)
+        GD(first)(2, nv, S, lds, r, qa, k, w, beta, o, accl);
+    else
+        GD(first)(0, nv, S, lds, r, qa, k, w, beta, o, accl);
     const int step = DEC_NB * VW;
-    int j = 0;
+    int j = nv < step ? nv : step;
     for (; j + step <= nv; j += step)
-        GD(block)(DEC_NB, 1, v_mask(VW), S + j, lds, r, qa, k, w + j, beta, o + j);
+        GD(block)
+        (DEC_NB, 1, 0, v_mask(VW), S + j, lds, r, qa, k, w + j, beta, o + j, NULL, NULL, NULL);
     const int left = nv - j;
-    if (left == 0) return;
-    const int nb = (left + VW - 1) / VW;
-    const VMASK last = v_mask(left - VW * (nb - 1));
-    /* (a switch, so that each block has constant sizes) */
+    if (left > 0) {
+        const int nb = (left + VW - 1) / VW;
+        const VMASK last = v_mask(left - VW * (nb - 1));
+        /* (a switch, so that each block has constant sizes) */
 #define GD_TAIL(NB)                                                                                \
     case NB:                                                                                       \
-        GD(block)(NB, 0, last, S + j, lds, r, qa, k, w + j, beta, o + j);                          \
+        GD(block)(NB, 0, 0, last, S + j, lds, r, qa, k, w + j, beta, o + j, NULL, NULL, NULL);     \
         break
-    switch (nb) {
+        switch (nb) {
 #if DEC_NB > 3
-        GD_TAIL(4);
+            GD_TAIL(4);
 #endif
 #if DEC_NB > 2
-        GD_TAIL(3);
+            GD_TAIL(3);
 #endif
-        GD_TAIL(2);
-    default:
-        GD(block)(1, 0, last, S + j, lds, r, qa, k, w + j, beta, o + j);
-    }
+            GD_TAIL(2);
+        default:
+            GD(block)(1, 0, 0, last, S + j, lds, r, qa, k, w + j, beta, o + j, NULL, NULL, NULL);
+        }
 #undef GD_TAIL
+    }
+    for (int c = 0; c < lone; c++) o[nv + c] = GD(lone_sum)(accl[c], r, qa, w[nv + c]);
 }
 
 #undef GD
