@@ -8,9 +8,11 @@
  * The causal step of one token (attn_favor.c, pf_favor_causal_rows with one row) reads out
  * o = [q | a] [S ; w] (its query's features against the state, then its score a with its own
  * key times that key's weighted [v | 1] row w) and then updates S = beta S + k w. As two products
- * that is two passes over S (r x (dv + 1) floats, 80 KiB at r = 256, dv = 64: the step's memory
- * traffic); here each block of columns makes one pass, reading a row of S for the readout and
- * writing it back updated. Every element keeps the sequence of operations gemm_tmpl.h gives it:
+ * that is two passes over S (r x (dv + 1) floats, 80 KiB at r = 256, dv = 64); here each block
+ * of columns makes one pass (the lone columns, below, within the first block's), reading a row
+ * of S for the readout and writing it back updated: two FMAs and an add per element, about as
+ * fast with S in L2 as in L1 (Zen 4). Every element keeps the sequence of operations
+ * gemm_tmpl.h gives it:
  *   readout, vector columns  acc = 0; acc = fma(q_p, S_pj, acc), p = 0..r-1; acc = fma(a, w_j, acc)
  *   readout, lone columns    (n mod VW = 1 or 2, n > VW) a dot product over p in lanes p mod VW
  *                            (the last block masked), then v_sum
@@ -150,9 +152,10 @@ static void DECODE_NAME(float *S, size_t lds, int r, int n, const float *qa, con
         GD(first)(0, nv, S, lds, r, qa, k, w, beta, o, accl);
     const int step = DEC_NB * VW;
     int j = nv < step ? nv : step;
-    for (; j + step <= nv; j += step)
-        GD(block)
-        (DEC_NB, 1, 0, v_mask(VW), S + j, lds, r, qa, k, w + j, beta, o + j, NULL, NULL, NULL);
+    for (; j + step <= nv; j += step) {
+        float *Sj = S + j, *oj = o + j;
+        GD(block)(DEC_NB, 1, 0, v_mask(VW), Sj, lds, r, qa, k, w + j, beta, oj, NULL, NULL, NULL);
+    }
     const int left = nv - j;
     if (left > 0) {
         const int nb = (left + VW - 1) / VW;
