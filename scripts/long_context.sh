@@ -6,7 +6,7 @@
 # Each is evaluated on its own validation windows (the same validation text, cut to its context):
 # a prediction of the long model sees on average 4096 bytes before it, the short one's 512.
 #
-#   sh scripts/long_context.sh        (after `make`; about 20 minutes on 2 cores)
+#   sh scripts/long_context.sh        (after `make`; about 10 minutes on 2 quiet cores)
 #
 # Exact attention at context 8192 would cost this model 64 times the attention arithmetic of
 # context 1024 per window (`make bench-train` measures a training step at every context).
@@ -14,8 +14,8 @@
 # Writes $FIG/long_context.png (validation curves) and $FIG/long_context.md (the table); the runs
 # go to $OUT. A finished run is not repeated, an interrupted one resumed. Settings through the
 # environment: BUILD (build), OUT ($BUILD/long_context), FIG (docs/figures), THREADS (2),
-# LONG (8192), SHORT (1024), TOKENS (8192 a step), STEPS (800), LR (2e-3), WARMUP (100),
-# FEATURES (128), REDRAW (100), EVAL_EVERY (100), EVAL_TOKENS (65536 a evaluation).
+# LONG (8192), SHORT (1024), TOKENS (8192 a step), STEPS (500), LR (2e-3), WARMUP (100),
+# FEATURES (128), REDRAW (100), EVAL_EVERY (100), EVAL_TOKENS (65536 an evaluation).
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
@@ -25,7 +25,7 @@ THREADS=${THREADS:-2}
 LONG=${LONG:-8192}
 SHORT=${SHORT:-1024}
 TOKENS=${TOKENS:-8192}
-STEPS=${STEPS:-800}
+STEPS=${STEPS:-500}
 LR=${LR:-2e-3}
 WARMUP=${WARMUP:-100}
 FEATURES=${FEATURES:-128}
