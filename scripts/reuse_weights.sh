@@ -16,9 +16,9 @@
 # it), so every swapped loss is set against the exact model's evaluated with the same seed: the
 # jump is a difference on the same validation windows.
 #
-# Writes $FIG/reuse_weights.md (the tables) and $FIG/reuse_weights.png (the curves); the runs go
-# to $OUT. A finished run is not repeated. Settings through the environment:
-#   BUILD (build), OUT ($BUILD/reuse_weights), FIG (docs/figures), THREADS (2);
+# Writes $FIG/$NAME.md (the tables) and $FIG/$NAME.png (the curves; NAME: reuse_weights); the
+# runs go to $OUT. A finished run is not repeated. Settings through the environment:
+#   BUILD (build), NAME (reuse_weights), OUT ($BUILD/$NAME), FIG (docs/figures), THREADS (2);
 #   SOURCE: an exact checkpoint to start from; without it one is trained into $OUT/source with
 #     the settings of scripts/compare_lm.sh's Bible run: LAYERS (4), DMODEL (128), HEADS (4),
 #     CONTEXT (1024), BATCH (4), SOURCE_STEPS (1000), LR (2e-3), WARMUP (100);
@@ -33,7 +33,8 @@
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
-OUT=${OUT:-$BUILD/reuse_weights}
+NAME=${NAME:-reuse_weights}
+OUT=${OUT:-$BUILD/$NAME}
 FIG=${FIG:-docs/figures}
 THREADS=${THREADS:-2}
 LAYERS=${LAYERS:-4}
@@ -148,13 +149,14 @@ for v in $FT; do
 done
 
 # ---- 3. the tables and the curves ------------------------------------------------------------
-"$PY" - "$OUT" "$FIG" "$SOURCE" "$ZERO" "$FT" "$SEEDS" "$FT_STEPS" "$FT_LR" "$LR" "$FIT" <<'EOF'
+"$PY" - "$OUT" "$FIG" "$SOURCE" "$ZERO" "$FT" "$SEEDS" "$FT_STEPS" "$FT_LR" "$LR" "$FIT" \
+    "$NAME" <<'EOF'
 import csv, json, math, os, struct, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-out, fig, source, zero, ft, seeds, ft_steps, ft_lr, lr, fit = sys.argv[1:11]
+out, fig, source, zero, ft, seeds, ft_steps, ft_lr, lr, fit, name = sys.argv[1:12]
 zero, ft, seeds = zero.split(), ft.split(), seeds.split()
 
 def log(path):
@@ -217,11 +219,11 @@ axes[0].legend(fontsize=7)
 figure.suptitle("An exact model's weights under other attention: fine-tuned against from "
                 "scratch", fontsize=10)
 figure.tight_layout()
-png = os.path.join(fig, "reuse_weights.png")
+png = os.path.join(fig, name + ".png")
 plt.savefig(png + ".tmp.png", dpi=110)
 os.replace(png + ".tmp.png", png)
 text = "\n".join(lines) + "\n"
-md = os.path.join(fig, "reuse_weights.md")
+md = os.path.join(fig, name + ".md")
 open(md + ".tmp", "w").write(text)
 os.replace(md + ".tmp", md)
 print(text)
