@@ -71,22 +71,30 @@ unset IFS
 /usr/bin/python3 - "$FIG/long_context.md" "$title" "$TOKENS" "${plots#|}" <<'EOF'
 import csv, os, sys
 out, title, tokens, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-lines = [title, "",
-         "| run | val loss (nats/byte) at 1/4 of the tokens | at 1/2 | at the end | perplexity "
-         "| next-byte accuracy | tokens/s (the run's) |", "|---|---|---|---|---|---|---|"]
+rows = []
 for item in runs.split("|"):
     label, path = item.rsplit("=", 1)
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    val = [r for r in rows if r["val_loss"]]
-    train = [r for r in rows if r["train_loss"]]
-    steps = int(val[-1]["step"])
-    def at(s):
-        return min(val, key=lambda r: abs(int(r["step"]) - s))["val_loss"]
+        log = list(csv.DictReader(f))
+    rows.append((label, [r for r in log if r["val_loss"]], [r for r in log if r["train_loss"]]))
+steps = [int(r["step"]) for r in rows[0][1] if int(r["step"]) > 0]
+lines = [title, "", "Validation loss (nats/byte) after each number of steps, then the last "
+         "evaluation's perplexity and next-byte accuracy, and the run's own training speed "
+         "(evaluations excluded; whatever else the machine ran then is in it).", "",
+         "| run | " + " | ".join("step %d" % s for s in steps) +
+         " | perplexity | next-byte accuracy | tokens/s |",
+         "|---|" + "---|" * (len(steps) + 3)]
+for label, val, train in rows:
+    loss = {int(r["step"]): float(r["val_loss"]) for r in val}
     tps = int(train[-1]["step"]) * tokens / float(train[-1]["elapsed_s"])
-    lines.append("| %s | %s | %s | %.4f | %.3f | %.4f | %.0f |" % (
-        label, at(steps // 4), at(steps // 2), float(val[-1]["val_loss"]),
+    lines.append("| %s | %s | %.3f | %.4f | %.0f |" % (
+        label, " | ".join("%.4f" % loss[s] if s in loss else "-" for s in steps),
         float(val[-1]["val_ppl"]), float(val[-1]["val_acc"]), tps))
+if len(rows) == 2:
+    a = {int(r["step"]): float(r["val_loss"]) for r in rows[0][1]}
+    b = {int(r["step"]): float(r["val_loss"]) for r in rows[1][1]}
+    lines += ["", "Second run minus first: " + ", ".join(
+        "%+.4f at step %d" % (b[s] - a[s], s) for s in steps if s in a and s in b) + "."]
 text = "\n".join(lines) + "\n"
 open(out + ".tmp", "w").write(text)
 os.replace(out + ".tmp", out)
