@@ -4,6 +4,8 @@
 #   make test       every test, then every test again under ASan + UBSan
 #   make demo       the one-minute answer: exact vs FAVOR+ time, memory and error against L
 #   make bench      the benchmarks (medians, ratios to this machine's sgemm)
+#   make bench-train  a training step of the byte LM against the context, exact and FAVOR+:
+#                   tokens/s, peak memory, fraction of the FMA peak (minutes; not in `make test`)
 #   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
 #   make fuzz       the libFuzzer targets of the file readers (clang): regressions, then
 #                   FUZZ_TIME seconds each (tests/fuzz/)
@@ -58,7 +60,7 @@ SHARED_REAL = $(BUILD)/libperformer.so.$(VERSION)
 TOOL   = $(BUILD)/performer
 MAN    = $(BUILD)/performer.1
 
-.PHONY: all setup test test-fast asan demo bench clean format install uninstall \
+.PHONY: all setup test test-fast asan demo bench bench-train clean format install uninstall \
         fuzz fuzz-regress fuzz-corpus
 all: $(STATIC) $(SHARED) $(TOOL) $(MAN)
 
@@ -203,6 +205,18 @@ bench: setup all $(BENCHES)
 	  $(BUILD)/bench
 	/usr/bin/python3 bench/bench_cli.py $(TOOL)
 	/usr/bin/python3 bench/bench_python.py --build $(BUILD)
+
+# A training step (forward, backward, AdamW) of the language model, exact and FAVOR+, at contexts
+# 256 to 32768 for the same tokens a step: table on stdout, CSV and figure in $(BUILD)/bench/
+# (docs/bench_train.txt and docs/figures/train_context.* hold a committed run). BENCH_TRAIN_ARGS
+# adds flags (bench_train --help), e.g. BENCH_TRAIN_ARGS=--quick.
+bench-train: setup all $(BUILD)/bench/bench_train
+	@core=$$($(TOOL) --version | \
+	  sed -n 's/.*OpenBLAS kernels: \([A-Za-z0-9_]*\), set by performer over.*/\1/p'); \
+	if [ -z "$${OPENBLAS_CORETYPE-}" ] && [ -n "$$core" ]; then export OPENBLAS_CORETYPE=$$core; fi; \
+	$(BUILD)/bench/bench_train --csv $(BUILD)/bench/train.csv $(BENCH_TRAIN_ARGS)
+	/usr/bin/python3 scripts/plot_train_bench.py $(BUILD)/bench/train.csv \
+	  $(BUILD)/bench/train_context.png $(BUILD)/bench/train_context.md
 
 # make install [PREFIX=/usr/local] [DESTDIR=stage]: PREFIX is where the files will live (it is
 # written into performer.pc); DESTDIR, if given, is prepended to every path, for packaging. Run

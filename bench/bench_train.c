@@ -46,9 +46,9 @@
  * all threads (peak.h: training runs on every thread), the largest of the probe's runs before the
  * cases, between them (parent process, no case running) and after them.
  *
- * Usage: bench_train [--quick] [--csv FILE] [--contexts T1,T2,...] [--tokens N] [--layers L]
- *                    [--d-model C] [--heads H] [--features M] [--budget S] [--max-gib G]
- *                    [--as-limit-gib G] [--max-step-seconds S]
+ * Usage: bench_train [--help] [--quick] [--csv FILE] [--contexts T1,T2,...] [--tokens N]
+ *                    [--layers L] [--d-model C] [--heads H] [--features M] [--budget S]
+ *                    [--max-gib G] [--as-limit-gib G] [--max-step-seconds S]
  */
 #define _DEFAULT_SOURCE
 #include <errno.h>
@@ -109,10 +109,10 @@ static double all_params(const model_shape *s, int T) {
 static double estimate_bytes(const model_shape *s, method meth, int B, int T, int threads) {
     const double C = s->d_model, H = s->heads, L = s->layers, V = PF_LM_VOCAB;
     const double BT = (double)B * T;
-    double bytes = 4.0 * 4.0 * all_params(s, T);                /* params, grads, m, v */
+    double bytes = 4.0 * 4.0 * all_params(s, T); /* params, grads, m, v */
     bytes += 4.0 * BT * (C + L * (21.0 * C + H + 4.0) + C + 3.0 + 2.0 * V); /* activations */
-    bytes += 4.0 * BT * (18.0 * C + V);                          /* activation gradients */
-    bytes += 4.0 * 4.0 * BT;                                     /* tokens, targets (twice) */
+    bytes += 4.0 * BT * (18.0 * C + V); /* activation gradients */
+    bytes += 4.0 * 4.0 * BT;            /* tokens, targets (twice) */
     const int hd = s->d_model / s->heads;
     if (meth == FAVOR) {
         pf_shape shape = {B, s->heads, T, T, hd, hd};
@@ -300,8 +300,9 @@ static void run_case(row *w, const model_shape *s, double budget, double as_byte
         w->status = code == PF_ENOMEM ? RUN_NOMEM : RUN_FAILED;
         w->peak_mib = hwm > 0 ? (double)hwm / 1024.0 : NAN;
         if (code == PF_ENOMEM)
-            snprintf(w->note, sizeof w->note, "out of memory in the %s (address-space limit %.1f "
-                     "GiB)", where, as_bytes / 1073741824.0);
+            snprintf(w->note, sizeof w->note,
+                     "out of memory in the %s (address-space limit %.1f GiB)", where,
+                     as_bytes / 1073741824.0);
         else
             snprintf(w->note, sizeof w->note, "failed in the %s: %s", where,
                      pf_status_str((pf_status)code));
@@ -317,15 +318,16 @@ static void run_case(row *w, const model_shape *s, double budget, double as_byte
 }
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: bench_train [--quick] [--csv FILE] [--contexts T1,T2,...] [--tokens N]\n"
-            "                   [--layers L] [--d-model C] [--heads H] [--features M]\n"
-            "                   [--budget SECONDS] [--max-gib G] [--as-limit-gib G]\n"
-            "                   [--max-step-seconds S]\n"
-            "  a training step (forward, backward, AdamW) of the byte LM, exact and FAVOR+,\n"
-            "  against the context; defaults: contexts 256..32768 (doubling), tokens 32768 a step,\n"
-            "  4 layers, d_model 128, 4 heads, 128 features, budget 15 s a case, max-gib 16,\n"
-            "  as-limit-gib max-gib + 4, max-step-seconds 300\n");
+    fprintf(
+        stderr,
+        "usage: bench_train [--help] [--quick] [--csv FILE] [--contexts T1,T2,...]\n"
+        "                   [--tokens N] [--layers L] [--d-model C] [--heads H] [--features M]\n"
+        "                   [--budget SECONDS] [--max-gib G] [--as-limit-gib G]\n"
+        "                   [--max-step-seconds S]\n"
+        "  a training step (forward, backward, AdamW) of the byte LM, exact and FAVOR+,\n"
+        "  against the context; defaults: contexts 256..32768 (doubling), tokens 32768 a step,\n"
+        "  4 layers, d_model 128, 4 heads, 128 features, budget 15 s a case, max-gib 16,\n"
+        "  as-limit-gib max-gib + 4, max-step-seconds 300\n");
 }
 
 /* argv[i] as an int in [lo, hi] into *v; 0 if it is not one. */
@@ -384,7 +386,10 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         const int more = i + 1 < argc;
         int ok = 1;
-        if (strcmp(a, "--quick") == 0) {
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage();
+            return 0;
+        } else if (strcmp(a, "--quick") == 0) {
             quick = 1;
         } else if (strcmp(a, "--csv") == 0 && more) {
             csv_path = argv[++i];
@@ -503,8 +508,9 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_train: context %d, %s: %s\n", T, method_name(w->meth),
                         w->note);
             }
-            if (mi == EXACT) ex = w;
-            else if (ex && ex->status == RUN_OK && w->status == RUN_OK) {
+            if (mi == EXACT) {
+                ex = w;
+            } else if (ex && ex->status == RUN_OK && w->status == RUN_OK) {
                 w->exact_time = ex->total / w->total;
                 w->exact_mem = ex->peak_mib / w->peak_mib;
             }
@@ -515,18 +521,19 @@ int main(int argc, char **argv) {
     pk.gn = during.best > pk.gn ? during.best : pk.gn;
 
     const int hd = s.d_model / s.heads;
-    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n",
-           pf_version(), cpu, threads, pf_simd_path(), blas);
+    printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n", pf_version(),
+           cpu, threads, pf_simd_path(), blas);
     printf("training step of the byte LM (pf_model_forward with targets, pf_model_backward,\n"
            "pf_model_step with pf_adamw_default): %d layers, d_model %d, %d heads (hd %d),\n"
            "learned positions; FAVOR+: positive features, orthogonal W, m = %d, kept for the\n"
            "backward; %d tokens a step (batch = %d / context, at least 1), random bytes\n",
            s.layers, s.d_model, s.heads, hd, s.features, tokens, tokens);
-    printf("each case in its own process: 1 warm-up step, then %d to %d timed steps within %.3g s;\n"
-           "medians (of each part separately: fwd + bwd + opt need not add up to the step).\n"
-           "peak MiB: the case process's peak resident size (VmHWM); est MiB: the estimate it\n"
-           "was admitted on (a case over %.3g GiB is not run; address-space limit %.3g GiB)\n",
-           MIN_STEPS, MAX_STEPS, budget, max_gib, as_gib);
+    printf(
+        "each case in its own process: 1 warm-up step, then %d to %d timed steps within %.3g s;\n"
+        "medians (of each part separately: fwd + bwd + opt need not add up to the step).\n"
+        "peak MiB: the case process's peak resident size (VmHWM); est MiB: the estimate it\n"
+        "was admitted on (a case over %.3g GiB is not run; address-space limit %.3g GiB)\n",
+        MIN_STEPS, MAX_STEPS, budget, max_gib, as_gib);
     printf("model FLOPs a token (fwd + bwd = 3 x fwd; multiply-add = 2): 6 N with N = 12 L C^2 +\n"
            "256 C = %.0f (the matrix products' weights; all parameters: %.0f at context %d),\n"
            "+ exact causal 6 L C (T + 1), + FAVOR+ causal 12 L m (2 C + H) = %.0f\n",
@@ -559,10 +566,9 @@ int main(int argc, char **argv) {
         if (w->status == RUN_OK)
             printf("%7d %-7s %5d %10.1f %10.0f %9.1f %9.1f %8.1f %9.0f %9.0f %8.1f %6.1f%% %7s "
                    "%7s\n",
-                   w->T, method_name(w->meth), w->B, w->total * 1e3, ntok / w->total,
-                   w->fwd * 1e3, w->bwd * 1e3, w->opt * 1e3, w->peak_mib, w->est_mib, gf,
-                   100 * gf / pk.gn, cell(c[0], "%.2fx", w->exact_time),
-                   cell(c[1], "%.2fx", w->exact_mem));
+                   w->T, method_name(w->meth), w->B, w->total * 1e3, ntok / w->total, w->fwd * 1e3,
+                   w->bwd * 1e3, w->opt * 1e3, w->peak_mib, w->est_mib, gf, 100 * gf / pk.gn,
+                   cell(c[0], "%.2fx", w->exact_time), cell(c[1], "%.2fx", w->exact_mem));
         else
             printf("%7d %-7s %5d  %s\n", w->T, method_name(w->meth), w->B, w->note);
         if (csv) {
@@ -575,10 +581,10 @@ int main(int argc, char **argv) {
                     cell(c[2], "%.6g", w->fwd), cell(c[3], "%.6g", w->bwd),
                     cell(c[4], "%.6g", w->opt), w->steps, cell(c[5], "%.1f", w->peak_mib),
                     w->est_mib, w->flops_tok, cell(c[6], "%.4g", ok ? gf : NAN),
-                    cell(c[7], "%.4g", ok ? gf / pk.gn : NAN),
-                    cell(c[8], "%.4g", w->exact_time), cell(c[9], "%.4g", w->exact_mem), w->params,
-                    cell(c[10], "%.5g", w->loss), s.layers, s.d_model, s.heads, s.features, pk.gn,
-                    threads, cpu, pf_simd_path(), blas);
+                    cell(c[7], "%.4g", ok ? gf / pk.gn : NAN), cell(c[8], "%.4g", w->exact_time),
+                    cell(c[9], "%.4g", w->exact_mem), w->params, cell(c[10], "%.5g", w->loss),
+                    s.layers, s.d_model, s.heads, s.features, pk.gn, threads, cpu, pf_simd_path(),
+                    blas);
         }
     }
     fflush(stdout);

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""The figure and table of `make bench-train`: a training step of the byte LM against the
+context, exact attention against FAVOR+ (tokens per second and peak memory, log-log).
+
+usage: plot_train_bench.py CSV PNG [MD]
+
+CSV is bench_train --csv (context, method, batch, tokens, status, note, seconds_per_step,
+tokens_per_second, forward_seconds, backward_seconds, optimizer_seconds, steps, peak_mib, ...,
+gflops, fma_fraction, exact_over_favor_time, exact_over_favor_memory, ..., machine). Writes PNG
+(two panels: tokens/s and peak resident MiB against the context; cases that were not run are
+marked on the axis with their reason in the legend) and, if given, MD: the table in Markdown.
+Each file is written to a temporary name and renamed.
+"""
+import csv
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLE = {"exact": ("exact", "#444444", "s"), "favor": ("FAVOR+", "#1f77b4", "o")}
+NAMES = {"exact": "exact", "favor": "FAVOR+"}
+
+
+def num(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def read(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        sys.exit(f"plot_train_bench.py: {path} has no rows")
+    need = {"context", "method", "status", "tokens_per_second", "peak_mib", "machine"}
+    missing = need - set(rows[0])
+    if missing:
+        sys.exit(f"plot_train_bench.py: {path} lacks columns {sorted(missing)}")
+    return rows
+
+
+def plot(rows, path):
+    r0 = rows[0]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    panels = [("tokens_per_second", "tokens per second (training step)", 1.0),
+              ("peak_mib", "peak resident memory (MiB)", 1.0)]
+    for ax, (key, ylabel, scale) in zip(axes, panels):
+        for meth, (label, color, marker) in STYLE.items():
+            pts = sorted((int(r["context"]), num(r[key]) * scale) for r in rows
+                         if r["method"] == meth and r["status"] == "ok" and num(r[key]) > 0)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, "-", color=color, marker=marker, ms=4, label=label)
+            # cases that were not run or failed: a hollow marker at the bottom of the panel
+            gone = sorted(int(r["context"]) for r in rows
+                          if r["method"] == meth and r["status"] != "ok")
+            if gone:
+                ax.plot(gone, [0.0] * len(gone), linestyle="none", marker=marker, mfc="none",
+                        color=color, ms=7, clip_on=False,
+                        transform=ax.get_xaxis_transform(),
+                        label=f"{label}: not run or failed (CSV note)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context T (tokens a step fixed)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("speed")
+    axes[1].set_title("memory")
+    fig.suptitle(
+        f"byte LM training step, {r0.get('layers', '?')} layers, d_model {r0.get('d_model', '?')}, "
+        f"{r0.get('heads', '?')} heads, FAVOR+ m = {r0.get('features', '?')}, "
+        f"{r0.get('tokens', '?')} tokens a step\n{r0['machine']}, {r0.get('threads', '?')} threads",
+        fontsize=9)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def fmt(x, spec, suffix=""):
+    v = num(x)
+    return "-" if not math.isfinite(v) else format(v, spec) + suffix
+
+
+def markdown(rows, path):
+    r0 = rows[0]
+    lines = [
+        f"Training step of the byte LM ({r0.get('layers')} layers, d_model {r0.get('d_model')}, "
+        f"{r0.get('heads')} heads, FAVOR+ positive features m = {r0.get('features')}), "
+        f"{r0.get('tokens')} tokens a step (batch = tokens / context), against the context: "
+        f"`bench_train` on {r0['machine']}, {r0.get('threads')} threads. "
+        f"\"of FMA\": model GFLOP/s over the fp32 FMA peak measured in the same run "
+        f"({fmt(r0.get('fma_peak_gflops'), '.1f')} GFLOP/s); x time, x mem: exact's over "
+        f"FAVOR+'s at the same context.",
+        "",
+        "| context | method | batch | ms/step | tokens/s | fwd ms | bwd ms | opt ms | peak MiB "
+        "| GFLOP/s | of FMA | x time | x mem |",
+        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        name = NAMES.get(r["method"], r["method"])
+        if r["status"] != "ok":
+            lines.append(f"| {r['context']} | {name} | {r['batch']} | {r['note']} "
+                         "| | | | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['context']} | {name} | {r['batch']} "
+            f"| {fmt(num(r['seconds_per_step']) * 1e3, '.0f')} "
+            f"| {fmt(r['tokens_per_second'], '.0f')} "
+            f"| {fmt(num(r['forward_seconds']) * 1e3, '.0f')} "
+            f"| {fmt(num(r['backward_seconds']) * 1e3, '.0f')} "
+            f"| {fmt(num(r['optimizer_seconds']) * 1e3, '.1f')} "
+            f"| {fmt(r['peak_mib'], '.0f')} | {fmt(r['gflops'], '.1f')} "
+            f"| {fmt(num(r['fma_fraction']) * 100, '.1f', '%')} "
+            f"| {fmt(r['exact_over_favor_time'], '.2f', 'x')} "
+            f"| {fmt(r['exact_over_favor_memory'], '.2f', 'x')} |")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv):
+    if len(argv) not in (3, 4):
+        sys.stderr.write(__doc__)
+        return 2
+    rows = read(argv[1])
+    plot(rows, argv[2])
+    if len(argv) == 4:
+        markdown(rows, argv[3])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
