@@ -151,8 +151,16 @@ static long vm_hwm_kib(void) {
     return kib;
 }
 
+/* CPU seconds of this process (every thread), or of the calling thread. */
+static double cpu_seconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* The case process: prints one line on stdout,
- *   ok PARAMS STEPS FWD BWD OPT TOTAL HWM_KIB LOSS   (seconds: medians; the last step's loss)
+ *   ok PARAMS STEPS FWD BWD OPT TOTAL HWM_KIB LOSS CPU   (seconds: medians; the last step's
+ *                                                       loss; CPU: the process's CPU seconds)
  * or
  *   fail STATUS HWM_KIB WHERE
  * and returns 0 (ok) or 1. */
@@ -181,32 +189,34 @@ static int case_child(const model_shape *s, method meth, int B, int T, double bu
         for (size_t i = 0; i < n; i++) tgt[i] = tok[i + 1];
     }
     const pf_adamw opt = pf_adamw_default();
-    double t[3][MAX_STEPS], tot[MAX_STEPS];
+    double t[3][MAX_STEPS], tot[MAX_STEPS], cpu[MAX_STEPS];
     float loss = NAN;
     int steps = 0;
     double start = 0;
     for (int k = -1; st == PF_OK && k < MAX_STEPS; k++) { /* k = -1: the warm-up */
         if (k == 0) start = now();
         if (k >= MIN_STEPS && now() - start > budget) break;
-        const double t0 = now();
+        const double c0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID), t0 = now();
         where = "forward";
         st = pf_model_forward(model, &loss, NULL, tok, tgt, B, T);
         const double t1 = now();
         if (st == PF_OK) where = "backward", st = pf_model_backward(model);
         const double t2 = now();
         if (st == PF_OK) where = "optimizer step", st = pf_model_step(model, &opt, NULL);
-        const double t3 = now();
+        const double t3 = now(), c3 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
         if (st == PF_OK && !isfinite(loss)) where = "forward (loss)", st = PF_ENONFINITE;
         if (st == PF_OK && k >= 0) {
             t[0][k] = t1 - t0, t[1][k] = t2 - t1, t[2][k] = t3 - t2, tot[k] = t3 - t0;
+            cpu[k] = c3 - c0;
             steps = k + 1;
         }
     }
     const long hwm = vm_hwm_kib();
     if (st == PF_OK) {
-        printf("ok %lld %d %.9g %.9g %.9g %.9g %ld %.6g\n", (long long)pf_model_num_params(model),
-               steps, median(t[0], steps), median(t[1], steps), median(t[2], steps),
-               median(tot, steps), hwm, (double)loss);
+        printf("ok %lld %d %.9g %.9g %.9g %.9g %ld %.6g %.9g\n",
+               (long long)pf_model_num_params(model), steps, median(t[0], steps),
+               median(t[1], steps), median(t[2], steps), median(tot, steps), hwm, (double)loss,
+               median(cpu, steps));
     } else {
         printf("fail %d %ld %s\n", (int)st, hwm, where);
     }
@@ -215,6 +225,20 @@ static int case_child(const model_shape *s, method meth, int B, int T, double bu
     free(tok);
     free(tgt);
     return st == PF_OK ? 0 : 1;
+}
+
+/* The FMA probe's loop (peak.h) on the calling thread, in GFLOP per second of that thread's CPU
+ * time: what a core does while it runs one of this program's threads, whatever else the shared
+ * machine runs (the wall-clock probe counts the time the other work takes the cores). */
+static double peak_per_cpu_second(peak_isa isa, long iters) {
+    const double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    peak_sink = peak_sink + peak_loop(isa, iters);
+    const double c = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0;
+    return 2.0 * PEAK_NACC * peak_lanes(isa) * (double)iters / c * 1e-9;
+}
+
+static void max_into(double *best, double v) {
+    *best = v > *best ? v : *best;
 }
 
 /* ---- the parent ------------------------------------------------------------------------- */
@@ -229,6 +253,7 @@ typedef struct {
     long long params;
     int steps;
     double fwd, bwd, opt, total; /* seconds */
+    double cpu;                  /* CPU seconds of a step, every thread */
     double peak_mib, est_mib, flops_tok, loss;
     double exact_time, exact_mem; /* FAVOR+ rows: exact's over this row's (same context) */
 } row;
@@ -287,14 +312,15 @@ static void run_case(row *w, const model_shape *s, double budget, double as_byte
     long long params = 0;
     int steps = 0, code = 0;
     long hwm = -1;
-    double f, b, o, tt, loss;
+    double f, b, o, tt, loss, cpu;
     char where[64] = "";
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
-        sscanf(buf, "ok %lld %d %lf %lf %lf %lf %ld %lf", &params, &steps, &f, &b, &o, &tt, &hwm,
-               &loss) == 8) {
+        sscanf(buf, "ok %lld %d %lf %lf %lf %lf %ld %lf %lf", &params, &steps, &f, &b, &o, &tt,
+               &hwm, &loss, &cpu) == 9) {
         w->status = RUN_OK;
         w->params = params, w->steps = steps;
         w->fwd = f, w->bwd = b, w->opt = o, w->total = tt, w->loss = loss;
+        w->cpu = cpu;
         w->peak_mib = hwm > 0 ? (double)hwm / 1024.0 : NAN;
     } else if (sscanf(buf, "fail %d %ld %63[^\n]", &code, &hwm, where) >= 2) {
         w->status = code == PF_ENOMEM ? RUN_NOMEM : RUN_FAILED;
@@ -462,6 +488,9 @@ int main(int argc, char **argv) {
     const peak_fma pk0 = peak_measure(threads);
     peak_sampler during;
     peak_sampler_init(&during, threads, 0.1);
+    const long cpu_iters = peak_iters(pk0.isa, 1, 0.1);
+    double cpu_peak = 0; /* GFLOP per CPU second, the largest of every run */
+    for (int k = 0; k < 3; k++) max_into(&cpu_peak, peak_per_cpu_second(pk0.isa, cpu_iters));
 
     row rows[64];
     int nrows = 0;
@@ -475,7 +504,7 @@ int main(int argc, char **argv) {
             row *w = &rows[nrows++];
             memset(w, 0, sizeof *w);
             w->T = T, w->B = B, w->meth = (method)mi;
-            w->fwd = w->bwd = w->opt = w->total = w->peak_mib = w->loss = NAN;
+            w->fwd = w->bwd = w->opt = w->total = w->peak_mib = w->loss = w->cpu = NAN;
             w->exact_time = w->exact_mem = NAN;
             w->flops_tok = flops_per_token(&s, w->meth, T);
             const double est = estimate_bytes(&s, w->meth, B, T, threads);
@@ -498,6 +527,7 @@ int main(int argc, char **argv) {
                         method_name(w->meth), B);
                 run_case(w, &s, budget, as_bytes, timeout);
                 for (int k = 0; k < 2; k++) peak_sample(&during);
+                max_into(&cpu_peak, peak_per_cpu_second(pk0.isa, cpu_iters));
             }
             if (w->status == RUN_OK) {
                 last_time[mi] = w->total;
@@ -519,6 +549,7 @@ int main(int argc, char **argv) {
     const peak_fma pk1 = peak_measure(threads);
     peak_fma pk = peak_max(pk0, pk1);
     pk.gn = during.best > pk.gn ? during.best : pk.gn;
+    for (int k = 0; k < 3; k++) max_into(&cpu_peak, peak_per_cpu_second(pk0.isa, cpu_iters));
 
     const int hd = s.d_model / s.heads;
     printf("performer %s on %s, %d threads, vector kernels %s, OpenBLAS kernels %s\n", pf_version(),
@@ -547,35 +578,45 @@ int main(int argc, char **argv) {
         printf("(%d threads gave less than %.1fx one thread: the cores were busy with other work;\n"
                "every fraction of the %d-thread peak is then of what this run could get)\n",
                threads, 0.8 * threads, threads);
-    printf("exact/FAVOR+ (FAVOR+ rows): exact's step time and peak memory over FAVOR+'s, same "
+    printf("cores: the step's CPU seconds (every thread) over its wall seconds, at most %d; "
+           "per CPU:\nthe model's FLOPs per CPU second over the same loop's GFLOP per second of "
+           "its thread's\nCPU time (%.1f; the largest of %d runs), what the cores do while they "
+           "run this step,\nwhatever else the machine runs (threads waiting at a barrier count "
+           "as busy)\n",
+           threads, cpu_peak, 6 + nrows);
+    printf("x time, x mem (FAVOR+ rows): exact's step time and peak memory over FAVOR+'s, same "
            "context\n\n");
-    printf("%7s %-7s %5s %10s %10s %9s %9s %8s %9s %9s %8s %7s %7s %7s\n", "context", "method",
-           "batch", "ms/step", "tokens/s", "fwd ms", "bwd ms", "opt ms", "peak MiB", "est MiB",
-           "GFLOP/s", "of FMA", "x time", "x mem");
+    printf("%7s %-7s %5s %10s %10s %9s %9s %8s %9s %9s %8s %7s %5s %7s %7s %7s\n", "context",
+           "method", "batch", "ms/step", "tokens/s", "fwd ms", "bwd ms", "opt ms", "peak MiB",
+           "est MiB", "GFLOP/s", "of FMA", "cores", "per CPU", "x time", "x mem");
     if (csv)
         fprintf(csv, "context,method,batch,tokens,status,note,seconds_per_step,tokens_per_second,"
                      "forward_seconds,backward_seconds,optimizer_seconds,steps,peak_mib,"
                      "estimate_mib,model_flops_per_token,gflops,fma_fraction,exact_over_favor_time,"
                      "exact_over_favor_memory,params,loss,layers,d_model,heads,features,"
-                     "fma_peak_gflops,threads,machine\n");
+                     "fma_peak_gflops,threads,cpu_seconds_per_step,cores_busy,fma_fraction_per_cpu,"
+                     "fma_peak_gflops_per_cpu_second,machine\n");
     for (int i = 0; i < nrows; i++) {
         const row *w = &rows[i];
         const double ntok = (double)w->B * w->T;
         const double gf = w->flops_tok * ntok / w->total * 1e-9;
+        const double per_cpu = w->flops_tok * ntok / w->cpu * 1e-9 / cpu_peak;
         char c[14][24];
         if (w->status == RUN_OK)
-            printf("%7d %-7s %5d %10.1f %10.0f %9.1f %9.1f %8.1f %9.0f %9.0f %8.1f %6.1f%% %7s "
-                   "%7s\n",
+            printf("%7d %-7s %5d %10.1f %10.0f %9.1f %9.1f %8.1f %9.0f %9.0f %8.1f %6.1f%% %5.2f "
+                   "%6.1f%% %7s %7s\n",
                    w->T, method_name(w->meth), w->B, w->total * 1e3, ntok / w->total, w->fwd * 1e3,
                    w->bwd * 1e3, w->opt * 1e3, w->peak_mib, w->est_mib, gf, 100 * gf / pk.gn,
-                   cell(c[0], "%.2fx", w->exact_time), cell(c[1], "%.2fx", w->exact_mem));
+                   w->cpu / w->total, 100 * per_cpu, cell(c[0], "%.2fx", w->exact_time),
+                   cell(c[1], "%.2fx", w->exact_mem));
         else
             printf("%7d %-7s %5d  %s\n", w->T, method_name(w->meth), w->B, w->note);
         if (csv) {
             const int ok = w->status == RUN_OK;
             fprintf(csv,
                     "%d,%s,%d,%.0f,%s,\"%s\",%s,%s,%s,%s,%s,%d,%s,%.1f,%.6g,%s,%s,%s,%s,%lld,%s,"
-                    "%d,%d,%d,%d,%.4g,%d,\"%s, vector kernels %s, OpenBLAS kernels %s\"\n",
+                    "%d,%d,%d,%d,%.4g,%d,%s,%s,%s,%.4g,\"%s, vector kernels %s, OpenBLAS kernels "
+                    "%s\"\n",
                     w->T, w->meth == EXACT ? "exact" : "favor", w->B, ntok, status_name(w->status),
                     w->note, cell(c[0], "%.6g", w->total), cell(c[1], "%.6g", ntok / w->total),
                     cell(c[2], "%.6g", w->fwd), cell(c[3], "%.6g", w->bwd),
@@ -583,8 +624,9 @@ int main(int argc, char **argv) {
                     w->est_mib, w->flops_tok, cell(c[6], "%.4g", ok ? gf : NAN),
                     cell(c[7], "%.4g", ok ? gf / pk.gn : NAN), cell(c[8], "%.4g", w->exact_time),
                     cell(c[9], "%.4g", w->exact_mem), w->params, cell(c[10], "%.5g", w->loss),
-                    s.layers, s.d_model, s.heads, s.features, pk.gn, threads, cpu, pf_simd_path(),
-                    blas);
+                    s.layers, s.d_model, s.heads, s.features, pk.gn, threads,
+                    cell(c[11], "%.6g", w->cpu), cell(c[12], "%.4g", w->cpu / w->total),
+                    cell(c[13], "%.4g", ok ? per_cpu : NAN), cpu_peak, cpu, pf_simd_path(), blas);
         }
     }
     fflush(stdout);
