@@ -520,7 +520,7 @@ int main(int argc, char **argv) {
                          est / 1073741824.0, max_gib);
             } else if (step_est > max_step) {
                 w->status = RUN_TOOLONG;
-                snprintf(w->note, sizeof w->note, "not run: a step would take ~%.0f s (> %.0f)",
+                snprintf(w->note, sizeof w->note, "not run: a step would take ~%.3g s (> %.3g)",
                          step_est, max_step);
             } else {
                 fprintf(stderr, "bench_train: context %d, %s, batch %d ...\n", T,

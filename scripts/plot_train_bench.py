@@ -7,8 +7,8 @@ usage: plot_train_bench.py CSV PNG [MD]
 CSV is bench_train --csv (context, method, batch, tokens, status, note, seconds_per_step,
 tokens_per_second, forward_seconds, backward_seconds, optimizer_seconds, steps, peak_mib, ...,
 gflops, fma_fraction, exact_over_favor_time, exact_over_favor_memory, ..., machine). Writes PNG
-(two panels: tokens/s and peak resident MiB against the context; cases that were not run are
-marked on the axis with their reason in the legend) and, if given, MD: the table in Markdown.
+(two panels: tokens/s and peak resident MiB against the context; cases that were not run or
+failed are hollow markers on the x axis, their reason in the CSV's note) and, if given, MD: the table in Markdown.
 Each file is written to a temporary name and renamed.
 """
 import csv
@@ -33,8 +33,11 @@ def num(x):
 
 
 def read(path):
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        sys.exit(f"plot_train_bench.py: cannot read {path}: {e.strerror}")
     if not rows:
         sys.exit(f"plot_train_bench.py: {path} has no rows")
     need = {"context", "method", "status", "tokens_per_second", "peak_mib", "machine"}
@@ -66,12 +69,21 @@ def plot(rows, path):
                         label=f"{label}: not run or failed (CSV note)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ys = [num(r[key]) for r in rows if r["status"] == "ok" and num(r[key]) > 0]
+        if ys:  # at least a factor of 4 shown, so that a flat curve looks flat
+            lo, hi = min(ys), max(ys)
+            mid = math.sqrt(lo * hi)
+            span = max(hi / lo, 4.0)
+            ax.set_ylim(mid / math.sqrt(span) / 1.3, mid * math.sqrt(span) * 1.3)
         ax.set_xlabel("context T (tokens a step fixed)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_title("speed")
     axes[1].set_title("memory")
+    axes[1].text(0.02, 0.02, "exact attention keeps no T x T matrix (blockwise backward):\n"
+                 "at fixed tokens a step its memory does not grow with T",
+                 transform=axes[1].transAxes, fontsize=7.5, va="bottom")
     fig.suptitle(
         f"byte LM training step, {r0.get('layers', '?')} layers, d_model {r0.get('d_model', '?')}, "
         f"{r0.get('heads', '?')} heads, FAVOR+ m = {r0.get('features', '?')}, "
@@ -97,18 +109,21 @@ def markdown(rows, path):
         f"{r0.get('tokens')} tokens a step (batch = tokens / context), against the context: "
         f"`bench_train` on {r0['machine']}, {r0.get('threads')} threads. "
         f"\"of FMA\": model GFLOP/s over the fp32 FMA peak measured in the same run "
-        f"({fmt(r0.get('fma_peak_gflops'), '.1f')} GFLOP/s); x time, x mem: exact's over "
-        f"FAVOR+'s at the same context.",
+        f"({fmt(r0.get('fma_peak_gflops'), '.1f')} GFLOP/s on all threads); cores: the step's CPU "
+        f"seconds over its wall seconds; per CPU: the model's FLOPs per CPU second over the FMA "
+        f"loop's per second of its thread's CPU time "
+        f"({fmt(r0.get('fma_peak_gflops_per_cpu_second'), '.1f')} GFLOP/s), which the machine's "
+        f"other work does not lower; x time, x mem: exact's over FAVOR+'s at the same context.",
         "",
         "| context | method | batch | ms/step | tokens/s | fwd ms | bwd ms | opt ms | peak MiB "
-        "| GFLOP/s | of FMA | x time | x mem |",
-        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| GFLOP/s | of FMA | cores | per CPU | x time | x mem |",
+        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         name = NAMES.get(r["method"], r["method"])
         if r["status"] != "ok":
             lines.append(f"| {r['context']} | {name} | {r['batch']} | {r['note']} "
-                         "| | | | | | | | | |")
+                         "| | | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['context']} | {name} | {r['batch']} "
@@ -119,6 +134,8 @@ def markdown(rows, path):
             f"| {fmt(num(r['optimizer_seconds']) * 1e3, '.1f')} "
             f"| {fmt(r['peak_mib'], '.0f')} | {fmt(r['gflops'], '.1f')} "
             f"| {fmt(num(r['fma_fraction']) * 100, '.1f', '%')} "
+            f"| {fmt(r.get('cores_busy'), '.2f')} "
+            f"| {fmt(num(r.get('fma_fraction_per_cpu')) * 100, '.1f', '%')} "
             f"| {fmt(r['exact_over_favor_time'], '.2f', 'x')} "
             f"| {fmt(r['exact_over_favor_memory'], '.2f', 'x')} |")
     tmp = path + ".tmp"
