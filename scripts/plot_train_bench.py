@@ -103,41 +103,44 @@ def fmt(x, spec, suffix=""):
 
 def markdown(rows, path):
     r0 = rows[0]
-    lines = [
+    cpu = "cores_busy" in r0  # (CSVs of bench_train before its CPU-time columns have none)
+    cols = [("ms/step", lambda r: fmt(num(r["seconds_per_step"]) * 1e3, ".0f")),
+            ("tokens/s", lambda r: fmt(r["tokens_per_second"], ".0f")),
+            ("fwd ms", lambda r: fmt(num(r["forward_seconds"]) * 1e3, ".0f")),
+            ("bwd ms", lambda r: fmt(num(r["backward_seconds"]) * 1e3, ".0f")),
+            ("opt ms", lambda r: fmt(num(r["optimizer_seconds"]) * 1e3, ".1f")),
+            ("peak MiB", lambda r: fmt(r["peak_mib"], ".0f")),
+            ("GFLOP/s", lambda r: fmt(r["gflops"], ".1f")),
+            ("of FMA", lambda r: fmt(num(r["fma_fraction"]) * 100, ".1f", "%"))]
+    if cpu:
+        cols += [("cores", lambda r: fmt(r["cores_busy"], ".2f")),
+                 ("per CPU", lambda r: fmt(num(r["fma_fraction_per_cpu"]) * 100, ".1f", "%"))]
+    cols += [("x time", lambda r: fmt(r["exact_over_favor_time"], ".2f", "x")),
+             ("x mem", lambda r: fmt(r["exact_over_favor_memory"], ".2f", "x"))]
+    intro = (
         f"Training step of the byte LM ({r0.get('layers')} layers, d_model {r0.get('d_model')}, "
         f"{r0.get('heads')} heads, FAVOR+ positive features m = {r0.get('features')}), "
         f"{r0.get('tokens')} tokens a step (batch = tokens / context), against the context: "
         f"`bench_train` on {r0['machine']}, {r0.get('threads')} threads. "
         f"\"of FMA\": model GFLOP/s over the fp32 FMA peak measured in the same run "
-        f"({fmt(r0.get('fma_peak_gflops'), '.1f')} GFLOP/s on all threads); cores: the step's CPU "
-        f"seconds over its wall seconds; per CPU: the model's FLOPs per CPU second over the FMA "
-        f"loop's per second of its thread's CPU time "
-        f"({fmt(r0.get('fma_peak_gflops_per_cpu_second'), '.1f')} GFLOP/s), which the machine's "
-        f"other work does not lower; x time, x mem: exact's over FAVOR+'s at the same context.",
-        "",
-        "| context | method | batch | ms/step | tokens/s | fwd ms | bwd ms | opt ms | peak MiB "
-        "| GFLOP/s | of FMA | cores | per CPU | x time | x mem |",
-        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        f"({fmt(r0.get('fma_peak_gflops'), '.1f')} GFLOP/s on all threads); ")
+    if cpu:
+        intro += (
+            f"cores: the step's CPU seconds over its wall seconds; per CPU: the model's FLOPs per "
+            f"CPU second over the FMA loop's per second of its thread's CPU time "
+            f"({fmt(r0.get('fma_peak_gflops_per_cpu_second'), '.1f')} GFLOP/s), which the "
+            f"machine's other work does not lower; ")
+    intro += "x time, x mem: exact's over FAVOR+'s at the same context."
+    lines = [intro, "",
+             "| context | method | batch | " + " | ".join(c for c, _ in cols) + " |",
+             "|---:|:---|---:|" + "---:|" * len(cols)]
     for r in rows:
         name = NAMES.get(r["method"], r["method"])
+        head = f"| {r['context']} | {name} | {r['batch']} | "
         if r["status"] != "ok":
-            lines.append(f"| {r['context']} | {name} | {r['batch']} | {r['note']} "
-                         "| | | | | | | | | | | |")
-            continue
-        lines.append(
-            f"| {r['context']} | {name} | {r['batch']} "
-            f"| {fmt(num(r['seconds_per_step']) * 1e3, '.0f')} "
-            f"| {fmt(r['tokens_per_second'], '.0f')} "
-            f"| {fmt(num(r['forward_seconds']) * 1e3, '.0f')} "
-            f"| {fmt(num(r['backward_seconds']) * 1e3, '.0f')} "
-            f"| {fmt(num(r['optimizer_seconds']) * 1e3, '.1f')} "
-            f"| {fmt(r['peak_mib'], '.0f')} | {fmt(r['gflops'], '.1f')} "
-            f"| {fmt(num(r['fma_fraction']) * 100, '.1f', '%')} "
-            f"| {fmt(r.get('cores_busy'), '.2f')} "
-            f"| {fmt(num(r.get('fma_fraction_per_cpu')) * 100, '.1f', '%')} "
-            f"| {fmt(r['exact_over_favor_time'], '.2f', 'x')} "
-            f"| {fmt(r['exact_over_favor_memory'], '.2f', 'x')} |")
+            lines.append(head + r["note"] + " |" + " |" * (len(cols) - 1))
+        else:
+            lines.append(head + " | ".join(f(r) for _, f in cols) + " |")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")
