@@ -37,15 +37,15 @@
 #include "favor.h"
 #include "peak.h"
 
-enum { BLOCK = 256, CHUNK = 16 };
+enum { BLOCK = 256, CHUNK = 16, A_STRIP = 4 };
 
 typedef enum {
     S_SETUP,   /* checks, map binding (W^T), workspace */
     S_PROJ,    /* U = sqrt(s) X W^T (queries and keys) */
-    S_STATS,   /* per row |x|^2, the overflow test, max u, u - t */
-    S_EXP,     /* exp(u - t) */
+    S_STATS,   /* per row |x|^2, the overflow test, max u, the shift t and c */
+    S_EXP,     /* exp(u - t), the subtraction in the exp's pass */
     S_VALUES,  /* key log factors' max, weighted [V | 1] rows (V checked) */
-    S_KV,      /* bidirectional K~^T [V | 1] */
+    S_KV,      /* bidirectional K~^T [V | 1], made as [V | 1]^T K~ and turned round */
     S_COMBINE, /* bidirectional: key blocks' partial sums combined */
     S_QKV,     /* bidirectional Q~ (K~^T [V | 1]) */
     S_READOUT, /* numerators over denominators, output checks */
@@ -62,15 +62,15 @@ typedef enum {
 static const char *const stage_name[NSTAGES] = {
     "setup: checks, W^T, scratch",
     "projection X W^T (Q and K)",
-    "feature map: |x|^2, max u, u - t",
-    "feature map: exp",
+    "feature map: |x|^2, max u, t, c",
+    "feature map: exp(u - t)",
     "weighted [V | 1] rows",
-    "K~^T [V | 1] (r x dv+1)",
+    "[V | 1]^T K~ (dv+1 x r), turned",
     "combine key blocks",
     "Q~ (K~^T [V | 1])",
     "normalisation (readout)",
     "causal: prefix max of c",
-    "causal: A = Q~ K~^T (C x C)",
+    "causal: A = Q~ K~^T (lower part)",
     "causal: A masked, e^(P_j - P_i)",
     "causal: weighted [V | 1] (A, state)",
     "causal: Q~ rows times e^(M - P_i)",
@@ -101,10 +101,10 @@ static double mark(profile *p, stage s, double t0) {
 
 /* ---- the positive feature map, pf_fmap_rows's steps (features.c) -------------------------- */
 
-/* Row statistics and the shift, u - t, of n rows of U in phi; c gets t - ln sqrt(m) - h.
- * Returns 1 on a row the library would refuse (not expected here). */
-PF_CLONES static int fmap_stats(const pf_fmap *fm, float *phi, int ldphi, double *c, const float *X,
-                                int n) {
+/* Row statistics of n rows of U in phi: t (the shift) into t, c = t - ln sqrt(m) - h. Returns 1
+ * on a row the library would refuse (not expected here). */
+PF_CLONES static int fmap_stats(const pf_fmap *fm, const float *phi, int ldphi, double *c, float *t,
+                                const float *X, int n) {
     const int m = fm->m, d = fm->d;
     const pf_simd_table *vk = pf_simd();
     const double s2 = (double)fm->sqrt_s * (double)fm->sqrt_s;
@@ -112,40 +112,33 @@ PF_CLONES static int fmap_stats(const pf_fmap *fm, float *phi, int ldphi, double
     const double lnr = 0.5 * log((double)m);
     int bad = 0;
     for (int i = 0; i < n; i++) {
-        float *p = phi + (size_t)i * (size_t)ldphi;
+        const float *p = phi + (size_t)i * (size_t)ldphi;
         const double sq = pf_sumsq_f64(X + (size_t)i * (size_t)d, d);
         const double h = 0.5 * s2 * sq;
         if (!(s2 * sq * wmax2 <= 1e76) && pf_nonfinite_f32(p, (size_t)m)) bad = 1;
         const float mx = vk->max(p, (size_t)m);
-        const float t = (float)((double)mx + lnr);
-#pragma omp simd
-        for (int f = 0; f < m; f++) p[f] -= t;
-        c[i] = (double)t - lnr - h + fm->logd;
+        t[i] = (float)((double)mx + lnr);
+        c[i] = (double)t[i] - lnr - h + fm->logd;
     }
     return bad;
 }
 
-static void fmap_exp(const pf_fmap *fm, float *phi, int ldphi, int n) {
-    const pf_simd_table *vk = pf_simd();
-    if (ldphi == fm->m)
-        vk->exp(phi, phi, (size_t)n * (size_t)fm->m);
-    else
-        for (int i = 0; i < n; i++)
-            vk->exp(phi + (size_t)i * ldphi, phi + (size_t)i * ldphi, fm->m);
-}
-
-/* pf_fmap_rows (positive, no eps, no amax) in three timed stages. */
+/* pf_fmap_rows (positive, no eps, no amax) in three timed stages (n <= BLOCK). */
 static int fmap_rows(profile *p, const pf_fmap *fm, float *phi, int ldphi, double *c,
                      const float *X, int n) {
-    double t = now();
+    const pf_simd_table *vk = pf_simd();
+    float t[BLOCK];
+    double tc = now();
     pf_mm(0, 0, n, fm->m, fm->d, fm->wscale, X, fm->d, fm->Wt, fm->m, 0.0f, phi, ldphi);
-    t = mark(p, S_PROJ, t);
+    tc = mark(p, S_PROJ, tc);
     p->flops[S_PROJ] += 2.0 * n * fm->m * fm->d;
-    const int bad = fmap_stats(fm, phi, ldphi, c, X, n);
-    t = mark(p, S_STATS, t);
+    const int bad = fmap_stats(fm, phi, ldphi, c, t, X, n);
+    tc = mark(p, S_STATS, tc);
     p->elems[S_STATS] += (double)n * fm->m;
-    fmap_exp(fm, phi, ldphi, n);
-    mark(p, S_EXP, t);
+    for (int i = 0; i < n; i++)
+        vk->exp_sub(phi + (size_t)i * (size_t)ldphi, phi + (size_t)i * (size_t)ldphi, t[i],
+                    (size_t)fm->m);
+    mark(p, S_EXP, tc);
     p->elems[S_EXP] += (double)n * fm->m;
     return bad;
 }
@@ -166,10 +159,10 @@ static int head_bidir(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws 
     int bad = 0;
     for (int kb = 0; kb < nkb; kb++) {
         const int j0 = kb * kbl, n = D->L - j0 < kbl ? D->L - j0 : kbl;
-        float *KVb = part + (size_t)kb * nkv;
+        float *KVb = part + (size_t)kb * nkv, *T = ws->state;
         double M = -INFINITY;
         double t = now();
-        memset(KVb, 0, sizeof(float) * nkv);
+        memset(T, 0, sizeof(float) * (size_t)(dv + 1) * (size_t)r);
         mark(p, S_KV, t);
         for (int b0 = 0; b0 < n; b0 += BLOCK) {
             const int nb = n - b0 < BLOCK ? n - b0 : BLOCK;
@@ -181,10 +174,17 @@ static int head_bidir(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws 
                                             nb);
             t = mark(p, S_VALUES, t);
             p->elems[S_VALUES] += (double)nb * (dv + 1);
-            pf_mm(1, 0, r, dv + 1, nb, 1.0f, ws->phi, r, ws->vaug, dw, beta, KVb, dw);
+            pf_mm(1, 0, dv + 1, r, nb, 1.0f, ws->vaug, dw, ws->phi, r, beta, T, r);
             mark(p, S_KV, t);
             p->flops[S_KV] += 2.0 * r * (dv + 1) * nb;
         }
+        t = now();
+        for (int f = 0; f < r; f++) {
+            float *row = KVb + (size_t)f * (size_t)dw;
+            for (int k = 0; k <= dv; k++) row[k] = T[(size_t)k * (size_t)r + (size_t)f];
+            for (int k = dv + 1; k < dw; k++) row[k] = 0.0f;
+        }
+        mark(p, S_KV, t);
         pmax[kb] = M;
     }
     double t = now();
@@ -204,6 +204,25 @@ static int head_bidir(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws 
         p->elems[S_READOUT] += (double)nb * dv;
     }
     return bad;
+}
+
+/* attn_favor.c's weighted_values2 (static there): the chunk's two weightings of [V | 1]. */
+PF_CLONES static void weighted_values2(float *dst1, float *dst2, int dw, const float *V, int dv,
+                                       const double *c, const double *ref1, double ref2, int n) {
+    for (int j = 0; j < n; j++) {
+        const float w1 = (float)exp(c[j] - ref1[j]);
+        const float w2 = c[j] - ref1[j] == c[j] - ref2 ? w1 : (float)exp(c[j] - ref2);
+        const float *v = V + (size_t)j * (size_t)dv;
+        float *row1 = dst1 + (size_t)j * (size_t)dw, *row2 = dst2 + (size_t)j * (size_t)dw;
+#pragma omp simd
+        for (int k = 0; k < dv; k++) {
+            row1[k] = w1 * v[k];
+            row2[k] = w2 * v[k];
+        }
+        row1[dv] = w1;
+        row2[dv] = w2;
+        for (int k = dv + 1; k < dw; k++) row1[k] = row2[k] = 0.0f;
+    }
 }
 
 /* Causal: pf_favor_causal_rows over the whole head from an empty state (every key valid). */
@@ -237,9 +256,14 @@ static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws
                 P[j] = run;
             }
             t = mark(p, S_PREFIX, t);
-            pf_mm(0, 1, n, nk, r, 1.0f, Qc, ldq, Kc, r, 0.0f, A, ldq);
+            for (int i0 = 0; i0 < n; i0 += A_STRIP) { /* the lower part, strips of A_STRIP rows */
+                const int mi = n - i0 < A_STRIP ? n - i0 : A_STRIP;
+                const int nj = i0 + mi < nk ? i0 + mi : nk;
+                pf_mm(0, 1, mi, nj, r, 1.0f, Qc + (size_t)i0 * (size_t)ldq, ldq, Kc, r, 0.0f,
+                      A + (size_t)i0 * (size_t)ldq, ldq);
+                p->flops[S_A] += 2.0 * mi * nj * r;
+            }
             t = mark(p, S_A, t);
-            p->flops[S_A] += 2.0 * n * nk * r;
             for (int i = 0; i < n; i++) {
                 float *row = A + (size_t)i * (size_t)ldq;
                 const int jmax = i < nk - 1 ? i : nk - 1;
@@ -249,9 +273,9 @@ static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws
             }
             t = mark(p, S_MASK, t);
             p->elems[S_MASK] += (double)n * nk;
-            pf_favor_weighted_values(Vw, dw, Vc, dv, ck, P, 0.0, nk);
+            weighted_values2(Vw, ws->vs, dw, Vc, dv, ck, P, P[n - 1], nk);
             t = mark(p, S_CVALUES, t);
-            p->elems[S_CVALUES] += (double)nk * (dv + 1);
+            p->elems[S_CVALUES] += 2.0 * nk * (dv + 1);
             if (have_state) {
                 for (int i = 0; i < n; i++) {
                     if (P[i] == M) continue;
@@ -264,22 +288,20 @@ static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws
             t = mark(p, S_QSCALE, t);
             const int kdim = (have_state ? r : 0) + nk;
             pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dw,
-                  0.0f, ws->o, dw);
+                  0.0f, ws->o + (size_t)(t0 - b0) * (size_t)dw, dw);
             t = mark(p, S_OUT, t);
             p->flops[S_OUT] += 2.0 * n * kdim * (dv + 1);
-            bad |= PF_OK != pf_favor_readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv);
-            t = mark(p, S_READOUT, t);
-            p->elems[S_READOUT] += (double)n * dv;
             const double Mn = P[n - 1];
             const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
-            pf_favor_weighted_values(ws->vs, dw, Vc, dv, ck, NULL, Mn, nk);
-            t = mark(p, S_CVALUES, t);
-            p->elems[S_CVALUES] += (double)nk * (dv + 1);
             pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dw, beta, S, dw);
             mark(p, S_STATE, t);
             p->flops[S_STATE] += 2.0 * r * (dv + 1) * nk;
             M = Mn;
         }
+        t = now();
+        bad |= PF_OK != pf_favor_readout(out + (size_t)b0 * (size_t)dv, ws->o, nb, dv);
+        mark(p, S_READOUT, t);
+        p->elems[S_READOUT] += (double)nb * dv;
     }
     return bad;
 }
@@ -400,6 +422,7 @@ static void products_alone(const dims *D, peak_isa isa, int md) {
     const product ps[] = {
         {"projection X W^T", 0, 0, BLOCK, D->m, d, d, D->m, r, 0.125f, 0.0f},
         {"K~^T [V | 1]", 1, 0, r, dv + 1, BLOCK, r, dw, dw, 1.0f, 0.5f},
+        {"[V | 1]^T K~ (the library's)", 1, 0, dv + 1, r, BLOCK, dw, r, r, 1.0f, 0.5f},
         {"K~^T V (no ones column)", 1, 0, r, dv, BLOCK, r, dw, dw, 1.0f, 0.5f},
         {"Q~ (K~^T [V | 1])", 0, 0, BLOCK, dv + 1, r, r, dw, dw, 1.0f, 0.0f},
         {"Q~ (K~^T V) (no ones column)", 0, 0, BLOCK, dv, r, r, dw, dw, 1.0f, 0.0f},

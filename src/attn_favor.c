@@ -28,7 +28,8 @@ enum {
     FAVOR_CHUNK = 16,  /* causal chunk when opts->chunk is 0 (see pf_favor_chunk) */
     FAVOR_SPLIT = 16,  /* bidirectional: key blocks wanted over all heads (pf_favor_split) */
     SCAN_SPLIT = 4,    /* causal: scan blocks wanted over all heads (each costs extra work) */
-    SCAN_UNIT = 4      /* causal: scan blocks are whole multiples of this many feature blocks */
+    SCAN_UNIT = 4,     /* causal: scan blocks are whole multiples of this many feature blocks */
+    A_STRIP = 4               /* causal: rows of the chunk's scores A made at a time (lower part) */
 };
 
 pf_favor_opts pf_favor_opts_default(void) {
@@ -218,8 +219,12 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
                              float *kamax) {
     const int r = fm->r, d = fm->d, dv1 = pf_favor_dw(dv);
     double M = -INFINITY;
-    /* (the columns after the ones column stay zero: the split products do not write them) */
-    memset(KVb, 0, sizeof(float) * (size_t)r * (size_t)dv1);
+    /* The sum is made transposed, T = [V | 1]_w^T K~ ((dv + 1) x r, in ws->state), and turned
+     * round at the end: each element is the same chain of multiply-adds over the keys as in
+     * K~^T [V | 1]_w (a product's two factors commute exactly), but the ones column is one more
+     * row of T's register tiles instead of a column done apart in a second pass over K~. */
+    float *T = ws->state;
+    memset(T, 0, sizeof(float) * (size_t)(dv + 1) * (size_t)r);
     for (int j0 = 0; j0 < n; j0 += FAVOR_BLOCK) {
         const int nb = n - j0 < FAVOR_BLOCK ? n - j0 : FAVOR_BLOCK;
         const float *Vb = V + (size_t)j0 * (size_t)dv;
@@ -232,8 +237,14 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
         if (kst) keep_rows(kst + (size_t)j0 * (size_t)r, phi, r, nb, r);
         const float beta = pf_favor_rebase(&M, c, nb);
         if (pf_favor_weighted_values(ws->vaug, dv1, Vb, dv, c, NULL, M, nb)) return PF_ENONFINITE;
-        /* KV = beta KV + K~^T [V | 1]_w   (r x (dv + 1)) */
-        pf_mm(1, 0, r, dv + 1, nb, 1.0f, phi, r, ws->vaug, dv1, beta, KVb, dv1);
+        /* T = beta T + [V | 1]_w^T K~   ((dv + 1) x r) */
+        pf_mm(1, 0, dv + 1, r, nb, 1.0f, ws->vaug, dv1, phi, r, beta, T, r);
+    }
+    /* KV = T^T, the columns after the ones column zero */
+    for (int f = 0; f < r; f++) {
+        float *row = KVb + (size_t)f * (size_t)dv1;
+        for (int k = 0; k <= dv; k++) row[k] = T[(size_t)k * (size_t)r + (size_t)f];
+        for (int k = dv + 1; k < dv1; k++) row[k] = 0.0f;
     }
     *Mb = M;
     return PF_OK;
@@ -279,6 +290,27 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
         st = worse(st, pf_favor_readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
     }
     return st;
+}
+
+/* The causal chunk's two weightings of [V | 1] in one pass over V: dst1 row j
+ * e^(c_j - ref1_j) [v_j | 1], dst2 row j e^(c_j - ref2) [v_j | 1] (the arithmetic of
+ * pf_favor_weighted_values for each; V is checked by the caller). */
+PF_CLONES static void weighted_values2(float *dst1, float *dst2, int dw, const float *V, int dv,
+                                       const double *c, const double *ref1, double ref2, int n) {
+    for (int j = 0; j < n; j++) {
+        const float w1 = (float)exp(c[j] - ref1[j]);
+        const float w2 = c[j] - ref1[j] == c[j] - ref2 ? w1 : (float)exp(c[j] - ref2);
+        const float *v = V + (size_t)j * (size_t)dv;
+        float *row1 = dst1 + (size_t)j * (size_t)dw, *row2 = dst2 + (size_t)j * (size_t)dw;
+#pragma omp simd
+        for (int k = 0; k < dv; k++) {
+            row1[k] = w1 * v[k];
+            row2[k] = w2 * v[k];
+        }
+        row1[dv] = w1;
+        row2[dv] = w2;
+        for (int k = dv + 1; k < dw; k++) row1[k] = row2[k] = 0.0f;
+    }
 }
 
 /* Causal, in chunks of C rows with a state S = sum_{j in earlier chunks} k~_j e^(c_j - M) [v_j|1]
@@ -343,8 +375,16 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
                 P[j] = run;
             }
             if (nk > 0) {
-                /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1 */
-                pf_mm(0, 1, n, nk, r, 1.0f, Qc, ldq, Kc, r, 0.0f, A, ldq);
+                /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1: only
+                 * its lower part is made, in strips of A_STRIP rows (each element's bits do not
+                 * depend on the product's shape), and the rest is zeroed below */
+                for (int i0 = 0; i0 < n; i0 += A_STRIP) {
+                    const int mi = n - i0 < A_STRIP ? n - i0 : A_STRIP;
+                    const int nj = i0 + mi < nk ? i0 + mi : nk;
+                    if (nj > 0)
+                        pf_mm(0, 1, mi, nj, r, 1.0f, Qc + (size_t)i0 * (size_t)ldq, ldq, Kc, r,
+                              0.0f, A + (size_t)i0 * (size_t)ldq, ldq);
+                }
                 for (int i = 0; i < n; i++) {
                     float *row = A + (size_t)i * (size_t)ldq;
                     const int jmax = i < nk - 1 ? i : nk - 1;
@@ -357,8 +397,8 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
                     for (int i = 0; i < n; i++)
                         memcpy(keep->A + (size_t)(t0 + i) * (size_t)C, A + (size_t)i * (size_t)ldq,
                                sizeof(float) * (size_t)nk);
-                pf_favor_weighted_values(Vw, dv1, Vc, dv, ck, P, 0.0,
-                                         nk); /* e^(c_j - P_j) [v_j | 1] */
+                /* e^(c_j - P_j) [v_j | 1] for A, and e^(c_j - M') [v_j | 1] for the state */
+                weighted_values2(Vw, ws->vs, dv1, Vc, dv, ck, P, P[n - 1], nk);
             }
             if (have_state) {
                 /* row i of Q~ times e^(M - P_i) <= 1 (A has been formed from the plain Q~) */
@@ -374,17 +414,17 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             const int kdim = (have_state ? r : 0) + nk;
             assert(kdim > 0);
             pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dv1,
-                  0.0f, ws->o, dv1);
-            st = worse(st, pf_favor_readout(out + (size_t)t0 * (size_t)dv, ws->o, n, dv));
+                  0.0f, ws->o + (size_t)(t0 - b0) * (size_t)dv1, dv1);
             if (nk > 0) {
                 /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
-                pf_favor_weighted_values(ws->vs, dv1, Vc, dv, ck, NULL, Mn, nk);
                 pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dv1, beta, S, dv1);
                 M = Mn;
             }
         }
+        /* the block's outputs read out at once (not chunk by chunk) */
+        st = worse(st, pf_favor_readout(out + (size_t)b0 * (size_t)dv, ws->o, nb, dv));
     }
     *Mp = M;
     return st;

@@ -217,12 +217,9 @@ static void add_const(float *p, int n, float add) {
     for (int f = 0; f < n; f++) p[f] += add;
 }
 
-/* p[0..n) = exp(p - t): the subtraction in float as the vector exp_sub_sum does it, without its
- * sum (a quarter of its time) */
+/* p[0..n) = exp(p - t): the subtraction in float, in the exp's own pass */
 static void exp_shift(const pf_simd_table *vk, float *restrict p, float t, int n) {
-#pragma omp simd
-    for (int f = 0; f < n; f++) p[f] -= t;
-    vk->exp(p, p, (size_t)n);
+    vk->exp_sub(p, p, t, (size_t)n);
 }
 
 /* p[0..n) += b[0..n) */

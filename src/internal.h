@@ -73,6 +73,9 @@ typedef struct pf_simd_table {
      *   gemm(0, r, n, 1, 1, k, 1, r, w, ., beta, S, lds)           (as op(A) = k^T) */
     void (*decode)(float *S, size_t lds, int r, int n, const float *qa, const float *k,
                    const float *w, float beta, float *o);
+    /* y = exp(x - c), the subtraction rounded to float: the bits of x - c then exp, in one pass
+     * (y may be x) */
+    void (*exp_sub)(float *y, const float *x, float c, size_t n);
 } pf_simd_table;
 
 /* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the

@@ -45,6 +45,19 @@ static void exp_avx2(float *y, const float *x, size_t n) {
     }
 }
 
+static void exp_sub_avx2(float *y, const float *x, float c, size_t n) {
+    const __m256 vc = _mm256_set1_ps(c);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vc)));
+    if (i < n) {
+        float tx[8] = {0}, ty[8];
+        for (size_t k = 0; i + k < n; k++) tx[k] = x[i + k] - c;
+        _mm256_storeu_ps(ty, exp8(_mm256_loadu_ps(tx)));
+        for (size_t k = 0; i + k < n; k++) y[i + k] = ty[k];
+    }
+}
+
 static inline __m256d sum8_pd(__m256d acc, __m256 v) {
     acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
     return _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
@@ -203,5 +216,6 @@ static inline float sum8(__m256 v) {
 #include "simd/decode_tmpl.h"
 
 const pf_simd_table pf_simd_avx2 = {"avx2",      exp_avx2,         exp_sub_sum_avx2, max_avx2,
-                                    sincos_avx2, stream_rows_avx2, gemm_avx2,        decode_avx2};
+                                    sincos_avx2, stream_rows_avx2, gemm_avx2,        decode_avx2,
+                                    exp_sub_avx2};
 #endif

@@ -13,6 +13,10 @@ static void exp_ref(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = expf(x[i]);
 }
 
+static void exp_sub_ref(float *y, const float *x, float c, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = expf(x[i] - c);
+}
+
 static double exp_sub_sum_ref(float *y, const float *x, float c, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) {
@@ -142,4 +146,5 @@ static void decode_ref(float *S, size_t lds, int r, int n, const float *qa, cons
 }
 
 const pf_simd_table pf_simd_ref = {"ref",      exp_ref,         exp_sub_sum_ref, max_ref,
-                                   sincos_ref, stream_rows_ref, gemm_ref,        decode_ref};
+                                   sincos_ref, stream_rows_ref, gemm_ref,        decode_ref,
+                                   exp_sub_ref};
