@@ -163,11 +163,16 @@ PF_CLONES pf_status pf_favor_readout(float *out, const float *o, int n, int dv) 
         float *restrict dst = out + (size_t)i * (size_t)dv;
         const float inv = 1.0f / row[dv];
         any |= !(inv * 0.0f == 0.0f) || !(row[dv] * 0.0f == 0.0f);
-#pragma omp simd
-        for (int k = 0; k < dv; k++) dst[k] = row[k] * inv + 0.0f;
+        /* x * 0 is 0 for finite x, NaN otherwise: z tells a non-finite output in the same pass */
+        float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+        for (int k = 0; k < dv; k++) {
+            const float y = row[k] * inv + 0.0f;
+            dst[k] = y;
+            z += y * 0.0f;
+        }
+        any |= z != 0.0f;
     }
-    /* x * 0 is 0 for finite x, NaN otherwise */
-    any |= pf_nonfinite_f32(out, (size_t)n * (size_t)dv);
     for (int i = 0; any && i < n; i++) {
         const float *row = o + (size_t)i * (size_t)dw;
         float *dst = out + (size_t)i * (size_t)dv;

@@ -48,17 +48,37 @@ static inline __attribute__((always_inline)) float GT(finish1)(float s, float al
     return beta == 0.0f ? s : __builtin_fmaf(beta, *c, s);
 }
 
+/* Lines of the next rows of A to fetch ahead, one per step p of a tile: pf.n lines in all,
+ * pf.per of them a row, rows pf.rs floats apart from pf.a (n = 0: none). */
+typedef struct {
+    const char *a;
+    size_t rs;
+    int per, n;
+} GT(ahead);
+
 /* One register tile of the broadcast kernel: MR rows, NB vectors of columns (the last masked by
- * last unless full). MR and NB are constants after inlining. */
+ * last unless full). MR and NB are constants after inlining. While it runs it fetches the lines
+ * of pf (the next tile's rows of A, when A comes from memory: a prefetch in step p, spread
+ * over the tile so that the misses overlap the arithmetic, changes no result). */
 static inline __attribute__((always_inline)) void
 GT(tile)(int MR, int NB, int full, VMASK last, int k, const float *A, size_t rs, size_t cs,
-         const float *B, size_t ldb, float alpha, float beta, float *C, size_t ldc) {
+         const float *B, size_t ldb, float alpha, float beta, float *C, size_t ldc,
+         GT(ahead) pf) {
     VF acc[GEMM_MR][GEMM_NB];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) acc[i][b] = v_zero();
+    int pl = 0;            /* line within the row */
+    const char *pr = pf.a; /* the row */
     for (int p = 0; p < k; p++) {
+        if (p < pf.n) {
+            __builtin_prefetch(pr + 64 * pl, 0, 3);
+            if (++pl == pf.per) {
+                pl = 0;
+                pr += pf.rs * sizeof(float);
+            }
+        }
         const float *bp = B + (size_t)p * ldb;
         VF bv[GEMM_NB];
 #pragma GCC unroll 8
@@ -93,11 +113,14 @@ GT(tile)(int MR, int NB, int full, VMASK last, int k, const float *A, size_t rs,
 static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k, const float *A,
                                                            size_t rs, size_t cs, const float *B,
                                                            size_t ldb, float alpha, float beta,
-                                                           float *C, size_t ldc) {
+                                                           float *C, size_t ldc, GT(ahead) pf) {
     const int step = GEMM_NB * VW;
     int j = 0;
-    for (; j + step <= n; j += step)
-        GT(tile)(MR, GEMM_NB, 1, v_mask(VW), k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+    for (; j + step <= n; j += step) {
+        GT(tile)(MR, GEMM_NB, 1, v_mask(VW), k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc,
+                 pf);
+        pf.n = 0; /* (fetched by the first tile) */
+    }
     const int left = n - j;
     if (left == 0) return;
     const int nb = (left + VW - 1) / VW;
@@ -105,7 +128,7 @@ static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k,
     /* (a switch, so that each tile has constant sizes) */
 #define GT_TAIL(NB)                                                                                \
     case NB:                                                                                       \
-        GT(tile)(MR, NB, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);              \
+        GT(tile)(MR, NB, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc, pf);          \
         break
     switch (nb) {
 #if GEMM_NB > 3
@@ -116,7 +139,7 @@ static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k,
 #endif
         GT_TAIL(2);
     default:
-        GT(tile)(MR, 1, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc);
+        GT(tile)(MR, 1, 0, last, k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc, pf);
     }
 #undef GT_TAIL
 }
@@ -240,14 +263,19 @@ static void GEMM_NAME(int tb, int m, int n, int k, float alpha, const float *A, 
     }
     const int lone = n % VW <= 2 && n > VW ? n % VW : 0; /* columns done apart */
     const int nv = n - lone;
+    /* A's rows contiguous (cs == 1): each row group fetches the next one's rows ahead */
+    const int per = cs == 1 ? (int)(((size_t)k * sizeof(float) + 63) / 64) : 0;
     for (int i = 0; i < m; i += GEMM_MR) {
         const int mr = m - i < GEMM_MR ? m - i : GEMM_MR;
         const float *a = A + (size_t)i * rs;
         float *c = C + (size_t)i * ldc;
+        const int nxt = m - i - mr < GEMM_MR ? m - i - mr : GEMM_MR; /* rows of the next group */
+        GT(ahead) pf = {(const char *)(a + (size_t)mr * rs), rs, per, per * nxt};
+        if (pf.n > k) pf.n = k;
         /* (a switch, so that each tile has constant sizes) */
 #define GT_ROWS(MR)                                                                                \
     case MR:                                                                                       \
-        GT(rows)(MR, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);                               \
+        GT(rows)(MR, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc, pf);                           \
         break
         switch (mr) {
 #if GEMM_MR > 5
@@ -258,7 +286,7 @@ static void GEMM_NAME(int tb, int m, int n, int k, float alpha, const float *A, 
             GT_ROWS(3);
             GT_ROWS(2);
         default:
-            GT(rows)(1, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc);
+            GT(rows)(1, nv, k, a, rs, cs, B, ldb, alpha, beta, c, ldc, pf);
         }
 #undef GT_ROWS
     }
