@@ -29,7 +29,7 @@ enum {
     FAVOR_SPLIT = 16,  /* bidirectional: key blocks wanted over all heads (pf_favor_split) */
     SCAN_SPLIT = 4,    /* causal: scan blocks wanted over all heads (each costs extra work) */
     SCAN_UNIT = 4,     /* causal: scan blocks are whole multiples of this many feature blocks */
-    A_STRIP = 4               /* causal: rows of the chunk's scores A made at a time (lower part) */
+    A_STRIP = 4        /* causal: rows of the chunk's scores A made at a time (lower part) */
 };
 
 pf_favor_opts pf_favor_opts_default(void) {

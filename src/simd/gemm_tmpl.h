@@ -62,8 +62,7 @@ typedef struct {
  * over the tile so that the misses overlap the arithmetic, changes no result). */
 static inline __attribute__((always_inline)) void
 GT(tile)(int MR, int NB, int full, VMASK last, int k, const float *A, size_t rs, size_t cs,
-         const float *B, size_t ldb, float alpha, float beta, float *C, size_t ldc,
-         GT(ahead) pf) {
+         const float *B, size_t ldb, float alpha, float beta, float *C, size_t ldc, GT(ahead) pf) {
     VF acc[GEMM_MR][GEMM_NB];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
@@ -117,8 +116,7 @@ static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k,
     const int step = GEMM_NB * VW;
     int j = 0;
     for (; j + step <= n; j += step) {
-        GT(tile)(MR, GEMM_NB, 1, v_mask(VW), k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc,
-                 pf);
+        GT(tile)(MR, GEMM_NB, 1, v_mask(VW), k, A, rs, cs, B + j, ldb, alpha, beta, C + j, ldc, pf);
         pf.n = 0; /* (fetched by the first tile) */
     }
     const int left = n - j;

@@ -215,7 +215,7 @@ static inline float sum8(__m256 v) {
 #define DECODE_NAME decode_avx2
 #include "simd/decode_tmpl.h"
 
-const pf_simd_table pf_simd_avx2 = {"avx2",      exp_avx2,         exp_sub_sum_avx2, max_avx2,
-                                    sincos_avx2, stream_rows_avx2, gemm_avx2,        decode_avx2,
-                                    exp_sub_avx2};
+const pf_simd_table pf_simd_avx2 = {"avx2",    exp_avx2,    exp_sub_sum_avx2,
+                                    max_avx2,  sincos_avx2, stream_rows_avx2,
+                                    gemm_avx2, decode_avx2, exp_sub_avx2};
 #endif
