@@ -4,11 +4,11 @@
  * internal pieces (pf_mm, the vector kernels, pf_favor_weighted_values, pf_favor_rebase,
  * pf_favor_combine) in the library's order, with a clock read around each stage: per block of
  * 256 rows for the feature maps and the bidirectional products, per causal chunk for the chunk's
- * pieces. The few static helpers it needs (the row statistics of pf_fmap_rows) are
- * copied. The output is checked bit for bit against pf_attn_favor on one thread, and the sum of
- * the stages' times is set against the library's own time, measured in the same run: so the
- * table describes the library's forward, not another program. The library itself carries no
- * timers.
+ * pieces. The few static helpers it needs (the row statistics of pf_fmap_rows, the causal
+ * chunk's two weightings of [V | 1]) are copied. The output is checked bit for bit against
+ * pf_attn_favor on one thread, and the sum of the stages' times is set against the library's
+ * own time, measured in the same run: so the table describes the library's forward, not another
+ * program. The library itself carries no timers.
  *
  * Positive features, B = 1, H heads, d = dv, m features, one thread, the FAVOR_BLOCK and chunk
  * of the library (256 and 16), bidirectional key blocks as pf_favor_bidir_blocks cuts them; a
