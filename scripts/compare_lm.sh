@@ -53,9 +53,11 @@ FIG=${FIG:-docs/figures}
 [ -x "$P" ] || { echo "compare_lm.sh: no $P (run make first)" >&2; exit 1; }
 mkdir -p "$OUT" "$FIG"
 
-common="--data $DATA --layers $LAYERS --d-model $DMODEL --heads $HEADS --context $CONTEXT
-        --batch $BATCH --steps $STEPS --lr $LR --warmup $WARMUP --eval-every $EVAL_EVERY
-        --eval-batches $EVAL_BATCHES --seed 1 --positions learned --no-plot"
+# the model and its training, then (the long runs only) their length and evaluation: the speed
+# runs give their own, and the tool refuses a flag given twice
+model="--data $DATA --layers $LAYERS --d-model $DMODEL --heads $HEADS --context $CONTEXT
+       --batch $BATCH --lr $LR --warmup $WARMUP --seed 1 --positions learned --no-plot"
+common="$model --steps $STEPS --eval-every $EVAL_EVERY --eval-batches $EVAL_BATCHES"
 args_of() {
     case $1 in
     exact) args="--attention exact"; label="exact softmax" ;;
@@ -96,8 +98,12 @@ for round in $(seq 1 "$SPEED_ROUNDS"); do
         d="$OUT/speed-$run"
         rm -rf "$d"
         # shellcheck disable=SC2086
-        $P train --out "$d" $common $args --threads "$THREADS" --steps "$SPEED_STEPS" \
-            --eval-every "$SPEED_STEPS" --eval-batches 1 >/dev/null 2>&1
+        if ! $P train --out "$d" $model $args --threads "$THREADS" --steps "$SPEED_STEPS" \
+            --eval-every "$SPEED_STEPS" --eval-batches 1 >"$OUT/speed.log" 2>&1; then
+            echo "compare_lm.sh: the speed run of $run failed:" >&2
+            cat "$OUT/speed.log" >&2
+            exit 1
+        fi
         awk -F, -v r="$run" 'NR > 1 && $1 > 4 && $3 != "" {print r, $5}' "$d/log.csv" >>"$speed"
         rm -rf "$d"
     done
