@@ -3,13 +3,14 @@
  * parallel loops split work into blocks that depend only on the shapes. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/model.h"
 
-/* Rows per sgemm block, and output channels per block of a parameter-gradient reduction.
- * Fixed, so the same products happen whatever the thread count. */
-enum { ROW_BLOCK = 128, COL_BLOCK = 64, CHAN_BLOCK = 32 };
+/* Channels per block of the embeddings' gradient reduction. Fixed, so the same sums happen
+ * whatever the thread count. */
+enum { CHAN_BLOCK = 32 };
 
 /* The threads for a loop touching `work` floats: one below 32K, where waking a team costs more
  * than it saves (a decoder step works on single rows); else OpenMP's count. The partition of the
@@ -26,6 +27,13 @@ static int nblocks(int n, int block) {
 
 static int imin(int a, int b) {
     return a < b ? a : b;
+}
+
+/* Rows per sgemm block of a linear layer's products (a function of N only): 512 once that
+ * leaves 8 blocks or more, else 128. Each call packs the whole weight, so wider blocks pack it
+ * less often (at 128 rows that packing was 3% of a training step). */
+static int row_block(int N) {
+    return N >= 8 * 512 ? 512 : 128;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -111,6 +119,20 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
     }
 }
 
+/* Rows per block of layernorm_backward: each block's parameter-gradient sums are taken in the
+ * pass over its rows, then the blocks' sums are added in order. */
+enum { LN_ROWS = 256, SUM_CHUNK = 256 };
+
+/* One row's terms of the parameter gradients, n channels: pw += dout n, pb += dout (double). */
+static inline void layernorm_param_row(double *restrict pw, double *restrict pb, const float *x,
+                                       const float *d, float m, float s, int n) {
+#pragma omp simd
+    for (int c = 0; c < n; c++) {
+        pw[c] += (double)d[c] * (double)((x[c] - m) * s);
+        pb[c] += d[c];
+    }
+}
+
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const float *mean, const float *rstd,
                         int N, int C) {
@@ -118,49 +140,68 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
     (void)nt;
     // Input gradient, row by row. With n = (x - mean) rstd and out = n w + b:
     //   dinp = rstd (dn - mean(dn) - n mean(dn n)),  dn = dout w
+    // Parameter gradients: dweight += sum_i dout n, dbias += sum_i dout: each block of LN_ROWS
+    // rows sums its rows in order, in the pass that reads them (into part: the block's sums of
+    // dout n, then of dout), then the blocks' sums are added in order. Without memory for part,
+    // the blocks' sums are taken again afterwards, a chunk of channels at a time: the same sums.
+    const int nb = nblocks(N, LN_ROWS);
+    double *part = malloc(sizeof(double) * 2 * (size_t)C * (size_t)nb);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * C;
-        const float *d = dout + (size_t)i * C;
-        float *g = dinp + (size_t)i * C;
-        float m = mean[i], s = rstd[i];
-        double dn_mean = 0, dnn_mean = 0;
-        for (int c = 0; c < C; c++) {
-            double n = (double)((x[c] - m) * s);
-            double dn = (double)weight[c] * d[c];
-            dn_mean += dn;
-            dnn_mean += dn * n;
-        }
-        dn_mean /= C;
-        dnn_mean /= C;
-#pragma omp simd
-        for (int c = 0; c < C; c++) {
-            double n = (double)((x[c] - m) * s);
-            double dn = (double)weight[c] * d[c];
-            g[c] += (float)(s * (dn - dn_mean - n * dnn_mean));
-        }
-    }
-    // Parameter gradients: dweight += sum_i dout n, dbias += sum_i dout, over rows in order,
-    // each thread a block of channels.
-    int nb = nblocks(C, CHAN_BLOCK);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int cb = 0; cb < nb; cb++) {
-        int c0 = cb * CHAN_BLOCK, c1 = imin(C, c0 + CHAN_BLOCK);
-        double dw[CHAN_BLOCK] = {0}, db[CHAN_BLOCK] = {0};
-        for (int i = 0; i < N; i++) {
+    for (int rb = 0; rb < nb; rb++) {
+        const int r1 = imin(N, (rb + 1) * LN_ROWS);
+        double *pw = part ? part + (size_t)rb * 2 * C : NULL, *pb = pw ? pw + C : NULL;
+        if (pw)
+            for (int c = 0; c < 2 * C; c++) pw[c] = 0;
+        for (int i = rb * LN_ROWS; i < r1; i++) {
             const float *x = inp + (size_t)i * C;
             const float *d = dout + (size_t)i * C;
+            float *g = dinp + (size_t)i * C;
             float m = mean[i], s = rstd[i];
-            for (int c = c0; c < c1; c++) {
-                dw[c - c0] += (double)d[c] * (double)((x[c] - m) * s);
-                db[c - c0] += d[c];
+            double dn_mean = 0, dnn_mean = 0;
+#pragma omp simd reduction(+ : dn_mean, dnn_mean)
+            for (int c = 0; c < C; c++) {
+                double n = (double)((x[c] - m) * s);
+                double dn = (double)weight[c] * d[c];
+                dn_mean += dn;
+                dnn_mean += dn * n;
             }
-        }
-        for (int c = c0; c < c1; c++) {
-            dweight[c] += (float)dw[c - c0];
-            dbias[c] += (float)db[c - c0];
+            dn_mean /= C;
+            dnn_mean /= C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) {
+                double n = (double)((x[c] - m) * s);
+                double dn = (double)weight[c] * d[c];
+                g[c] += (float)(s * (dn - dn_mean - n * dnn_mean));
+            }
+            if (pw) layernorm_param_row(pw, pb, x, d, m, s, C);
         }
     }
+    for (int c0 = 0; c0 < C; c0 += SUM_CHUNK) {
+        const int n = imin(C - c0, SUM_CHUNK);
+        double aw[SUM_CHUNK] = {0}, ab[SUM_CHUNK] = {0}, tw[SUM_CHUNK], tb[SUM_CHUNK];
+        for (int rb = 0; rb < nb; rb++) {
+            const double *pw = tw, *pb = tb;
+            if (part) {
+                pw = part + (size_t)rb * 2 * C + c0;
+                pb = pw + C;
+            } else {
+                for (int c = 0; c < n; c++) tw[c] = tb[c] = 0;
+                for (int i = rb * LN_ROWS; i < imin(N, (rb + 1) * LN_ROWS); i++)
+                    layernorm_param_row(tw, tb, inp + (size_t)i * C + c0,
+                                        dout + (size_t)i * C + c0, mean[i], rstd[i], n);
+            }
+#pragma omp simd
+            for (int c = 0; c < n; c++) {
+                aw[c] += pw[c];
+                ab[c] += pb[c];
+            }
+        }
+        for (int c = 0; c < n; c++) {
+            dweight[c0 + c] += (float)aw[c];
+            dbias[c0 + c] += (float)ab[c];
+        }
+    }
+    free(part);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -172,12 +213,12 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     const int nt = threads_for((size_t)N * C * OC);
     (void)nt;
     // out is (N,OC), inp (N,C), weight (OC,C), bias (OC): out = inp weight^T + bias,
-    // in blocks of ROW_BLOCK rows (one sgemm each)
-    int nb = nblocks(N, ROW_BLOCK);
+    // in blocks of row_block(N) rows (one sgemm each)
+    const int rows_per = row_block(N), nb = nblocks(N, rows_per);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int rb = 0; rb < nb; rb++) {
         pf_blas_pin();
-        int r0 = rb * ROW_BLOCK, rows = imin(N, r0 + ROW_BLOCK) - r0;
+        int r0 = rb * rows_per, rows = imin(N, r0 + rows_per) - r0;
         float *o = out + (size_t)r0 * OC;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f,
                     inp + (size_t)r0 * C, C, weight, C, 0.0f, o, OC);
@@ -190,40 +231,82 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     }
 }
 
+/* The weight gradient dweight (OC,C) += dout^T inp is WGRAD_BLOCKS sgemm calls, each a block of
+ * the larger of OC and C (a multiple of 16 wide, at least WGRAD_MIN): every call packs the whole
+ * of the other operand (inp when OC is split, dout when C is), so few wide blocks pack least;
+ * at 64 output channels a block, inp was packed OC / 64 times, a quarter of the sgemm time. */
+enum { WGRAD_BLOCKS = 4, WGRAD_MIN = 64 };
+
+static int wgrad_width(int n) {
+    int w = (n + WGRAD_BLOCKS - 1) / WGRAD_BLOCKS;
+    w = (w + 15) / 16 * 16;
+    return w < WGRAD_MIN ? WGRAD_MIN : w;
+}
+
+/* s[0..n) = the column sums of rows x n of d (row stride ld), in double over the rows in order. */
+static void column_sums(double *restrict s, const float *d, int rows, int ld, int n) {
+    for (int j = 0; j < n; j++) s[j] = 0;
+    for (int i = 0; i < rows; i++) {
+        const float *r = d + (size_t)i * ld;
+#pragma omp simd
+        for (int j = 0; j < n; j++) s[j] += r[j];
+    }
+}
+
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC) {
     const int nt = threads_for((size_t)N * C * OC);
     (void)nt;
     // backward of out = inp weight^T + bias, dout (N,OC):
     //   dinp (N,C) = dout weight        (row blocks)
-    //   dweight (OC,C) += dout^T inp    (blocks of output channels, the sum over N in one sgemm)
-    //   dbias (OC) += sum_i dout[i]     (blocks of output channels, rows in order)
+    //   dweight (OC,C) += dout^T inp    (blocks of OC or of C, the sum over N in one sgemm)
+    //   dbias (OC) += sum_i dout[i]     (each row block's column sums in double, taken after its
+    //                                    dinp product has read the block, then the blocks'
+    //                                    sums in order; without memory for them (part), or
+    //                                    without dinp, the same sums taken afterwards)
+    const int rows = row_block(N), nrb = nblocks(N, rows);
+    double *part = dbias && dinp ? malloc(sizeof(double) * (size_t)OC * (size_t)nrb) : NULL;
     if (dinp) {
-        int nb = nblocks(N, ROW_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
-        for (int rb = 0; rb < nb; rb++) {
+        for (int rb = 0; rb < nrb; rb++) {
             pf_blas_pin();
-            int r0 = rb * ROW_BLOCK, rows = imin(N, r0 + ROW_BLOCK) - r0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, OC, 1.0f,
+            int r0 = rb * rows, n = imin(N, r0 + rows) - r0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f,
                         dout + (size_t)r0 * OC, OC, weight, C, 0.0f, dinp + (size_t)r0 * C, C);
+            if (part) column_sums(part + (size_t)rb * OC, dout + (size_t)r0 * OC, n, OC, OC);
         }
     }
-    int nb = nblocks(OC, COL_BLOCK);
+    const int split_oc = OC >= C, dim = split_oc ? OC : C;
+    const int w = wgrad_width(dim), nb = nblocks(dim, w);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int ob = 0; ob < nb; ob++) {
+    for (int b = 0; b < nb; b++) {
         pf_blas_pin();
-        int o0 = ob * COL_BLOCK, cols = imin(OC, o0 + COL_BLOCK) - o0;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, C, N, 1.0f, dout + o0, OC, inp,
-                    C, 1.0f, dweight + (size_t)o0 * C, C);
-        if (dbias) {
-            double acc[COL_BLOCK] = {0};
-            for (int i = 0; i < N; i++) {
-                const float *d = dout + (size_t)i * OC + o0;
-                for (int j = 0; j < cols; j++) acc[j] += d[j];
+        int k0 = b * w, n = imin(dim, k0 + w) - k0;
+        if (split_oc)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, C, N, 1.0f, dout + k0, OC, inp,
+                        C, 1.0f, dweight + (size_t)k0 * C, C);
+        else
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, n, N, 1.0f, dout, OC,
+                        inp + k0, C, 1.0f, dweight + k0, C);
+    }
+    if (dbias) {
+        for (int j0 = 0; j0 < OC; j0 += SUM_CHUNK) {
+            const int n = imin(OC - j0, SUM_CHUNK);
+            double acc[SUM_CHUNK] = {0}, tmp[SUM_CHUNK];
+            for (int rb = 0; rb < nrb; rb++) {
+                const double *p = tmp;
+                if (part)
+                    p = part + (size_t)rb * OC + j0;
+                else
+                    column_sums(tmp, dout + (size_t)rb * rows * OC + j0,
+                                imin(N, (rb + 1) * rows) - rb * rows, OC, n);
+#pragma omp simd
+                for (int j = 0; j < n; j++) acc[j] += p[j];
             }
-            for (int j = 0; j < cols; j++) dbias[o0 + j] += (float)acc[j];
+            for (int j = 0; j < n; j++) dbias[j0 + j] += (float)acc[j];
         }
     }
+    free(part);
 }
 
 /* ---------------------------------------------------------------------------------------------
