@@ -266,28 +266,32 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     //                                    without dinp, the same sums taken afterwards)
     const int rows = row_block(N), nrb = nblocks(N, rows);
     double *part = dbias && dinp ? malloc(sizeof(double) * (size_t)OC * (size_t)nrb) : NULL;
-    if (dinp) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int rb = 0; rb < nrb; rb++) {
-            pf_blas_pin();
-            int r0 = rb * rows, n = imin(N, r0 + rows) - r0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f,
-                        dout + (size_t)r0 * OC, OC, weight, C, 0.0f, dinp + (size_t)r0 * C, C);
-            if (part) column_sums(part + (size_t)rb * OC, dout + (size_t)r0 * OC, n, OC, OC);
-        }
-    }
     const int split_oc = OC >= C, dim = split_oc ? OC : C;
     const int w = wgrad_width(dim), nb = nblocks(dim, w);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int b = 0; b < nb; b++) {
+    // one team for both products (they are independent: no barrier between them)
+#pragma omp parallel num_threads(nt)
+    {
         pf_blas_pin();
-        int k0 = b * w, n = imin(dim, k0 + w) - k0;
-        if (split_oc)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, C, N, 1.0f, dout + k0, OC, inp,
-                        C, 1.0f, dweight + (size_t)k0 * C, C);
-        else
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, n, N, 1.0f, dout, OC,
-                        inp + k0, C, 1.0f, dweight + k0, C);
+        if (dinp) {
+#pragma omp for schedule(static) nowait
+            for (int rb = 0; rb < nrb; rb++) {
+                int r0 = rb * rows, n = imin(N, r0 + rows) - r0;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f,
+                            dout + (size_t)r0 * OC, OC, weight, C, 0.0f, dinp + (size_t)r0 * C,
+                            C);
+                if (part) column_sums(part + (size_t)rb * OC, dout + (size_t)r0 * OC, n, OC, OC);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int b = 0; b < nb; b++) {
+            int k0 = b * w, n = imin(dim, k0 + w) - k0;
+            if (split_oc)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, C, N, 1.0f, dout + k0, OC,
+                            inp, C, 1.0f, dweight + (size_t)k0 * C, C);
+            else
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, n, N, 1.0f, dout, OC,
+                            inp + k0, C, 1.0f, dweight + k0, C);
+        }
     }
     if (dbias) {
         for (int j0 = 0; j0 < OC; j0 += SUM_CHUNK) {
