@@ -82,4 +82,16 @@ static inline const char *blas_kernels(char *buf, size_t size) {
     return buf;
 }
 
+/* This process's peak resident size in KiB (VmHWM), or -1. */
+static inline long vm_hwm_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kib = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return kib;
+}
+
 #endif

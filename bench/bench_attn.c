@@ -330,18 +330,6 @@ static double peak_mib_once(const bench_case *c) {
     return kib > 0 ? (double)kib / 1024.0 : NAN;
 }
 
-/* This process's peak resident size in KiB (VmHWM), or -1. */
-static long vm_hwm_kib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) kib = strtol(line + 6, NULL, 10);
-    fclose(f);
-    return kib;
-}
-
 /* The median of three such figures (a process's peak size varies by a few MiB run to run). */
 static double peak_mib(const bench_case *c) {
     double t[3];

@@ -139,18 +139,6 @@ static double estimate_bytes(const model_shape *s, method meth, int B, int T, in
 
 /* ---- one case, in a process of its own ------------------------------------------------- */
 
-/* This process's peak resident size in KiB (VmHWM), or -1. */
-static long vm_hwm_kib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) kib = strtol(line + 6, NULL, 10);
-    fclose(f);
-    return kib;
-}
-
 /* CPU seconds of this process (every thread), or of the calling thread. */
 static double cpu_seconds(clockid_t clock) {
     struct timespec ts;

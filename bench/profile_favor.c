@@ -206,25 +206,6 @@ static int head_bidir(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws 
     return bad;
 }
 
-/* attn_favor.c's weighted_values2 (static there): the chunk's two weightings of [V | 1]. */
-PF_CLONES static void weighted_values2(float *dst1, float *dst2, int dw, const float *V, int dv,
-                                       const double *c, const double *ref1, double ref2, int n) {
-    for (int j = 0; j < n; j++) {
-        const float w1 = (float)exp(c[j] - ref1[j]);
-        const float w2 = c[j] - ref1[j] == c[j] - ref2 ? w1 : (float)exp(c[j] - ref2);
-        const float *v = V + (size_t)j * (size_t)dv;
-        float *row1 = dst1 + (size_t)j * (size_t)dw, *row2 = dst2 + (size_t)j * (size_t)dw;
-#pragma omp simd
-        for (int k = 0; k < dv; k++) {
-            row1[k] = w1 * v[k];
-            row2[k] = w2 * v[k];
-        }
-        row1[dv] = w1;
-        row2[dv] = w2;
-        for (int k = dv + 1; k < dw; k++) row1[k] = row2[k] = 0.0f;
-    }
-}
-
 /* Causal: pf_favor_causal_rows over the whole head from an empty state (every key valid). */
 static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws *ws, float *out,
                        const float *Q, const float *K, const float *V) {
@@ -273,7 +254,7 @@ static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws
             }
             t = mark(p, S_MASK, t);
             p->elems[S_MASK] += (double)n * nk;
-            weighted_values2(Vw, ws->vs, dw, Vc, dv, ck, P, P[n - 1], nk);
+            pf_favor_weighted_values2(Vw, ws->vs, dw, Vc, dv, ck, P, P[n - 1], nk);
             t = mark(p, S_CVALUES, t);
             p->elems[S_CVALUES] += 2.0 * nk * (dv + 1);
             if (have_state) {

@@ -300,8 +300,9 @@ static pf_status query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, con
 /* The causal chunk's two weightings of [V | 1] in one pass over V: dst1 row j
  * e^(c_j - ref1_j) [v_j | 1], dst2 row j e^(c_j - ref2) [v_j | 1] (the arithmetic of
  * pf_favor_weighted_values for each; V is checked by the caller). */
-PF_CLONES static void weighted_values2(float *dst1, float *dst2, int dw, const float *V, int dv,
-                                       const double *c, const double *ref1, double ref2, int n) {
+PF_CLONES void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const float *V,
+                                         int dv, const double *c, const double *ref1,
+                                         double ref2, int n) {
     for (int j = 0; j < n; j++) {
         const float w1 = (float)exp(c[j] - ref1[j]);
         const float w2 = c[j] - ref1[j] == c[j] - ref2 ? w1 : (float)exp(c[j] - ref2);
@@ -403,7 +404,7 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
                         memcpy(keep->A + (size_t)(t0 + i) * (size_t)C, A + (size_t)i * (size_t)ldq,
                                sizeof(float) * (size_t)nk);
                 /* e^(c_j - P_j) [v_j | 1] for A, and e^(c_j - M') [v_j | 1] for the state */
-                weighted_values2(Vw, ws->vs, dv1, Vc, dv, ck, P, P[n - 1], nk);
+                pf_favor_weighted_values2(Vw, ws->vs, dv1, Vc, dv, ck, P, P[n - 1], nk);
             }
             if (have_state) {
                 /* row i of Q~ times e^(M - P_i) <= 1 (A has been formed from the plain Q~) */

@@ -126,6 +126,12 @@ PF_INTERNAL int pf_favor_dw(int dv);
  * ref is not NULL, else ref0. V is (n, dv). Returns 1 if V holds a NaN or Inf, else 0. */
 PF_INTERNAL int pf_favor_weighted_values(float *dst, int dw, const float *V, int dv,
                                          const double *c, const double *ref, double ref0, int n);
+/* The causal chunk's two weightings of [V | 1] in one pass over V: dst1 row j
+ * e^(c_j - ref1_j) [v_j | 1], dst2 row j e^(c_j - ref2) [v_j | 1], each with the arithmetic of
+ * pf_favor_weighted_values (V is checked by the caller). */
+PF_INTERNAL void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const float *V,
+                                           int dv, const double *c, const double *ref1,
+                                           double ref2, int n);
 
 /* Per-thread scratch of the forward (attn_favor.c): blocks of nb rows; C = 0 for bidirectional,
  * else the causal chunk. */
