@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "performer.h"
 
@@ -80,6 +81,16 @@ static inline const char *blas_kernels(char *buf, size_t size) {
     else
         snprintf(buf, size, "%s", pf_blas_core());
     return buf;
+}
+
+/* Reads fd into buf (size bytes, at most size - 1 of them kept and a '\0' after) until its end,
+ * then closes it: what a child process printed through a pipe. */
+static inline void read_all(int fd, char *buf, size_t size) {
+    size_t got = 0;
+    for (ssize_t k; got < size - 1 && (k = read(fd, buf + got, size - 1 - got)) > 0;)
+        got += (size_t)k;
+    buf[got] = '\0';
+    close(fd);
 }
 
 /* This process's peak resident size in KiB (VmHWM), or -1. */

@@ -320,10 +320,7 @@ static double peak_mib_once(const bench_case *c) {
     }
     close(fd[1]);
     char buf[64] = {0};
-    size_t got = 0;
-    for (ssize_t k; got < sizeof buf - 1 && (k = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0;)
-        got += (size_t)k;
-    close(fd[0]);
+    read_all(fd[0], buf, sizeof buf);
     int status = 0;
     if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return NAN;
     long kib = strtol(buf, NULL, 10);

@@ -287,10 +287,7 @@ static void run_case(row *w, const model_shape *s, double budget, double as_byte
     }
     close(fd[1]);
     char buf[512] = {0};
-    size_t got = 0;
-    for (ssize_t k; got < sizeof buf - 1 && (k = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0;)
-        got += (size_t)k;
-    close(fd[0]);
+    read_all(fd[0], buf, sizeof buf);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) {
