@@ -25,8 +25,13 @@
  * --library N runs only pf_attn_favor, N times, with no clock reads and no output: for a
  * sampling profiler (perf record -e cpu-clock, see docs/profile_favor.md).
  *
+ * --backward measures the backward from kept features instead (pf_attn_favor_save, then
+ * pf_attn_favor_backward_saved), bidirectional or causal, against the plain forward in the same
+ * repeats, each call paired with a probe run as above, then the backward's products alone; with
+ * --library N it runs only that backward, N times.
+ *
  * Usage: profile_favor [--L N] [--heads H] [--reps R] [--causal|--bidirectional] [--md]
- *                      [--library N]
+ *                      [--library N] [--backward]
  */
 #include <math.h>
 #include <stdio.h>
@@ -446,9 +451,161 @@ static double lib_forward(const dims *D, float *out, const float *Q, const float
     return t;
 }
 
+/* ---- the backward from kept features ------------------------------------------------------ */
+
+typedef struct {
+    pf_shape shape;
+    pf_attn_opts opts;
+    pf_favor_opts fav;
+    pf_favor_saved *sv;
+    float *dout, *dQ, *dK, *dV;
+} bwd_case;
+
+static void bwd_case_init(bwd_case *c, const dims *D, int causal, const float *W) {
+    c->shape = (pf_shape){1, D->H, D->L, D->L, D->d, D->dv};
+    c->opts = pf_attn_opts_default();
+    c->opts.causal = causal;
+    c->opts.threads = 1;
+    c->fav = pf_favor_opts_default();
+    c->fav.W = W;
+    c->fav.m = D->m;
+    const size_t n = (size_t)D->H * (size_t)D->L * (size_t)D->d;
+    c->dout = xmalloc(sizeof(float) * n);
+    c->dQ = xmalloc(sizeof(float) * n);
+    c->dK = xmalloc(sizeof(float) * n);
+    c->dV = xmalloc(sizeof(float) * n);
+    fill(c->dout, n, 4, 1.0f);
+    if (pf_favor_saved_create(&c->sv, &c->shape, &c->opts, &c->fav, 0) != PF_OK) {
+        fprintf(stderr, "profile_favor: pf_favor_saved_create failed\n");
+        exit(1);
+    }
+}
+
+static void bwd_case_free(bwd_case *c) {
+    pf_favor_saved_free(c->sv);
+    free(c->dout), free(c->dQ), free(c->dK), free(c->dV);
+}
+
+/* The keeping forward (into out) and then the backward from what it kept: their two times. */
+static void bwd_once(bwd_case *c, float *out, const float *Q, const float *K, const float *V,
+                     double *t_save, double *t_bwd) {
+    const double t0 = now();
+    pf_status st = pf_attn_favor_save(out, Q, K, V, &c->shape, &c->opts, &c->fav, c->sv);
+    const double t1 = now();
+    if (st == PF_OK)
+        st = pf_attn_favor_backward_saved(c->dQ, c->dK, c->dV, c->dout, Q, K, V, out, &c->shape,
+                                          &c->opts, &c->fav, c->sv);
+    *t_save = t1 - t0;
+    *t_bwd = now() - t1;
+    if (st != PF_OK) {
+        fprintf(stderr, "profile_favor: the kept backward: %s\n", pf_status_str(st));
+        exit(1);
+    }
+}
+
+/* The backward's products, bidirectional, per block of BLOCK rows (src/attn_favor_bwd.c), alone
+ * with their operands in cache. */
+static void backward_products(const dims *D, peak_isa isa, int md) {
+    const int r = D->r, d = D->d, dv = D->dv, dw = pf_favor_dw(dv);
+    const product ps[] = {
+        {"dKV~^T = dN~^T Q~ (turned)", 1, 0, dv + 1, r, BLOCK, dw, r, r, 1.0f, 0.5f},
+        {"dQ~ = dN~ KV~^T", 0, 0, BLOCK, r, dv + 1, dw, r, r, 1.0f, 0.0f},
+        {"dQ = (dQ~ . Q~) W (and dK)", 0, 0, BLOCK, d, D->m, r, d, d, 0.125f, 0.0f},
+        {"dK~ = [V | 1]_w dKV~^T", 0, 0, BLOCK, r, dv + 1, dw, r, r, 1.0f, 0.0f},
+        {"dV = K~ dKV~", 0, 0, BLOCK, dv, r, r, dv, dv, 1.0f, 0.0f},
+    };
+    printf("\nThe backward's products alone, operands in cache (as above):\n");
+    printf(md ? "| %-30s | %-16s | %8s | %7s |\n" : "%-30s %-16s %9s %8s\n", "product", "m x n x k",
+           "GFLOP/s", "% peak");
+    if (md) printf("|---|---|--:|--:|\n");
+    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
+        double frac;
+        const double g = product_gflops(&ps[i], isa, &frac);
+        char shape[32], nm[96];
+        snprintf(shape, sizeof shape, "%d x %d x %d", ps[i].m, ps[i].n, ps[i].k);
+        printf(md ? "| %-30s | %-16s | %8.1f | %7.0f |\n" : "%-30s %-16s %9.1f %8.0f\n",
+               cell_name(nm, ps[i].name, md), shape, g, 100 * frac);
+    }
+}
+
+/* Plain forward, keeping forward and kept backward in turn, each followed by a probe run, for
+ * reps repeats kept (as the forward's profile keeps them). The backward's FLOPs are those of
+ * its bidirectional products, 2 H L m (3 (dv + 1) + dv + 2 d): dKV~, dQ~ and dK~ with the
+ * ones column, dV, and the two feature-map gradients times W; 1.51x the forward's model
+ * 8 H L m d at d = dv = 64. The causal backward is held to the same count (its chunks and
+ * rebuilt prefix state are extra work, counted as cost). */
+static int backward_profile(const dims *D, int reps, int md, const float *Q, const float *K,
+                            const float *V, const float *W) {
+    const peak_isa isa = peak_isa_of_cpu();
+    const long probe_iters = peak_iters(isa, 1, 0.05);
+    const size_t n = (size_t)D->H * (size_t)D->L * (size_t)D->d;
+    float *out = xmalloc(sizeof(float) * n);
+    char cpu[192];
+    printf("performer %s on %s, 1 thread, vector kernels %s\n", pf_version(),
+           cpu_name(cpu, sizeof cpu), pf_simd_path());
+    const double fwd_model = 8.0 * D->H * (double)D->L * D->m * D->d;
+    const double bwd_model =
+        2.0 * D->H * (double)D->L * D->m * (3.0 * (D->dv + 1) + D->dv + 2 * D->d);
+    for (int causal = 0; causal <= 1; causal++) {
+        if (D->causal >= 0 && causal != D->causal) continue;
+        dims Dc = *D;
+        Dc.causal = causal;
+        bwd_case c;
+        bwd_case_init(&c, &Dc, causal, W);
+        double tf[99], ts[99], tb[99], ff[99], fs[99], fb[99], ratio[99], ratio_eq[99], pk[99];
+        double t_s, t_b;
+        lib_forward(&Dc, out, Q, K, V, W); /* warm-up */
+        bwd_once(&c, out, Q, K, V, &t_s, &t_b);
+        int kept = 0, tries = 0;
+        for (; kept < reps; tries++) {
+            const double w0 = now(), c0 = cpu_now();
+            const double t_f = lib_forward(&Dc, out, Q, K, V, W);
+            const double p1 = peak_run(isa, 1, probe_iters);
+            bwd_once(&c, out, Q, K, V, &t_s, &t_b);
+            const double p2 = peak_run(isa, 1, probe_iters);
+            const double w = now() - w0, cw = cpu_now() - c0;
+            if (w - cw > 0.01 * w && tries < 10 * reps) continue;
+            const double p = 0.5 * (p1 + p2);
+            tf[kept] = t_f, ts[kept] = t_s, tb[kept] = t_b, pk[kept] = p;
+            ff[kept] = fwd_model / t_f * 1e-9 / p1;
+            fs[kept] = fwd_model / t_s * 1e-9 / p;
+            fb[kept] = bwd_model / t_b * 1e-9 / p2;
+            ratio[kept] = (t_s + t_b) / t_f;
+            ratio_eq[kept] = (t_s + bwd_model / fwd_model * t_f) / t_f; /* at the forward's speed */
+            kept++;
+        }
+        printf("\nFAVOR+ %s, features kept, B=1 H=%d L=%d d=%d m=%d, positive, 1 thread, "
+               "median of %d\n(%d of %d repeats kept; FMA peak %s, %.1f GFLOP/s, median of the "
+               "paired runs)\n\n",
+               causal ? "causal" : "bidirectional", Dc.H, Dc.L, Dc.d, Dc.m, reps, reps, tries,
+               peak_isa_name(isa), median(pk, reps));
+        const char *fmt = md ? "| %-40s | %8s | %7s |\n" : "%-40s %9s %8s\n";
+        printf(fmt, "call", "ms", "% peak");
+        if (md) printf("|---|--:|--:|\n");
+        char a[24], b[24];
+        snprintf(a, 24, "%.2f", median(tf, reps) * 1e3),
+            snprintf(b, 24, "%.0f", 100 * median(ff, reps));
+        printf(fmt, "forward (pf_attn_favor)", a, b);
+        snprintf(a, 24, "%.2f", median(ts, reps) * 1e3),
+            snprintf(b, 24, "%.0f", 100 * median(fs, reps));
+        printf(fmt, "keeping forward (pf_attn_favor_save)", a, b);
+        snprintf(a, 24, "%.2f", median(tb, reps) * 1e3),
+            snprintf(b, 24, "%.0f", 100 * median(fb, reps));
+        printf(fmt, "backward from kept features", a, b);
+        printf("\n(keeping forward + backward) / forward: %.3fx; the backward's products are "
+               "%.2fx the forward's\nmodel (%s), so at the forward's speed it would be %.3fx\n",
+               median(ratio, reps), bwd_model / fwd_model,
+               causal ? "bidirectional count" : "its products", median(ratio_eq, reps));
+        bwd_case_free(&c);
+    }
+    backward_products(D, isa, md);
+    free(out);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     dims D = {4096, 64, 64, 256, 256, 8, -1};
-    int reps = 9, md = 0, library = 0;
+    int reps = 9, md = 0, library = 0, backward = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--L") == 0 && i + 1 < argc)
             D.L = atoi(argv[++i]);
@@ -464,9 +621,11 @@ int main(int argc, char **argv) {
             md = 1;
         else if (strcmp(argv[i], "--library") == 0 && i + 1 < argc)
             library = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--backward") == 0)
+            backward = 1;
         else {
             fprintf(stderr, "usage: profile_favor [--L N] [--heads H] [--reps R] "
-                            "[--causal|--bidirectional] [--md] [--library N]\n");
+                            "[--causal|--bidirectional] [--md] [--library N] [--backward]\n");
             return 2;
         }
     }
@@ -490,9 +649,20 @@ int main(int argc, char **argv) {
     pf_projection_draw(W, D.m, D.d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
     if (library > 0) {
         D.causal = D.causal > 0;
-        for (int i = 0; i < library; i++) lib_forward(&D, out, Q, K, V, W);
+        if (backward) {
+            bwd_case c;
+            bwd_case_init(&c, &D, D.causal, W);
+            double t_s, t_b;
+            for (int i = 0; i < library; i++) {
+                bwd_once(&c, out, Q, K, V, &t_s, &t_b);
+            }
+            bwd_case_free(&c);
+        } else {
+            for (int i = 0; i < library; i++) lib_forward(&D, out, Q, K, V, W);
+        }
         return 0;
     }
+    if (backward) return backward_profile(&D, reps, md, Q, K, V, W);
 
     /* every timed forward is paired with a run of the FMA peak probe (peak.h) of ~50 ms right
      * after it, and each fraction of the peak is the median over the pairs of the ratio within

@@ -153,13 +153,16 @@ static pf_status worse(pf_status a, pf_status b) {
  * 0..dv-1 of o; out NULL) or the forward's out (n, dv), and G (n, dv): dN~ (n, lddn) with
  * dN~_i = [G_i / D_i | -(G_i.out_i) / D_i | 0 ...] (zeros up to lddn). A zero denominator is
  * PF_EDOMAIN, a non-finite one PF_ENONFINITE; such a row gets dN~ = 0 (it passes no gradient on,
- * and no NaN). */
+ * and no NaN). PF_ENONFINITE, before any of those, if G or out holds a NaN or Inf: dN~ is then
+ * not finite, so G and out are checked through it, while in registers, not read again. */
 PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int ldo,
                                        const float *out, const float *G, int n, int dv) {
     pf_status st = PF_OK;
+    float nan = 0.0f; /* x - x: NaN once any x is not finite */
     for (int i = 0; i < n; i++) {
         const float *row = o + (size_t)i * (size_t)ldo;
         const float *g = G + (size_t)i * (size_t)dv;
+        const float *oi = out ? out + (size_t)i * (size_t)dv : NULL;
         float *dst = dn + (size_t)i * (size_t)lddn;
         const float den = row[dv];
         pf_status bad = PF_OK;
@@ -168,6 +171,8 @@ PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int 
         else if (den == 0.0f)
             bad = PF_EDOMAIN;
         if (bad != PF_OK) {
+            if (pf_nonfinite_f32(g, (size_t)dv) || (oi && pf_nonfinite_f32(oi, (size_t)dv)))
+                return PF_ENONFINITE;
             memset(dst, 0, sizeof(float) * (size_t)lddn);
             st = worse(st, bad);
             continue;
@@ -175,8 +180,7 @@ PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int 
         const double inv = 1.0 / (double)den;
         const float finv = (float)inv;
         double go = 0; /* G_i . out_i */
-        if (out) {
-            const float *oi = out + (size_t)i * (size_t)dv;
+        if (oi) {
             float acc = 0;
 #pragma omp simd reduction(+ : acc)
             for (int k = 0; k < dv; k++) acc += g[k] * oi[k];
@@ -184,12 +188,17 @@ PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int 
         } else {
             for (int k = 0; k < dv; k++) go += (double)g[k] * ((double)row[k] * inv);
         }
-#pragma omp simd
-        for (int k = 0; k < dv; k++) dst[k] = g[k] * finv;
+        float chk = 0.0f;
+#pragma omp simd reduction(+ : chk)
+        for (int k = 0; k < dv; k++) {
+            dst[k] = g[k] * finv;
+            chk += dst[k] - dst[k];
+        }
         dst[dv] = (float)(-go * inv);
+        nan += chk + (dst[dv] - dst[dv]);
         for (int k = dv + 1; k < lddn; k++) dst[k] = 0.0f;
     }
-    return st;
+    return nan != nan ? PF_ENONFINITE : st;
 }
 
 /* Row i of x (n rows of w floats, stride ld) times e^(ref_i - P_i) where it differs from 1;
@@ -261,7 +270,7 @@ typedef struct bwd_job {
     float *kamax;             /* (Lk) */
     float *part;              /* (nkb, r, dw): partial KV~; slot 0 the total */
     double *pmax;             /* (nkb) */
-    float *dpart;             /* (nqb, r, dw): partial dKV~; slot 0 the total */
+    float *dpart;             /* (nqb, dv+1, r): partial dKV~^T; slot 0 the total */
     const pf_favor_saved *sv; /* the forward's features and KV~, or NULL (recomputed) */
     const pf_favor_ext *ext;  /* a slice's states from outside, or NULL */
     int dstate;               /* a slice's d/dS alone (ext->dS): no dQ, dK, dV */
@@ -351,7 +360,9 @@ static void bidir_combine_kv(bwd_job *j, int bh) {
         pf_favor_combine(P, &M[0], P + (size_t)kb * nkv, M[kb], nkv);
 }
 
-/* Phase 3: queries of block qb: dN~, dQ, partial dKV~ = Q~^T dN~. */
+/* Phase 3: queries of block qb: dN~, dQ, partial dKV~^T = dN~^T Q~ (turned round, so that the
+ * ones column is one more row of the register tiles: the same products in the same order, so
+ * the same bits as Q~^T dN~). */
 static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     const pf_shape *s = j->s;
     const pf_fmap *fm = &j->fm[bh];
@@ -359,21 +370,18 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
     const float *KV = head_kv(j, bh), *KVt = ws->state; /* KV^T, (dv + 1, r) */
     pf_transpose(ws->state, KV, r, dv + 1, dw);
-    float *dKV = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
+    float *dKVt = j->dpart + (g * (size_t)j->nqb + (size_t)qb) * nkv;
     /* a slice makes dQ, or (dstate) only its part of dKV~, whose total comes from outside */
     const int want_dq = !j->dstate, want_dkv = !(j->ext && !j->dstate);
     const int i0 = qb * j->qbl, L = s->Lq - i0 < j->qbl ? s->Lq - i0 : j->qbl;
     pf_status st = PF_OK;
-    if (want_dkv) memset(dKV, 0, sizeof(float) * nkv); /* (padding columns never written) */
+    if (want_dkv) memset(dKVt, 0, sizeof(float) * nkv); /* (the slot's tail never written) */
     for (int b0 = 0; b0 < L; b0 += BWD_BLOCK) {
         const int nb = L - b0 < BWD_BLOCK ? L - b0 : BWD_BLOCK;
         const size_t row = (size_t)(i0 + b0);
         const float *Qb = j->Q + hoff(bh, s->Lq, d) + row * (size_t)d;
         const float *Gb = j->G + hoff(bh, s->Lq, dv) + row * (size_t)dv;
         const float *ob = j->out ? j->out + hoff(bh, s->Lq, dv) + row * (size_t)dv : NULL;
-        if (pf_nonfinite_f32(Gb, (size_t)nb * (size_t)dv) ||
-            (ob && pf_nonfinite_f32(ob, (size_t)nb * (size_t)dv)))
-            return PF_ENONFINITE;
         /* Q~ of the block: the forward's, or made again */
         const float *Qf = ws->blk, *qamax = ws->qamax;
         if (kept(j, bh)) {
@@ -391,9 +399,11 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
         else
             pf_mm(0, 0, nb, dv + 1, r, 1.0f, Qf, r, KV, dw, 0.0f, ws->o, dw);
         float *dN = ws->vaug;
-        st = worse(st, grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv));
-        /* dKV~ += Q~^T dN~ */
-        if (want_dkv) pf_mm(1, 0, r, dv + 1, nb, 1.0f, Qf, r, dN, dw, b0 ? 1.0f : 0.0f, dKV, dw);
+        const pf_status sg = grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv);
+        if (sg == PF_ENONFINITE) return sg; /* (dout or out not finite) */
+        st = worse(st, sg);
+        /* dKV~^T += dN~^T Q~ */
+        if (want_dkv) pf_mm(1, 0, dv + 1, r, nb, 1.0f, dN, dw, Qf, r, b0 ? 1.0f : 0.0f, dKVt, r);
         if (!want_dq) continue;
         /* dQ~ = dN~ KV~^T (the dv + 1 columns that matter) */
         pf_mm(0, 0, nb, r, dv + 1, 1.0f, dN, dw, KVt, r, 0.0f, ws->dblk, r);
@@ -405,7 +415,7 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
     return st;
 }
 
-/* Phase 4: dKV~ of the head in slot 0, summed in block order. */
+/* Phase 4: dKV~^T of the head in slot 0, summed in block order. */
 static void bidir_combine_dkv(bwd_job *j, int bh) {
     const size_t g = gslot(j, bh), nkv = (size_t)j->r * (size_t)j->dw;
     float *P = j->dpart + g * (size_t)j->nqb * nkv;
@@ -425,9 +435,9 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
     int n = klen - j0;
     n = n > j->kbl ? j->kbl : n;
     const size_t g = gslot(j, bh), nkv = (size_t)r * (size_t)dw;
-    const float *dKV = j->dpart + g * (size_t)j->nqb * nkv;
-    const float *dKVt = ws->state; /* dKV^T, (dv + 1, r) */
-    pf_transpose(ws->state, dKV, r, dv + 1, dw);
+    const float *dKVt = j->dpart + g * (size_t)j->nqb * nkv; /* (dv + 1, r) */
+    float *dKV = ws->state;                                  /* its first dv rows turned: (r, dv) */
+    pf_transpose(dKV, dKVt, dv, r, r);
     const double M = head_kvm(j, bh);
     for (int b0 = 0; b0 < n; b0 += BWD_BLOCK) {
         const int nb = n - b0 < BWD_BLOCK ? n - b0 : BWD_BLOCK;
@@ -438,7 +448,7 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
         pf_favor_weighted_values(ws->vaug, dw, j->V + hoff(bh, s->Lk, dv) + row * (size_t)dv, dv, c,
                                  NULL, M, nb);
         pf_mm(0, 0, nb, r, dv + 1, 1.0f, ws->vaug, dw, dKVt, r, 0.0f, ws->dblk, r);
-        pf_mm(0, 0, nb, dv, r, 1.0f, Kb, r, dKV, dw, 0.0f, dVb, dv);
+        pf_mm(0, 0, nb, dv, r, 1.0f, Kb, r, dKV, dv, 0.0f, dVb, dv);
         for (int i = 0; i < nb; i++) {
             const float w = ws->vaug[(size_t)i * (size_t)dw + (size_t)dv];
             float *dvr = dVb + (size_t)i * (size_t)dv;
@@ -712,8 +722,8 @@ static void ext_bidir_in(bwd_job *j, int bh) {
     else
         widen(j->part + g * (size_t)j->nkb * nkv, j->ext->S + (size_t)bh * n, j->r, j->s->dv,
               j->dw);
-    if (!j->dstate) widen(j->dpart + g * (size_t)j->nqb * nkv, j->ext->R + (size_t)bh * n, j->r,
-                          j->s->dv, j->dw);
+    if (!j->dstate)
+        to_t(j->dpart + g * (size_t)j->nqb * nkv, j->ext->R + (size_t)bh * n, j->r, j->s->dv);
 }
 
 /* A slice's d/dS of head bh out, (r, dv+1) rows: from the bidirectional total in slot 0 of
@@ -727,7 +737,7 @@ static void ext_dstate_out(bwd_job *j, int bh, int dead) {
     }
     const float *P = j->dpart + gslot(j, bh) * (size_t)j->nqb * (size_t)j->r * (size_t)j->dw;
     for (size_t f = 0; f < (size_t)j->r; f++)
-        memcpy(dS + f * dv1, P + f * (size_t)j->dw, sizeof(float) * dv1);
+        for (size_t k = 0; k < dv1; k++) dS[f * dv1 + k] = P[k * (size_t)j->r + f];
 }
 
 /* Phase 0 of a head: its map (OPRF/SDERF parameters), the padded keys (checked; zero
@@ -1175,6 +1185,13 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
             if (hs > worst) worst = hs;
         }
     }
+    /* The passes check an input only as they reach it, and a head that fails stops there: so
+     * that a NaN or Inf anywhere in the inputs is always PF_ENONFINITE, as in the reference,
+     * a failure of another kind looks at them all (only then, at the cost of one read). */
+    if (worst == PF_EDOMAIN &&
+        (pf_nonfinite_f32(Q, ns.q) || pf_nonfinite_f32(K, ns.k) || pf_nonfinite_f32(V, ns.v) ||
+         pf_nonfinite_f32(dout, ns.out) || (out && pf_nonfinite_f32(out, ns.out))))
+        worst = PF_ENONFINITE;
     if (worst == PF_ENOMEM && !j.dstate) {
         memset(dQ, 0, sizeof(float) * ns.q);
         memset(dK, 0, sizeof(float) * ns.k);

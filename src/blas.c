@@ -88,9 +88,15 @@ const char *pf_blas_core_advised(void) {
 }
 
 void pf_transpose(float *dst, const float *src, int rows, int cols, int lds) {
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < cols; c++)
-            dst[(size_t)c * (size_t)rows + (size_t)i] = src[(size_t)i * (size_t)lds + (size_t)c];
+    enum { T = 16 }; /* in T x T blocks: the T lines read and the T written stay in L1 */
+    for (int i0 = 0; i0 < rows; i0 += T)
+        for (int c0 = 0; c0 < cols; c0 += T) {
+            const int i1 = rows - i0 < T ? rows : i0 + T, c1 = cols - c0 < T ? cols : c0 + T;
+            for (int i = i0; i < i1; i++)
+                for (int c = c0; c < c1; c++)
+                    dst[(size_t)c * (size_t)rows + (size_t)i] =
+                        src[(size_t)i * (size_t)lds + (size_t)c];
+        }
 }
 
 void pf_mm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,

@@ -717,6 +717,19 @@ static void test_errors(void) {
               "NaN in the gradients after a zero denominator (causal=%d)", c);
         CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
                      PF_EDOMAIN);
+        /* a non-finite dout comes first, in a row with or without a denominator */
+        for (int w = 0; w < 2; w++) {
+            const size_t at = w ? p.no - 1 : 0;
+            const float keep = p.G[at];
+            p.G[at] = w ? INFINITY : NAN;
+            CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &on, &g),
+                         PF_ENONFINITE);
+            CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
+                  "NaN in the gradients after a NaN dout and a zero denominator (causal=%d)", c);
+            CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
+                         PF_ENONFINITE);
+            p.G[at] = keep;
+        }
     }
     problem_free(&p);
 }
