@@ -245,11 +245,15 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
         /* T = beta T + [V | 1]_w^T K~   ((dv + 1) x r) */
         pf_mm(1, 0, dv + 1, r, nb, 1.0f, ws->vaug, dv1, phi, r, beta, T, r);
     }
-    /* KV = T^T, the columns after the ones column zero */
-    for (int f = 0; f < r; f++) {
-        float *row = KVb + (size_t)f * (size_t)dv1;
-        for (int k = 0; k <= dv; k++) row[k] = T[(size_t)k * (size_t)r + (size_t)f];
-        for (int k = dv + 1; k < dv1; k++) row[k] = 0.0f;
+    /* KV = T^T, the columns after the ones column zero; 16 rows of KV at a time, so that T is
+     * read a line at a time and the 16 rows written stay in L1 */
+    for (int f0 = 0; f0 < r; f0 += 16) {
+        const int f1 = r - f0 < 16 ? r : f0 + 16;
+        for (int k = 0; k <= dv; k++)
+            for (int f = f0; f < f1; f++)
+                KVb[(size_t)f * (size_t)dv1 + (size_t)k] = T[(size_t)k * (size_t)r + (size_t)f];
+        for (int f = f0; f < f1; f++)
+            for (int k = dv + 1; k < dv1; k++) KVb[(size_t)f * (size_t)dv1 + (size_t)k] = 0.0f;
     }
     *Mb = M;
     return PF_OK;
