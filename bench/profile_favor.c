@@ -530,10 +530,12 @@ static void backward_products(const dims *D, peak_isa isa, int md) {
 
 /* Plain forward, keeping forward and kept backward in turn, each followed by a probe run, for
  * reps repeats kept (as the forward's profile keeps them). The backward's FLOPs are those of
- * its bidirectional products, 2 H L m (3 (dv + 1) + dv + 2 d): dKV~, dQ~ and dK~ with the
- * ones column, dV, and the two feature-map gradients times W; 1.51x the forward's model
- * 8 H L m d at d = dv = 64. The causal backward is held to the same count (its chunks and
- * rebuilt prefix state are extra work, counted as cost). */
+ * its products (src/attn_favor_bwd.c), per row: bidirectional 2 m (3 (dv + 1) + dv + 2 d) for
+ * dKV~, dQ~ and dK~ with the ones column, dV, and the two feature-map gradients times W (1.51x
+ * the forward's model 8 m d at d = dv = 64); causal 2 (4 r (dv + 1) + r dv + 2 m d + 3 C r +
+ * C (dv + 1) + C dv): the prefix state rebuilt, dQ~, the suffix state, dK~ (with the ones
+ * column), dV, the two feature-map gradients, and the chunk's C x C products A, B, B K~, B^T Q~
+ * and A^T dN~ (1.98x). */
 static int backward_profile(const dims *D, int reps, int md, const float *Q, const float *K,
                             const float *V, const float *W) {
     const peak_isa isa = peak_isa_of_cpu();
@@ -544,12 +546,16 @@ static int backward_profile(const dims *D, int reps, int md, const float *Q, con
     printf("performer %s on %s, 1 thread, vector kernels %s\n", pf_version(),
            cpu_name(cpu, sizeof cpu), pf_simd_path());
     const double fwd_model = 8.0 * D->H * (double)D->L * D->m * D->d;
-    const double bwd_model =
-        2.0 * D->H * (double)D->L * D->m * (3.0 * (D->dv + 1) + D->dv + 2 * D->d);
+    const double rows = (double)D->H * D->L, r = D->r, m = D->m, d = D->d, dv = D->dv, C = CHUNK;
+    const double bwd_bidir = 2.0 * rows * m * (3.0 * (dv + 1) + dv + 2.0 * d);
+    const double bwd_causal =
+        2.0 * rows *
+        (4.0 * r * (dv + 1) + r * dv + 2.0 * m * d + 3.0 * C * r + C * (dv + 1) + C * dv);
     for (int causal = 0; causal <= 1; causal++) {
         if (D->causal >= 0 && causal != D->causal) continue;
         dims Dc = *D;
         Dc.causal = causal;
+        const double bwd_model = causal ? bwd_causal : bwd_bidir;
         bwd_case c;
         bwd_case_init(&c, &Dc, causal, W);
         double tf[99], ts[99], tb[99], ff[99], fs[99], fb[99], ratio[99], ratio_eq[99], pk[99];
@@ -583,19 +589,18 @@ static int backward_profile(const dims *D, int reps, int md, const float *Q, con
         printf(fmt, "call", "ms", "% peak");
         if (md) printf("|---|--:|--:|\n");
         char a[24], b[24];
-        snprintf(a, 24, "%.2f", median(tf, reps) * 1e3),
-            snprintf(b, 24, "%.0f", 100 * median(ff, reps));
+        snprintf(a, 24, "%.2f", median(tf, reps) * 1e3);
+        snprintf(b, 24, "%.0f", 100 * median(ff, reps));
         printf(fmt, "forward (pf_attn_favor)", a, b);
-        snprintf(a, 24, "%.2f", median(ts, reps) * 1e3),
-            snprintf(b, 24, "%.0f", 100 * median(fs, reps));
+        snprintf(a, 24, "%.2f", median(ts, reps) * 1e3);
+        snprintf(b, 24, "%.0f", 100 * median(fs, reps));
         printf(fmt, "keeping forward (pf_attn_favor_save)", a, b);
-        snprintf(a, 24, "%.2f", median(tb, reps) * 1e3),
-            snprintf(b, 24, "%.0f", 100 * median(fb, reps));
+        snprintf(a, 24, "%.2f", median(tb, reps) * 1e3);
+        snprintf(b, 24, "%.0f", 100 * median(fb, reps));
         printf(fmt, "backward from kept features", a, b);
         printf("\n(keeping forward + backward) / forward: %.3fx; the backward's products are "
-               "%.2fx the forward's\nmodel (%s), so at the forward's speed it would be %.3fx\n",
-               median(ratio, reps), bwd_model / fwd_model,
-               causal ? "bidirectional count" : "its products", median(ratio_eq, reps));
+               "%.2fx the forward's\nmodel, so at the forward's speed it would be %.3fx\n",
+               median(ratio, reps), bwd_model / fwd_model, median(ratio_eq, reps));
         bwd_case_free(&c);
     }
     backward_products(D, isa, md);
