@@ -403,6 +403,22 @@ static double product_gflops(const product *pr, peak_isa isa, double *frac) {
     return median(g, 15);
 }
 
+/* Each product of ps alone (product_gflops), a row each, under title. */
+static void print_products(const product *ps, size_t n, const char *title, peak_isa isa, int md) {
+    printf("%s", title);
+    printf(md ? "| %-30s | %-16s | %8s | %7s |\n" : "%-30s %-16s %9s %8s\n", "product", "m x n x k",
+           "GFLOP/s", "% peak");
+    if (md) printf("|---|---|--:|--:|\n");
+    for (size_t i = 0; i < n; i++) {
+        double frac;
+        const double g = product_gflops(&ps[i], isa, &frac);
+        char shape[32], nm[96];
+        snprintf(shape, sizeof shape, "%d x %d x %d", ps[i].m, ps[i].n, ps[i].k);
+        printf(md ? "| %-30s | %-16s | %8.1f | %7.0f |\n" : "%-30s %-16s %9.1f %8.0f\n",
+               cell_name(nm, ps[i].name, md), shape, g, 100 * frac);
+    }
+}
+
 static void products_alone(const dims *D, peak_isa isa, int md) {
     const int r = D->r, d = D->d, dv = D->dv, dw = pf_favor_dw(dv), C = CHUNK;
     const product ps[] = {
@@ -416,20 +432,11 @@ static void products_alone(const dims *D, peak_isa isa, int md) {
         {"causal [Q~ | A] [S ; Vw]", 0, 0, C, dv + 1, r + C, r + C, dw, dw, 1.0f, 0.0f},
         {"causal S += K~^T [V | 1]", 1, 0, r, dv + 1, C, r, dw, dw, 1.0f, 0.5f},
     };
-    printf("\nEach product alone, its operands in cache (pf_mm; medians over 15 runs of ~20 ms, "
-           "each paired\nwith a run of the peak probe):\n");
-    printf(md ? "| %-30s | %-16s | %8s | %7s |\n" : "%-30s %-16s %9s %8s\n", "product", "m x n x k",
-           "GFLOP/s", "% peak");
-    if (md) printf("|---|---|--:|--:|\n");
-    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
-        double frac;
-        const double g = product_gflops(&ps[i], isa, &frac);
-        char shape[32];
-        snprintf(shape, sizeof shape, "%d x %d x %d", ps[i].m, ps[i].n, ps[i].k);
-        char nm[96];
-        printf(md ? "| %-30s | %-16s | %8.1f | %7.0f |\n" : "%-30s %-16s %9.1f %8.0f\n",
-               cell_name(nm, ps[i].name, md), shape, g, 100 * frac);
-    }
+    print_products(
+        ps, sizeof ps / sizeof *ps,
+        "\nEach product alone, its operands in cache (pf_mm; medians over 15 runs of ~20 "
+        "ms, each paired\nwith a run of the peak probe):\n",
+        isa, md);
 }
 
 static double lib_forward(const dims *D, float *out, const float *Q, const float *K, const float *V,
@@ -514,18 +521,8 @@ static void backward_products(const dims *D, peak_isa isa, int md) {
         {"dK~ = [V | 1]_w dKV~^T", 0, 0, BLOCK, r, dv + 1, dw, r, r, 1.0f, 0.0f},
         {"dV = K~ dKV~", 0, 0, BLOCK, dv, r, r, dv, dv, 1.0f, 0.0f},
     };
-    printf("\nThe backward's products alone, operands in cache (as above):\n");
-    printf(md ? "| %-30s | %-16s | %8s | %7s |\n" : "%-30s %-16s %9s %8s\n", "product", "m x n x k",
-           "GFLOP/s", "% peak");
-    if (md) printf("|---|---|--:|--:|\n");
-    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
-        double frac;
-        const double g = product_gflops(&ps[i], isa, &frac);
-        char shape[32], nm[96];
-        snprintf(shape, sizeof shape, "%d x %d x %d", ps[i].m, ps[i].n, ps[i].k);
-        printf(md ? "| %-30s | %-16s | %8.1f | %7.0f |\n" : "%-30s %-16s %9.1f %8.0f\n",
-               cell_name(nm, ps[i].name, md), shape, g, 100 * frac);
-    }
+    print_products(ps, sizeof ps / sizeof *ps,
+                   "\nThe backward's products alone, operands in cache (as above):\n", isa, md);
 }
 
 /* Plain forward, keeping forward and kept backward in turn, each followed by a probe run, for

@@ -607,6 +607,18 @@ static void test_segments(void) {
 }
 
 /* 6. error paths */
+/* The backward and its reference both fail with want, and the fast one leaves no NaN. */
+static void bwd_fails(problem *p, const pf_attn_opts *o, const pf_favor_opts *f, pf_status want,
+                      const char *what) {
+    CHECK_STATUS(
+        pf_attn_favor_backward(p->dQ, p->dK, p->dV, p->G, p->Q, p->K, p->V, NULL, &p->s, o, f),
+        want);
+    CHECK(!has_nan(p->dQ, p->nq) && !has_nan(p->dK, p->nk) && !has_nan(p->dV, p->nv),
+          "NaN in the gradients after %s (causal=%d)", what, o->causal);
+    CHECK_STATUS(
+        pf_attn_favor_backward_ref(p->dQ, p->dK, p->dV, p->G, p->Q, p->K, p->V, &p->s, o, f), want);
+}
+
 static void test_errors(void) {
     problem p = problem_make(2, 2, 20, 20, 8, 8, 16, 700);
     pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 16, 0);
@@ -711,23 +723,13 @@ static void test_errors(void) {
     for (int c = 0; c < 2; c++) {
         pf_attn_opts on = o;
         on.causal = c;
-        CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &on, &g),
-                     PF_EDOMAIN);
-        CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
-              "NaN in the gradients after a zero denominator (causal=%d)", c);
-        CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
-                     PF_EDOMAIN);
+        bwd_fails(&p, &on, &g, PF_EDOMAIN, "a zero denominator");
         /* a non-finite dout comes first, in a row with or without a denominator */
         for (int w = 0; w < 2; w++) {
             const size_t at = w ? p.no - 1 : 0;
             const float keep = p.G[at];
             p.G[at] = w ? INFINITY : NAN;
-            CHECK_STATUS(pf_attn_favor_backward(dQ, dK, dV, p.G, p.Q, p.K, p.V, NULL, &s, &on, &g),
-                         PF_ENONFINITE);
-            CHECK(!has_nan(dQ, p.nq) && !has_nan(dK, p.nk) && !has_nan(dV, p.nv),
-                  "NaN in the gradients after a NaN dout and a zero denominator (causal=%d)", c);
-            CHECK_STATUS(pf_attn_favor_backward_ref(dQ, dK, dV, p.G, p.Q, p.K, p.V, &s, &on, &g),
-                         PF_ENONFINITE);
+            bwd_fails(&p, &on, &g, PF_ENONFINITE, "a non-finite dout and a zero denominator");
             p.G[at] = keep;
         }
     }
