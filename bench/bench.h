@@ -105,4 +105,42 @@ static inline long vm_hwm_kib(void) {
     return kib;
 }
 
+/* A CSV written to PATH.tmp (its name in tmp, size bytes) and renamed over PATH only when
+ * complete, so that a failed or interrupted run never replaces an earlier table. *f is NULL when
+ * path is NULL. Returns 0, or -1 after saying why (prog: the program's name). */
+static inline int csv_open(FILE **f, char *tmp, size_t size, const char *path, const char *prog) {
+    *f = NULL;
+    if (!path) return 0;
+    if ((size_t)snprintf(tmp, size, "%s.tmp", path) >= size) {
+        fprintf(stderr, "%s: path too long: %s\n", prog, path);
+        return -1;
+    }
+    if (!(*f = fopen(tmp, "w"))) {
+        fprintf(stderr, "%s: cannot write %s\n", prog, tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Closes *f (if open) and renames tmp over path; -1 after saying why, tmp removed. */
+static inline int csv_commit(FILE **f, const char *tmp, const char *path, const char *prog) {
+    if (!*f) return 0;
+    const int bad = ferror(*f) | (fclose(*f) != 0);
+    *f = NULL;
+    if (bad || rename(tmp, path) != 0) {
+        fprintf(stderr, "%s: cannot write %s\n", prog, path);
+        remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Abandons *f (if open): closed, tmp removed, path untouched. */
+static inline void csv_abort(FILE **f, const char *tmp) {
+    if (!*f) return;
+    fclose(*f);
+    *f = NULL;
+    remove(tmp);
+}
+
 #endif

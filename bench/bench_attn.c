@@ -410,16 +410,9 @@ int main(int argc, char **argv) {
     float W[256 * 64]; /* (for kept_heads' checks) */
     pf_projection_draw(W, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0, 0);
     const int reps = quick ? 3 : 7;
-    /* the CSV goes to a temporary name, renamed when complete; checked before any timing */
     char csv_tmp[4096];
-    FILE *csv = NULL;
-    if (csv_path) {
-        snprintf(csv_tmp, sizeof csv_tmp, "%s.tmp", csv_path);
-        if (!(csv = fopen(csv_tmp, "w"))) {
-            fprintf(stderr, "bench_attn: cannot write %s\n", csv_tmp);
-            return 1;
-        }
-    }
+    FILE *csv;
+    if (csv_open(&csv, csv_tmp, sizeof csv_tmp, csv_path, "bench_attn") != 0) return 1;
     const peak_fma pk0 = peak_measure(threads);
     peak_sampler_init(&fma_during, threads, 0.02);
     double sg = sgemm_gflops(threads, reps);
@@ -528,15 +521,9 @@ int main(int argc, char **argv) {
                     fma, pk.gn, sg, cpu, pf_simd_path(), blas);
     }
     fflush(stdout);
-    if (csv) {
-        const int bad = ferror(csv) | (fclose(csv) != 0);
-        csv = NULL;
-        if (bad || rename(csv_tmp, csv_path) != 0) {
-            fprintf(stderr, "bench_attn: cannot write %s\n", csv_path);
-            remove(csv_tmp);
-            free(sgbuf);
-            return 1;
-        }
+    if (csv_commit(&csv, csv_tmp, csv_path, "bench_attn") != 0) {
+        free(sgbuf);
+        return 1;
     }
     if (threads > 1) {
         /* One head alone must still use every core (work is split over row blocks). */

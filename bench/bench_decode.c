@@ -68,16 +68,9 @@ int main(int argc, char **argv) {
     fill(v, nq, 3, 1.0f);
     double *t = xmalloc(sizeof(double) * NCTX * (size_t)tokens);
     char cpu[192], blas[128];
-    /* the CSV goes to a temporary name, renamed when complete */
     char csv_tmp[4096];
-    FILE *csv = NULL;
-    if (csv_path) {
-        snprintf(csv_tmp, sizeof csv_tmp, "%s.tmp", csv_path);
-        if (!(csv = fopen(csv_tmp, "w"))) {
-            fprintf(stderr, "bench_decode: cannot write %s\n", csv_tmp);
-            return 1;
-        }
-    }
+    FILE *csv;
+    if (csv_open(&csv, csv_tmp, sizeof csv_tmp, csv_path, "bench_decode") != 0) return 1;
     const peak_fma pk0 = peak_measure(1);
     peak_sampler during;
     peak_sampler_init(&during, 1, 0.02);
@@ -120,7 +113,7 @@ int main(int argc, char **argv) {
     for (int c = 0; c < nctx; c++) pf_favor_state_free(st[c]);
     if (s != PF_OK) {
         fprintf(stderr, "bench_decode: %s\n", pf_status_str(s));
-        if (csv) fclose(csv), remove(csv_tmp);
+        csv_abort(&csv, csv_tmp);
         return 1;
     }
     const peak_fma pk1 = peak_measure(1);
@@ -157,14 +150,7 @@ int main(int argc, char **argv) {
                     contexts[c], med, med / base, tok_flops, at_peak, med / at_peak, pk.g1, cpu,
                     pf_simd_path(), blas);
     }
-    if (csv) {
-        const int bad = ferror(csv) | (fclose(csv) != 0);
-        if (bad || rename(csv_tmp, csv_path) != 0) {
-            fprintf(stderr, "bench_decode: cannot write %s\n", csv_path);
-            remove(csv_tmp);
-            return 1;
-        }
-    }
+    if (csv_commit(&csv, csv_tmp, csv_path, "bench_decode") != 0) return 1;
     free(W);
     free(q);
     free(k);

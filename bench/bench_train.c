@@ -456,16 +456,9 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    /* the CSV goes to a temporary name, renamed when complete; checked before any timing */
     char csv_tmp[4096];
-    FILE *csv = NULL;
-    if (csv_path) {
-        snprintf(csv_tmp, sizeof csv_tmp, "%s.tmp", csv_path);
-        if (!(csv = fopen(csv_tmp, "w"))) {
-            fprintf(stderr, "bench_train: cannot write %s\n", csv_tmp);
-            return 1;
-        }
-    }
+    FILE *csv;
+    if (csv_open(&csv, csv_tmp, sizeof csv_tmp, csv_path, "bench_train") != 0) return 1;
     char cpu[192], blas[128];
     cpu_name(cpu, sizeof cpu);
     blas_kernels(blas, sizeof blas);
@@ -615,13 +608,6 @@ int main(int argc, char **argv) {
         }
     }
     fflush(stdout);
-    if (csv) {
-        const int bad = ferror(csv) | (fclose(csv) != 0);
-        if (bad || rename(csv_tmp, csv_path) != 0) {
-            fprintf(stderr, "bench_train: cannot write %s\n", csv_path);
-            remove(csv_tmp);
-            return 1;
-        }
-    }
+    if (csv_commit(&csv, csv_tmp, csv_path, "bench_train") != 0) return 1;
     return 0;
 }
