@@ -636,7 +636,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int kbl;
-    if (D.causal != 0 && pf_favor_scan_blocks(D.L, D.H, CHUNK, &kbl) != 1) {
+    if (!backward && D.causal != 0 && pf_favor_scan_blocks(D.L, D.H, CHUNK, &kbl) != 1) {
         fprintf(stderr, "profile_favor: the causal profile needs one scan block a head (heads "
                         ">= 4, or L <= 1024)\n");
         return 2;
