@@ -105,6 +105,15 @@ static inline long vm_hwm_kib(void) {
     return kib;
 }
 
+/* v formatted into buf (24 bytes), or "-" when it was not measured (NaN). */
+static inline const char *cell(char *buf, const char *fmt, double v) {
+    if (v != v)
+        snprintf(buf, 24, "-");
+    else
+        snprintf(buf, 24, fmt, v);
+    return buf;
+}
+
 /* A CSV written to PATH.tmp (its name in tmp, size bytes) and renamed over PATH only when
  * complete, so that a failed or interrupted run never replaces an earlier table. *f is NULL when
  * path is NULL. Returns 0, or -1 after saying why (prog: the program's name). */

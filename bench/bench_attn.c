@@ -345,15 +345,6 @@ static int peak_child(const bench_case *c) {
     return st == PF_OK ? 0 : 1;
 }
 
-/* v formatted into buf (24 bytes), or "-" when it was not measured (NaN). */
-static const char *cell(char *buf, const char *fmt, double v) {
-    if (isnan(v))
-        snprintf(buf, 24, "-");
-    else
-        snprintf(buf, 24, fmt, v);
-    return buf;
-}
-
 static double flops(const bench_case *c) {
     double L = c->L, d = c->d, m = c->m, heads = (double)c->B * c->H;
     if (c->meth == EXACT) return heads * (c->causal ? 2.0 * L * (L + 1) * d : 4.0 * L * L * d);

@@ -360,15 +360,6 @@ static int parse_double(const char *s, double lo, double hi, double *v) {
     return 1;
 }
 
-/* v formatted into buf (24 bytes), or "-" when it was not measured (NaN). */
-static const char *cell(char *buf, const char *fmt, double v) {
-    if (isnan(v))
-        snprintf(buf, 24, "-");
-    else
-        snprintf(buf, 24, fmt, v);
-    return buf;
-}
-
 static const char *status_name(row_status s) {
     static const char *const names[] = {"ok", "does_not_fit", "too_long", "out_of_memory",
                                         "failed"};
