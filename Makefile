@@ -132,7 +132,7 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	  -fno-omit-frame-pointer" EXTRA_LDLIBS="-fsanitize=address,undefined" \
-	  TEST_LABEL=asan SIMD_PATHS= test-fast
+	  TEST_LABEL=asan SIMD_PATHS= CUDA=0 test-fast
 
 # Fuzzing (tests/fuzz/): libFuzzer targets for the .npy, safetensors, checkpoint and FASTA/text
 # readers, built by clang into $(FUZZ_BUILD) with ASan and UBSan. The library's sources are
@@ -279,10 +279,25 @@ install: all
 	$(if $(MPICC),ln -sf $(MPI_SONAME) $(DESTDIR)$(LIBDIR)/libperformer_mpi.so)
 	$(if $(MPICC),install -m 644 $(BUILD)/performer_mpi.pc \
 	  $(DESTDIR)$(PKGCONFIGDIR)/performer_mpi.pc)
+	$(if $(filter 1,$(CUDA)),printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call PC_DIR,$(LIBDIR))' \
+	  'includedir=$(call PC_DIR,$(INCLUDEDIR))' '' 'Name: performer_cuda' \
+	  'Description: FAVOR+ on NVIDIA GPUs (performer_cuda.h)' \
+	  'Version: $(VERSION)' 'Requires: performer' \
+	  'Libs: -L$${libdir} -lperformer_cuda' 'Libs.private: $(CUDA_LDLIBS) -lstdc++' \
+	  'Cflags: -I$${includedir} -I$(CUDA_HOME)/include' >$(BUILD)/performer_cuda.pc)
+	$(if $(filter 1,$(CUDA)),install -m 644 include/performer_cuda.h \
+	  $(DESTDIR)$(INCLUDEDIR)/performer_cuda.h)
+	$(if $(filter 1,$(CUDA)),install -m 644 $(CUDA_LIB) $(DESTDIR)$(LIBDIR)/libperformer_cuda.a)
+	$(if $(filter 1,$(CUDA)),install -m 644 $(CUDA_SO_REAL) \
+	  $(DESTDIR)$(LIBDIR)/libperformer_cuda.so.$(VERSION))
+	$(if $(filter 1,$(CUDA)),ln -sf libperformer_cuda.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(CUDA_SONAME))
+	$(if $(filter 1,$(CUDA)),ln -sf $(CUDA_SONAME) $(DESTDIR)$(LIBDIR)/libperformer_cuda.so)
+	$(if $(filter 1,$(CUDA)),install -m 644 $(BUILD)/performer_cuda.pc \
+	  $(DESTDIR)$(PKGCONFIGDIR)/performer_cuda.pc)
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR),$(INSTALLED) $(INSTALLED_MPI))
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED) $(INSTALLED_MPI) $(INSTALLED_CUDA))
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
 # ---- MPI: sequence-parallel FAVOR+ (include/performer_mpi.h, src/mpi/) ---------------------------
@@ -354,6 +369,72 @@ bench-mpi: setup mpi
 else
 mpi bench-mpi:
 	@echo "mpicc not found: the MPI library is not built (make setup installs Open MPI)"
+endif
+
+# ---- CUDA: FAVOR+ on NVIDIA GPUs (include/performer_cuda.h, src/cuda/) --------------------------
+# Its own library, libperformer_cuda (.a, .so with a soname, performer_cuda.pc), built only where
+# nvcc is found (as the MPI library only where mpicc is); nothing else includes CUDA. A fat binary:
+# machine code for sm_80 (A100) and sm_90 (H100, H200) and PTX for later chips. Its test program
+# (tests/cuda/) runs under tests/test_cuda.sh, which skips, saying why, without a GPU; its
+# benchmark is bench/cuda/bench_cuda.py (make bench-cuda). CUDA=0 leaves it out (the sanitizer
+# build does: ASan does not instrument device code, and nvcc's build takes minutes).
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA      ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3 -g -lineinfo
+CUDA_ALLFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) -DPF_BUILDING_LIBRARY -Iinclude \
+             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Xcudafe --display_error_number
+CUDA_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+CUDA_LIB     = $(BUILD)/libperformer_cuda.a
+CUDA_SONAME  = libperformer_cuda.so.$(SOVERSION)
+CUDA_SO_REAL = $(BUILD)/libperformer_cuda.so.$(VERSION)
+CUDA_SO      = $(BUILD)/libperformer_cuda.so
+CUDA_OBJ     = $(patsubst src/cuda/%.cu,$(BUILD)/src/cuda/%.o,$(wildcard src/cuda/*.cu))
+CUDA_TESTS   = $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(wildcard tests/cuda/*.c))
+INSTALLED_CUDA = $(INCLUDEDIR)/performer_cuda.h $(LIBDIR)/libperformer_cuda.a \
+            $(LIBDIR)/libperformer_cuda.so.$(VERSION) $(LIBDIR)/$(CUDA_SONAME) \
+            $(LIBDIR)/libperformer_cuda.so $(PKGCONFIGDIR)/performer_cuda.pc
+.PHONY: cuda bench-cuda
+ifeq ($(CUDA),1)
+all: $(CUDA_LIB) $(CUDA_SO)
+test-fast: $(CUDA_TESTS)
+cuda: $(CUDA_LIB) $(CUDA_SO) $(CUDA_TESTS)
+
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu src/cuda/internal.cuh include/performer_cuda.h \
+                       include/performer.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_ALLFLAGS) -c $< -o $@
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Named and linked as libperformer is (soname libperformer_cuda.so.MAJOR), against
+# libperformer.so.MAJOR found beside it ($$ORIGIN), cuBLAS and the CUDA runtime.
+$(CUDA_SO_REAL): $(CUDA_OBJ) $(SHARED)
+	$(CC) -shared -Wl,-soname,$(CUDA_SONAME) -o $@ $(CUDA_OBJ) -L$(BUILD) -lperformer \
+	  -Wl,-rpath,'$$ORIGIN' $(CUDA_LDLIBS) -lstdc++ $(LDLIBS)
+
+$(BUILD)/$(CUDA_SONAME): $(CUDA_SO_REAL)
+	ln -sf $(notdir $<) $@
+
+$(CUDA_SO): $(BUILD)/$(CUDA_SONAME)
+	ln -sf $(CUDA_SONAME) $@
+
+$(BUILD)/tests/cuda/%: tests/cuda/%.c tests/check.h tests/ref.h $(CUDA_LIB) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -I$(CUDA_HOME)/include -Itests -o $@ $< $(CUDA_LIB) $(STATIC) \
+	  $(CUDA_LDLIBS) -lstdc++ $(LDLIBS)
+
+# The GPU benchmark (a GPU and PyTorch with CUDA): docs/bench_cuda.txt holds a committed run.
+bench-cuda: all
+	PYTHONPATH=python /usr/bin/env python3 bench/cuda/bench_cuda.py --out $(BUILD)/bench_cuda.txt \
+	  --csv $(BUILD)/bench_cuda.csv
+else
+cuda bench-cuda:
+	@echo "nvcc not found: the CUDA library is not built (install the CUDA toolkit, or NVCC=path)"
 endif
 
 format:

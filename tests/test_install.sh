@@ -142,6 +142,20 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
 else
     echo "note: no mpicc or mpirun: the MPI library's install is not checked"
 fi
+# where nvcc is (as the Makefile finds it), the CUDA library (built and installed without a GPU)
+cuda=""
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    cuda=yes
+    expected="$expected
+./usr/local/include/performer_cuda.h 644 f
+./usr/local/lib/libperformer_cuda.a 644 f
+./usr/local/lib/libperformer_cuda.so 777 l libperformer_cuda.so.$major
+./usr/local/lib/libperformer_cuda.so.$major 777 l libperformer_cuda.so.$version
+./usr/local/lib/libperformer_cuda.so.$version 644 f
+./usr/local/lib/pkgconfig/performer_cuda.pc 644 f"
+else
+    echo "note: no nvcc: the CUDA library's install is not checked"
+fi
 expected=$(printf '%s\n' "$expected" | sort)
 got=$(cd "$S" && find . ! -type d -printf '%p %m %y %l\n' | sed 's/ $//' | sort)
 same "the installed files, modes and links" "$expected" "$got"
@@ -149,6 +163,15 @@ same "the installed files, modes and links" "$expected" "$got"
 L=$S/usr/local/lib
 same "soname" "libperformer.so.$major" \
     "$(readelf -d "$L/libperformer.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+if [ -n "$cuda" ]; then
+    same "libperformer_cuda's soname" "libperformer_cuda.so.$major" \
+        "$(readelf -d "$L/libperformer_cuda.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+    check "libperformer_cuda needs libperformer.so.$major and cuBLAS" sh -c "readelf -d \
+        '$L/libperformer_cuda.so.$version' | grep -q 'NEEDED.*\[libperformer.so.$major\]' &&
+        readelf -d '$L/libperformer_cuda.so.$version' | grep -q 'NEEDED.*\[libcublas.so'"
+    same "the installed CUDA header is the source's" "" \
+        "$(cmp "$S/usr/local/include/performer_cuda.h" include/performer_cuda.h 2>&1)"
+fi
 same "the installed header is the source's" "" \
     "$(cmp "$S/usr/local/include/performer.h" include/performer.h 2>&1)"
 

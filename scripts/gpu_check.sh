@@ -1,0 +1,72 @@
+#!/bin/sh
+# gpu_check.sh: everything that needs an NVIDIA GPU, in one go, each step's log kept:
+#   1. the machine: GPU, driver, CUDA, PyTorch, and what the libraries load (ldd)
+#   2. the CUDA test program (tests/cuda/test_cuda.c) and the CPU emulation of its arithmetic
+#   3. the same test program under compute-sanitizer memcheck (--quick sizes)
+#   4. the PyTorch tests on CUDA tensors (python/tests/test_torch_cuda.py)
+#   5. the benchmark (bench/cuda/bench_cuda.py): the report and its CSV
+#
+#   make && sh scripts/gpu_check.sh [LOGDIR]     (LOGDIR: build/gpu-logs)
+#
+# BUILD names the build folder (build); BENCH_BUDGET the benchmark's seconds (200); SKIP lists
+# steps to leave out ("sanitizer bench"). Prints one line per step and "gpu_check: N passed, N
+# failed"; exit 1 on a failure. docs/gpu_runs.md keeps what each run on a GPU showed.
+set -u
+BUILD=${BUILD:-build}
+LOG=${1:-$BUILD/gpu-logs}
+BENCH_BUDGET=${BENCH_BUDGET:-200}
+SKIP=${SKIP:-}
+mkdir -p "$LOG"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export PERFORMER_LIB="$PWD/$BUILD/libperformer.so.0"
+export PERFORMER_CUDA_LIB="$PWD/$BUILD/libperformer_cuda.so.0"
+export PYTHONUNBUFFERED=1
+pass=0
+fail=0
+step() { # step NAME TIMEOUT COMMAND...: runs it, logs to LOG/NAME.log, counts it
+    name=$1
+    limit=$2
+    shift 2
+    case " $SKIP " in *" $name "*) echo "  skip  $name"; return 0 ;; esac
+    t0=$(date +%s)
+    timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
+    rc=$?
+    t1=$(date +%s)
+    if [ $rc -eq 0 ]; then
+        pass=$((pass + 1)); echo "  ok    $name ($((t1 - t0)) s)"
+    else
+        fail=$((fail + 1)); echo "  FAIL  $name (exit $rc, $((t1 - t0)) s; log: $LOG/$name.log)"
+        tail -n 25 "$LOG/$name.log" | sed 's/^/        /'
+    fi
+}
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+    nvcc --version 2>/dev/null | tail -n 2
+    command -v compute-sanitizer || echo "compute-sanitizer: not found"
+    $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' || true
+    for f in "$BUILD/libperformer.so.0" "$BUILD/libperformer_cuda.so.0" "$BUILD/tests/cuda/test_cuda"; do
+        echo "ldd $f:"
+        ldd "$f" 2>&1 | sed 's/^/    /'
+    done
+} >"$LOG/machine.log" 2>&1
+head -n 4 "$LOG/machine.log"
+if grep -q 'not found' "$LOG/machine.log"; then
+    echo "  (missing shared libraries: see $LOG/machine.log)"
+fi
+
+step test_cuda 300 "$BUILD/tests/cuda/test_cuda"
+step emulate 120 $PY tests/cuda/emulate_favor.py
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    step sanitizer 400 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        "$BUILD/tests/cuda/test_cuda" --quick
+else
+    echo "  skip  sanitizer (compute-sanitizer not on PATH)"
+fi
+step torch_cuda 300 $PY -m unittest -v python/tests/test_torch_cuda.py
+step bench $((BENCH_BUDGET + 120)) $PY bench/cuda/bench_cuda.py --budget "$BENCH_BUDGET" \
+    --out "$LOG/bench_cuda.txt" --csv "$LOG/bench_cuda.csv"
+echo "gpu_check: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
