@@ -3,6 +3,9 @@
 The library file is taken from the build folder (the environment variable PERFORMER_BUILD, else
 ../build beside this folder: run `make` first) and installed inside the package as
 performer/libperformer.so.0, where performer/_lib.py looks for it second (after PERFORMER_LIB).
+The CUDA library, where `make` built it (nvcc found), goes beside it as
+performer/libperformer_cuda.so.0 (performer/_cuda.py loads it when a CUDA tensor first needs it;
+it finds libperformer.so.0 beside itself, and the CUDA runtime and cuBLAS where it was linked).
 The package's version is the library's (its file name, libperformer.so.X.Y.Z, or the header's
 PF_VERSION_*). With no built library the package is installed without one, and finds the
 library at run time through PERFORMER_LIB or the dynamic linker (after `make install`).
@@ -32,6 +35,14 @@ def built_library():
     return None, None
 
 
+def built_cuda_library():
+    """The path of the built libperformer_cuda.so.X.Y.Z, or None (a build without nvcc)."""
+    for path in sorted(glob.glob(os.path.join(BUILD, "libperformer_cuda.so.*.*.*"))):
+        if re.search(r"libperformer_cuda\.so\.\d+\.\d+\.\d+$", path) and os.path.isfile(path):
+            return path
+    return None
+
+
 def header_version():
     try:
         with open(HEADER) as f:
@@ -42,6 +53,7 @@ def header_version():
 
 
 LIBRARY, LIB_VERSION = built_library()
+CUDA_LIBRARY = built_cuda_library() if LIBRARY else None
 VERSION = LIB_VERSION or header_version()
 if VERSION is None:
     raise SystemExit(f"performer: no built library in {BUILD} and no {HEADER}: run `make` first, "
@@ -58,6 +70,11 @@ class BuildWithLibrary(build_py):
             self.announce(f"copying {LIBRARY} -> {target}", level=2)
             shutil.copyfile(LIBRARY, target)
             os.chmod(target, 0o755)
+            if CUDA_LIBRARY:
+                cuda = os.path.join(self.build_lib, "performer", "libperformer_cuda.so.0")
+                self.announce(f"copying {CUDA_LIBRARY} -> {cuda}", level=2)
+                shutil.copyfile(CUDA_LIBRARY, cuda)
+                os.chmod(cuda, 0o755)
         else:
             print(f"performer: no built library in {BUILD}; the package will look for "
                   "PERFORMER_LIB or an installed libperformer.so.0 (make install)")

@@ -14,6 +14,10 @@
 #   autograd in float64, FastAttention, a small model trained through FastAttention, every
 #   error path, resident memory over 1000 calls. Without torch (Debian's python3-torch) its
 #   tests are skipped, saying so; everything else runs.
+# - performer.torch on CUDA tensors (python/tests/test_torch_cuda.py) against its CPU results,
+#   with this BUILD's libperformer_cuda (PERFORMER_CUDA_LIB; `make` builds it where nvcc is
+#   found, the ASan build never): skipped, saying why, without torch's CUDA, that library or a
+#   GPU.
 #
 # Under the ASan build (libperformer.so holding __asan_init) python runs with the ASan runtime
 # preloaded (LD_PRELOAD, as an instrumented library loaded by an uninstrumented program needs,
@@ -86,6 +90,16 @@ if cmp -s "$site/performer/libperformer.so.0" "$B/libperformer.so"; then pass; e
 got=$(cd / && where_found PERFORMER_LIB="$LIB" "$T/venv/bin/python")
 if [ "$got" = "PERFORMER_LIB|$LIB" ]; then pass; else
     fail "installed package with PERFORMER_LIB: found '$got': $(cat "$T/err")"; fi
+# the CUDA library, where this build has one, is installed beside it and found there (loading
+# needs no GPU: the CUDA runtime it links is beside nvcc)
+if [ -f "$B/libperformer_cuda.so" ]; then
+    if cmp -s "$site/performer/libperformer_cuda.so.0" "$B/libperformer_cuda.so"; then pass; else
+        fail "pip install did not copy $B/libperformer_cuda.so into the package"; fi
+    got=$(cd / && env -u PERFORMER_CUDA_LIB "$T/venv/bin/python" -c \
+        'import performer._cuda as c; print(c.library_path())' 2>"$T/err")
+    if [ "$got" = "$site/performer/libperformer_cuda.so.0" ]; then pass; else
+        fail "installed package: libperformer_cuda found at '$got': $(cat "$T/err")"; fi
+fi
 same='import numpy as np, performer, sys
 r = np.random.default_rng(0)
 q, k, v = (r.standard_normal((2, 100, 16), dtype=np.float32) for _ in range(3))
@@ -115,8 +129,8 @@ if [ $? -ne 0 ] && grep -q "libperformer not found" "$T/err" && grep -q "PERFORM
 then pass; else fail "no library anywhere: import should fail saying why: $(cat "$T/err")"; fi
 
 # 4. the unit tests
-PERFORMER="$P" PERFORMER_LIB="$LIB" PYTHONPATH=python \
-    $PY -m unittest discover -s python/tests -v >"$T/unit.log" 2>&1
+PERFORMER="$P" PERFORMER_LIB="$LIB" PERFORMER_CUDA_LIB="$B/libperformer_cuda.so" \
+    PYTHONPATH=python $PY -m unittest discover -s python/tests -v >"$T/unit.log" 2>&1
 rc=$?
 grep -E "^  train:|\.\.\. skipped" "$T/unit.log"
 tail -n 3 "$T/unit.log"

@@ -8,37 +8,62 @@
     attn = pt.FastAttention(dim_heads=64, causal=True)  # performer-pytorch's module, same call
     out = attn(q, k, v)
 
+    with torch.no_grad():                              # CUDA tensors: the forward on the GPU
+        out = pt.attention(q.cuda(), k.cuda(), v.cuda(), W=W, causal=True)   # pf_cuda_favor
+        out = attn.cuda()(q.cuda(), k.cuda(), v.cuda())
+
 Tensors: CPU, strided. float32 in C order is passed to C as it is (zero copy); float64,
 float16 and bfloat16 are converted to float32 (by a differentiable .to(), so gradients come
 back in the input's dtype, and the output is in q's dtype); a non-contiguous tensor is made
-contiguous once. Other dtypes (integers, complex) and tensors on another device (CUDA, meta)
-are refused with TypeError: the library has CPU kernels only. Shapes as in performer.attention:
-(L,d), (H,L,d) or (B,H,L,d).
+contiguous once. Other dtypes (integers, complex) and tensors on another device (meta, ...)
+are refused with TypeError. Shapes as in performer.attention: (L,d), (H,L,d) or (B,H,L,d).
+
+CUDA tensors run the FAVOR+ forward in libperformer_cuda (include/performer_cuda.h, built by
+`make` where nvcc is found; loaded on the first CUDA call, never by importing this module, and
+a RuntimeError saying how to get it when it is missing). q, k and v on one CUDA device (else
+ValueError naming their devices) and of one dtype, float32, bfloat16 or float16, used as they
+are (TypeError for a mix, or float64: cast it); the output is in that dtype, allocated by torch
+on the device. The call runs on the device's current stream (torch.cuda.current_stream, so
+inside `with torch.cuda.stream(s)` on s) and returns when that stream has finished it: the
+library reads its error flags back at the end. float32 products use TF32 when torch allows it
+for cuBLAS matmuls (torch.backends.cuda.matmul.allow_tf32, or fp32_precision = "tf32"), read
+at each call. Forward only: under torch.no_grad() or torch.inference_mode(), or with no input
+requiring grad; otherwise NotImplementedError at once (train on CPU tensors). Kernels
+positive, hyperbolic, trig and relu (FAVOR++ and FAVOR# are CPU only); method "exact" is
+NotImplementedError on the GPU (torch.nn.functional.scaled_dot_product_attention is exact
+attention there). W, a constant, may be on the CPU or any CUDA device in any float dtype: a
+float32 contiguous W on q's device is used as it is, any other is copied there once and the
+copy kept until W changes (see _cuda_w). cuda_available(), cuda_profile() and
+cuda_stage_times() say whether the GPU path can run and what its stages cost.
 
 Threads: `threads=None` follows torch.get_num_threads() at each call; results do not depend on
-it. ctypes releases the GIL during the C call. Errors are performer's (performer.Error
-subclasses that are ValueError, MemoryError, FloatingPointError, ... as the status says).
+it (the GPU ignores it). ctypes releases the GIL during the C call. Errors are performer's
+(performer.Error subclasses that are ValueError, MemoryError, FloatingPointError, ... as the
+status says; on the GPU with pf_cuda_last_error()'s words in the message).
 
 Repeated calls: a call with the shapes and options of an earlier one (and the same W tensor,
 or one at the same address) reuses its checked arguments and C structs, and a FAVOR+ forward
 reuses the kept-feature storage an earlier backward of the same plan handed back, as a C
 training loop keeps one pf_favor_saved: the results are the same bits. The storage held
-between calls is bounded by POOL_BYTES (1 GiB) in all; empty_cache() frees it and the plans,
-pooled_bytes() says how much is held.
+between calls is bounded by POOL_BYTES (1 GiB) in all; empty_cache() frees it and the plans
+(and, on the GPU, the device copies of W and the library's workspaces), pooled_bytes() says
+how much is held.
 """
+import collections
 import ctypes
 import math
 import threading
+import weakref
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
 import performer as _pf
-from . import _lib
+from . import _cuda, _lib
 
 __all__ = ["attention", "FastAttention", "SAVE_BYTES", "POOL_BYTES", "empty_cache",
-           "pooled_bytes"]
+           "pooled_bytes", "cuda_available", "cuda_profile", "cuda_stage_times", "StageTime"]
 
 _L = _lib.lib
 _P = ctypes.byref
@@ -61,8 +86,8 @@ def _t32(x, name):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_cpu:
-        raise TypeError(f"{name} is on {x.device}: performer.torch runs on the CPU (the C "
-                        "library has no CUDA kernels); move it with .cpu()")
+        raise TypeError(f"{name} is on {x.device}: performer.torch runs on the CPU, or on CUDA "
+                        "when q, k and v are CUDA tensors; move it with .cpu()")
     if x.layout is not torch.strided:
         raise TypeError(f"{name} has layout {x.layout}: dense (strided) tensors only")
     if x.dtype is not torch.float32:
@@ -233,12 +258,16 @@ def _give_back(p, s):
 
 def empty_cache():
     """Frees what performer.torch keeps between calls: the plans and the pooled kept-feature
-    storage (at most POOL_BYTES). Calls after it plan and allocate again; a backward still to
+    storage (at most POOL_BYTES), and on the GPU the device copies of W and libperformer_cuda's
+    workspaces (its contexts stay). Calls after it plan and allocate again; a backward still to
     come frees its own storage."""
     with _LOCK:
         for p in _PLANS.values():
             _drain(p)
         _PLANS.clear()
+        _W_CACHE.clear()
+    if _cuda.is_loaded():
+        _cuda.trim()
 
 
 def pooled_bytes():
@@ -383,7 +412,17 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
 
     The output is float32, or q's dtype when q is float64, float16 or bfloat16. Without grad
     mode, or when no input requires grad, the plain forward runs (nothing is kept). Double
-    backward is not supported."""
+    backward is not supported.
+
+    CUDA tensors (q, k, v on one CUDA device, one dtype of float32, bfloat16, float16): the
+    FAVOR+ forward of libperformer_cuda on the device's current stream, output in that dtype;
+    kernels positive, hyperbolic, trig and relu; no grad (NotImplementedError if grad mode is
+    on and an input requires grad); W anywhere, copied to the device once while unchanged;
+    threads and save_bytes are checked and not used. The module docstring has the details."""
+    if _on_cuda(q) or _on_cuda(k) or _on_cuda(v):
+        return _cuda_attention(q, k, v, W=W, causal=causal, kernel=kernel, method=method,
+                               key_lengths=key_lengths, scale=scale, eps=eps, chunk=chunk,
+                               oprf_a=oprf_a, threads=threads, save_bytes=save_bytes)
     q0 = q
     q, k, v = _t32(q, "q"), _t32(k, "k"), _t32(v, "v")
     th = torch.get_num_threads() if threads is None else threads
@@ -405,6 +444,241 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
     else:
         out = _forward_nograd(p, q, k, v, Wc)
     return out if q0.dtype is torch.float32 else out.to(q0.dtype)
+
+
+# ---- CUDA tensors: libperformer_cuda's forward ----------------------------------------------
+#
+# What a call does, in order: checks (types, grad, devices, dtypes, method, kernel, shapes,
+# options; nothing is computed or copied before they pass), loads libperformer_cuda if this is
+# the first CUDA call (RuntimeError if it is not there), takes the device's pf_cuda_ctx (made on
+# first use, one per device, freed at exit) and its lock (a context is for one host thread at a
+# time), makes q, k, v contiguous (and 16-byte aligned) on the device's current stream if they
+# are not, finds W's device copy (below), allocates the output with torch.empty on the device,
+# sets the context's TF32 switch from torch's, and calls pf_cuda_favor on the current stream,
+# which returns when the stream has finished the call (it reads the kernels' error flags back).
+# Everything a call queued has therefore run when it returns: the inputs' and the output's
+# memory can be reused at once by torch's caching allocator, on any stream.
+#
+# W: a float32 contiguous (and 16-byte aligned) W on q's device is passed as it is. Any other
+# (on the CPU, on another GPU, another dtype, a view) is copied to q's device as float32 and the
+# copy kept in _W_CACHE under W's address, device, dtype, shape and strides, with W's version
+# counter (torch's count of in-place changes: W.copy_, W.mul_, ... move it, so a changed W is
+# copied again) and a weak reference to W (a dead W's address may be reused by another tensor:
+# its entry is never used again, and dropped). For a W on the CPU the entry also keeps a copy of
+# its bits, compared at each use: a change torch does not count (through numpy, as W.numpy()[:]
+# = ...) is seen too. A CUDA W changed behind torch's back (through DLPack, say) is not: call
+# empty_cache() then. The copy is made on the current stream, which is then synchronised once,
+# so a later call on any stream reads the finished copy. At most _W_CACHE_MAX copies are kept.
+
+_CUDA_DTYPES = {torch.float32: _cuda.PF_CUDA_F32, torch.bfloat16: _cuda.PF_CUDA_BF16,
+                torch.float16: _cuda.PF_CUDA_F16}
+_CUDA_KERNELS = ("positive", "hyperbolic", "trig", "relu")  # pf_kernel 0..3
+_ALIGN = 16  # bytes: what vector loads of float4 / 8 halves need
+_W_CACHE = {}
+_W_CACHE_MAX = 8
+_CUDA_GRAD = ("the CUDA backward of FAVOR+ is not implemented yet: run under torch.no_grad() / "
+              "inference_mode, or on CPU tensors for training")
+
+
+def _on_cuda(x):
+    return isinstance(x, torch.Tensor) and x.is_cuda
+
+
+def _tf32_allowed():
+    """Whether torch lets float32 cuBLAS products use TF32 now. From torch 2.9 every setting
+    (allow_tf32, set_float32_matmul_precision, fp32_precision) is recorded in fp32_precision,
+    and reading allow_tf32 warns that it is deprecated (and fails after a mix of the two APIs):
+    read fp32_precision where it exists, allow_tf32 before."""
+    m = torch.backends.cuda.matmul
+    try:
+        prec = m.fp32_precision
+    except (AttributeError, AssertionError):  # torch < 2.9 (an AssertionError before 2.x)
+        return bool(m.allow_tf32)
+    return prec == "tf32"
+
+
+def _w_version(W):
+    try:
+        return W._version
+    except RuntimeError:  # an inference tensor: no version counter
+        return None
+
+
+def _cuda_w(W, dev):
+    """W (m,d) or (H,m,d) as a float32 contiguous tensor on device dev: W itself, or its kept
+    device copy (see above)."""
+    src, W = W, W.detach()  # the same memory and version counter; the entry refers to src
+    if W.device == dev and W.dtype is torch.float32 and W.is_contiguous() \
+            and W.data_ptr() % _ALIGN == 0:
+        return W
+    on_cpu = W.device.type == "cpu"
+    key = (W.data_ptr(), W.device, W.dtype, tuple(W.shape), W.stride(), dev)
+    ver = _w_version(W)
+    e = _W_CACHE.get(key)
+    if e is not None:
+        ref, v, snap, Wd = e
+        if ref() is src and v == ver and (snap is None or torch.equal(W, snap)):
+            return Wd
+    Wd = W.to(device=dev, dtype=torch.float32)
+    if Wd.data_ptr() == W.data_ptr() or not Wd.is_contiguous() or Wd.data_ptr() % _ALIGN:
+        Wd = Wd.clone(memory_format=torch.contiguous_format)
+    # the copy is queued on the current stream(s): finished before a call on any stream reads it
+    torch.cuda.current_stream(dev).synchronize()
+    if W.is_cuda and W.device != dev:
+        torch.cuda.current_stream(W.device).synchronize()
+    if ver is None and not on_cpu:
+        return Wd  # an inference tensor on a GPU: no version to check a copy by, none kept
+    snap = W.clone() if on_cpu else None
+    with _LOCK:
+        for k in [k for k, e in _W_CACHE.items() if e[0]() is None]:
+            del _W_CACHE[k]  # their W is gone: its address may be another tensor's now
+        _W_CACHE.pop(key, None)
+        while len(_W_CACHE) >= _W_CACHE_MAX:
+            del _W_CACHE[next(iter(_W_CACHE))]
+        _W_CACHE[key] = (weakref.ref(src), ver, snap, Wd)
+    return Wd
+
+
+def _cuda_nonfinite(named):
+    """Where the first NaN or Inf of the named device tensors is, in _pf._raise's words."""
+    for name, t in named:
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            i = int(bad.reshape(-1).nonzero()[0, 0])
+            idx = np.unravel_index(i, tuple(t.shape))
+            return (f"{name} holds {t.reshape(-1)[i].item()} at index "
+                    f"{tuple(int(j) for j in idx)}")
+    return "a result is not finite: try kernel='positive', a smaller scale, or eps > 0"
+
+
+def _cuda_raise(st, function, named):
+    """The library's exception for status st of `function`, as _pf._raise makes it, with
+    pf_cuda_last_error()'s words (read in the calling thread, right after the call)."""
+    words = _cuda.last_error()
+    detail = ""
+    if st == _lib.PF_ENONFINITE:
+        detail = _cuda_nonfinite(named)
+    elif st == _lib.PF_EDOMAIN:
+        detail = ("a feature denominator is zero or not finite: try kernel='positive', a "
+                  "smaller scale, or eps > 0")
+    raise _lib.error(st, function, "; ".join(w for w in (words, detail) if w))
+
+
+def _cuda_attention(q, k, v, *, W, causal, kernel, method, key_lengths, scale, eps, chunk,
+                    oprf_a, threads, save_bytes):
+    """attention() of CUDA tensors: checks, then pf_cuda_favor (see the comment above)."""
+    named = (("q", q), ("k", k), ("v", v))
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(_CUDA_GRAD)
+    dev = q.device
+    if not (_on_cuda(q) and k.device == dev and v.device == dev):
+        raise ValueError(f"q, k and v must be on one device: q is on {q.device}, k on "
+                         f"{k.device}, v on {v.device}")
+    for name, x in named:
+        if x.layout is not torch.strided:
+            raise TypeError(f"{name} has layout {x.layout}: dense (strided) tensors only")
+    dt = q.dtype
+    if dt not in _CUDA_DTYPES:
+        hint = (": cast to float32 (.float()), or bfloat16 / float16 for tensor cores"
+                if dt is torch.float64 else "")
+        raise TypeError(f"q: dtype {dt} is not supported on CUDA: float32, bfloat16 or "
+                        f"float16{hint}")
+    if k.dtype is not dt or v.dtype is not dt:
+        raise TypeError(f"q, k and v must have one dtype on CUDA (float32, bfloat16 or "
+                        f"float16): q is {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if method == "exact":
+        raise NotImplementedError("method='exact' has no CUDA kernel here: on the GPU use "
+                                  "torch.nn.functional.scaled_dot_product_attention, or move "
+                                  "the tensors to the CPU")
+    if method != "favor":
+        raise ValueError(f"method '{method}' is not known here: 'favor' or 'exact'")
+    kid = _lib.kernel_id(kernel)
+    if kid >= len(_CUDA_KERNELS):
+        raise NotImplementedError(f"kernel '{kernel}' does not run on CUDA: the GPU runs "
+                                  f"{', '.join(_CUDA_KERNELS)}; FAVOR++ (oprf) and FAVOR# "
+                                  "(sderf) run on CPU tensors")
+    if oprf_a is not None:
+        raise ValueError("oprf_a is for kernel='oprf' only")
+    if W is None:
+        raise ValueError("method='favor' needs W (m,d) or (H,m,d): performer.projection(m, d) "
+                         "or a FastAttention's projection_matrix")
+    if not isinstance(W, torch.Tensor):
+        raise TypeError(f"W must be a torch.Tensor, got {type(W).__name__}")
+    if W.layout is not torch.strided or not W.dtype.is_floating_point or W.is_complex():
+        raise TypeError(f"W: dtype {W.dtype} ({W.layout}) is not supported: a dense floating "
+                        "tensor (copied to float32)")
+    if W.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"W is on {W.device}: on the CPU or a CUDA device")
+    sh = _pf._shape(q, k, v, causal)
+    ok = (W.ndim == 2 or (W.ndim == 3 and W.shape[0] == sh.H)) and W.shape[-1] == sh.d
+    if not ok or W.shape[-2] < 1:
+        raise ValueError(f"W has shape {tuple(W.shape)}: expected (m, {sh.d}) or ({sh.H}, m, "
+                         f"{sh.d}) (one W per head)")
+    if isinstance(key_lengths, torch.Tensor):
+        key_lengths = key_lengths.detach().cpu().numpy()
+    key_len = _pf._key_lengths(key_lengths, sh)  # host int32: the library reads it once
+    opts = _pf._attn_opts(sh, scale, causal, key_len, 0 if threads is None else threads)
+    if save_bytes is not None and int(save_bytes) < 0:
+        raise ValueError(f"save_bytes must be >= 0, got {save_bytes}")
+    eps = _pf._nonneg(eps, "eps")
+    chunk = _pf._int(chunk, "chunk", 0, 2**31 - 1)
+    L = _cuda.lib()  # RuntimeError when libperformer_cuda is not there
+    ctx = _cuda.ctx(dev.index)
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev)
+        q, k, v = (x if x.is_contiguous() and x.data_ptr() % _ALIGN == 0
+                   else x.clone(memory_format=torch.contiguous_format) for x in (q, k, v))
+        Wd = _cuda_w(W, dev)
+        fav = _lib.pf_favor_opts(kid, Wd.data_ptr(), W.shape[-2], 1 if W.ndim == 3 else 0,
+                                 eps, chunk, 0, 0.0)
+        out = torch.empty(tuple(q.shape[:-1]) + (sh.dv,), dtype=dt, device=dev)
+        allow = _tf32_allowed()
+        with ctx.lock:
+            ctx.set_tf32(allow)
+            st = L.pf_cuda_favor(ctx.ptr, out.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                 v.data_ptr(), _CUDA_DTYPES[dt], _P(sh), _P(opts), _P(fav),
+                                 stream.cuda_stream)
+            if st:
+                _cuda_raise(st, "pf_cuda_favor", (("q", q), ("k", k), ("v", v), ("W", Wd)))
+    return out
+
+
+def cuda_available():
+    """True when libperformer_cuda loads and finds at least one device (loading it). Never
+    raises: False without the library, a GPU or a driver."""
+    return _cuda.device_count() >= 1
+
+
+def _device_index(device):
+    if device is None:
+        return torch.cuda.current_device()
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type != "cuda":
+        raise ValueError(f"device {d}: a CUDA device")
+    return torch.cuda.current_device() if d.index is None else d.index
+
+
+def cuda_profile(on, device=None):
+    """Turns the stage timing of the CUDA forwards on device (None: the current one) on or off
+    (pf_cuda_ctx_profile: a CUDA event around each stage of every later forward, which costs a
+    little). cuda_stage_times() reads the sums."""
+    _cuda.profile(_device_index(device), on)
+
+
+StageTime = collections.namedtuple("StageTime", "name ms flops bytes")
+
+
+def cuda_stage_times(device=None):
+    """The stages of the CUDA forwards on device (None: the current one) since cuda_profile(True)
+    or the last call of this function, which resets the sums (pf_cuda_ctx_stages; it waits for
+    the device's last call): a list of StageTime(name, ms, flops, bytes), in the library's order
+    ("project", "features", "weights", "chunk_states", "prefix", "scores", "readout_mm",
+    "normalise"): milliseconds summed over the forwards, the flops of the matrix products (2 per
+    multiply-add; 0 for the elementwise stages), the bytes each stage reads and writes."""
+    return [StageTime(*t) for t in _cuda.stages(_device_index(device))]
 
 
 # ---- performer-pytorch's FastAttention ------------------------------------------------------
@@ -452,7 +726,11 @@ class FastAttention(torch.nn.Module):
     - forward also takes key_lengths (B valid key lengths, padding after them), which
       performer-pytorch lacks (it masks values in its SelfAttention instead).
     Gradients flow to q, k and v (through pf_attn_favor_save / _backward_saved), never to
-    projection_matrix, as there (it is a buffer). CPU tensors only; float64/16 converted.
+    projection_matrix, as there (it is a buffer). CPU tensors: float64/16 converted. CUDA
+    tensors (the forward only, under torch.no_grad() or inference_mode): module.cuda() moves
+    the buffer to the GPU, where it is used as it is (a buffer left on the CPU is copied to the
+    device once, and again after each redraw); float32, bfloat16 or float16 inputs, output in
+    their dtype, as attention() says.
     Extra keyword arguments: threads (None: torch.get_num_threads()), save_bytes (the kept
     features' budget per call, None: SAVE_BYTES).
     """
@@ -490,17 +768,21 @@ class FastAttention(torch.nn.Module):
         self.register_buffer("projection_matrix", self.create_projection())
 
     def create_projection(self, device=None):
-        """A new (nb_features, dim_heads) projection, from a seed drawn from torch's default
-        generator."""
-        if device is not None and torch.device(device).type != "cpu":
-            raise TypeError(f"device {device}: performer.torch runs on the CPU")
+        """A new (nb_features, dim_heads) float32 projection, from a seed drawn from torch's
+        default generator, drawn on the CPU by the library (the same bits whatever the device)
+        and moved to device (None or a CPU device: left on the CPU; a CUDA device)."""
+        if device is not None and torch.device(device).type not in ("cpu", "cuda"):
+            raise TypeError(f"device {device}: performer.torch runs on the CPU or on CUDA")
         seed = int(torch.randint(0, 2**62, (1,)).item())
         W = _pf.projection(self.nb_features, self.dim_heads, kind="orthogonal",
                            norm="chi" if self.ortho_scaling == 0 else "sqrtd", seed=seed)
-        return torch.from_numpy(W)
+        W = torch.from_numpy(W)
+        return W if device is None else W.to(device)
 
     @torch.no_grad()
     def redraw_projection_matrix(self, device=None):
+        """Draws a new projection into the buffer, in place, wherever the buffer is (device
+        only checks and stages it: the buffer keeps its device and dtype)."""
         self.projection_matrix.copy_(self.create_projection(device))
 
     def extra_repr(self):

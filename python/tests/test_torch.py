@@ -10,6 +10,9 @@ error ||x - ref|| / ||ref|| of outputs and of each gradient must be below 1e-5 (
 rounding through a few sums of at most a few hundred terms gives about 1e-6).
 """
 import math
+import os
+import subprocess
+import sys
 import unittest
 
 import numpy as np
@@ -23,6 +26,7 @@ except ImportError:  # the whole module is skipped, with this message
 import performer
 import performer.torch as pt
 from common import ASAN, rss_bytes, same_bits
+from performer import _cuda
 
 TOL = 1e-5
 
@@ -447,8 +451,8 @@ class TestErrors(unittest.TestCase):
         fa = pt.FastAttention(8)
         with self.assertRaisesRegex(ValueError, r"expected \(B, H, L, 8\)"):
             fa(torch.ones(2, 24, 8), torch.ones(2, 24, 8), torch.ones(2, 24, 8))
-        with self.assertRaisesRegex(TypeError, "CPU"):
-            fa.redraw_projection_matrix("cuda")
+        with self.assertRaisesRegex(TypeError, "CPU or on CUDA"):
+            fa.redraw_projection_matrix("meta")
 
 
 class TestFastAttention(unittest.TestCase):
@@ -502,6 +506,59 @@ class TestFastAttention(unittest.TestCase):
         out.square().mean().backward()
         self.assertTrue(torch.isfinite(lin.weight.grad).all())
         self.assertGreater(lin.weight.grad.abs().sum().item(), 0)
+
+
+class TestCudaLibraryIsOptional(unittest.TestCase):
+    """libperformer_cuda is loaded when a CUDA tensor first reaches performer.torch, never by
+    importing it or by CPU calls; where it cannot be loaded, the GPU path says so and how to get
+    it, and cuda_available() is False. (test_torch_cuda runs the GPU path, where there is one.)"""
+
+    def run_python(self, code):
+        env = dict(os.environ, PERFORMER_CUDA_LIB="/nonexistent/libperformer_cuda.so.0")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.strip()
+
+    def test_import_and_cpu_calls_do_not_load_it(self):
+        got = self.run_python(
+            "import torch, performer, performer.torch as pt, performer._cuda as c\n"
+            "q = torch.randn(1, 2, 8, 4)\n"
+            "W = torch.from_numpy(performer.projection(8, 4))\n"
+            "pt.attention(q, q, q, W=W, causal=True)\n"
+            "pt.attention(q.requires_grad_(), q, q, W=W).sum().backward()\n"
+            "pt.FastAttention(4, nb_features=8)(q, q, q)\n"
+            "pt.empty_cache()\n"
+            "print(c._loaded == [] and c.contexts() == {})\n")
+        self.assertEqual(got, "True")
+
+    def test_missing_library_is_a_clear_error(self):
+        with self.assertRaises(RuntimeError) as cm:
+            _cuda.open_library([("/nonexistent/libperformer_cuda.so.0", "PERFORMER_CUDA_LIB")])
+        msg = str(cm.exception)
+        for text in ("libperformer_cuda", "nvcc", "`make`", "PERFORMER_CUDA_LIB",
+                     "/nonexistent/libperformer_cuda.so.0 (PERFORMER_CUDA_LIB): no such file"):
+            self.assertIn(text, msg)
+        with self.assertRaisesRegex(RuntimeError, "lacks pf_cuda_"):  # not the CUDA library
+            _cuda.open_library([(performer.library_path, "PERFORMER_CUDA_LIB")])
+        got = self.run_python(
+            "import performer.torch as pt, performer._cuda as c\n"
+            "print(pt.cuda_available(), c.device_count())\n"
+            "for f in (c.lib, lambda: pt.cuda_profile(True, 0), lambda: pt.cuda_stage_times(0)):\n"
+            "    try:\n"
+            "        f()\n"
+            "    except RuntimeError as e:\n"
+            "        print('was not found' in str(e) and 'nvcc' in str(e))\n")
+        self.assertEqual(got.split(), ["False", "0", "True", "True", "True"])
+
+    def test_projection_devices(self):
+        fa = pt.FastAttention(8, nb_features=16)
+        torch.manual_seed(1)
+        a = fa.create_projection()
+        torch.manual_seed(1)
+        b = fa.create_projection("cpu")
+        self.assertTrue(torch.equal(a, b))
+        self.assertEqual((a.dtype, a.device.type), (torch.float32, "cpu"))
 
 
 class TestMemory(unittest.TestCase):
