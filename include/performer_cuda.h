@@ -9,7 +9,9 @@
  *
  * What runs where: the products (X W^T, the key state phi(K)^T [V|1], the query readout, the
  * causal chunks' scores) through cuBLAS, on tensor cores for bf16 and fp16 with float32
- * accumulation; the feature maps with their stabilisers, the weights of the values, the prefix
+ * accumulation (the projection X W^T of half inputs on TF32 ones, from the inputs widened to
+ * float32: W keeps 2^-11 of precision there, which the exponential features need); the feature
+ * maps with their stabilisers, the weights of the values, the prefix
  * of chunk states and the normalisation in the library's own kernels. Half precision is storage
  * only: features, their log factors, the state and the normaliser are float32 (the features
  * and the state are rounded to bf16 as tensor-core inputs, never summed in it), so long
@@ -62,7 +64,7 @@ extern "C" {
 typedef enum pf_cuda_dtype {
     PF_CUDA_F32 = 0,  /* float32; products in float32 (TF32 only if the context allows it) */
     PF_CUDA_BF16 = 1, /* bfloat16; products on tensor cores, float32 accumulation */
-    PF_CUDA_F16 = 2   /* float16; the projection in fp16, everything after it as for bf16 */
+    PF_CUDA_F16 = 2   /* float16; as bfloat16 (features and states in bfloat16's range) */
 } pf_cuda_dtype;
 
 /* Bytes of one element of dtype (4 or 2); 0 for an unknown dtype. */

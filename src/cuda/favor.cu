@@ -5,6 +5,9 @@
  * overflow or underflow where float32 would not) and every product accumulating in float32:
  *
  *   U = sqrt(s) X W^T                 cuBLAS, float32 out              ("project")
+ *     (half inputs: X widened to float32, which is exact, and the product on TF32 tensor
+ *     cores: W then carries 2^-11 of relative rounding, four times less than in bfloat16,
+ *     which the exponential of the features would pass on to the output)
  *   phi~(X), c(X)                     own kernel, one warp a row       ("features")
  *
  * bidirectional
@@ -52,7 +55,7 @@ struct favor_plan {
     pf_fmap_dev fm;
     int w_per_head;
     /* bytes per head of each buffer (in this order in a group's workspace) and fixed bytes */
-    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a32, b_a, b_o, b_ref;
+    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a32, b_a, b_o, b_ref, b_x;
     size_t per_head, fixed;
 };
 
@@ -148,10 +151,11 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->b_sb = align256(r * dw * tc);
         p->b_o = align256(Lq * dw * 4);
     }
+    if (p->tin == 2) p->b_x = align256((size_t)std::max(p->Lq, p->Lk) * (size_t)p->d * 4);
     p->per_head = p->b_u + p->b_phq + p->b_phk + p->b_c + p->b_p + p->b_vw + p->b_vs + p->b_st +
-                  p->b_sb + p->b_a32 + p->b_a + p->b_o + p->b_ref;
+                  p->b_sb + p->b_a32 + p->b_a + p->b_o + p->b_ref + p->b_x;
     const size_t wrows = (size_t)(f->w_per_head ? s->H : 1) * m;
-    p->fixed = align256(wrows * (size_t)s->d * p->tin);
+    p->fixed = align256(wrows * (size_t)s->d * 4);
     return PF_OK;
 }
 
@@ -161,14 +165,15 @@ struct favor_bufs {
     void *phq, *phk, *vw, *vs, *sb, *a;
     double *c, *P, *eref;
     float *alpha;
-    void *W; /* the fixed part: W in the inputs' type */
+    float *x; /* half inputs: a side's rows widened to float32 for the projection */
+    float *W; /* the fixed part: W, checked */
 };
 
 static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     favor_bufs b;
     memset(&b, 0, sizeof b);
     char *x = (char *)ws;
-    b.W = x;
+    b.W = (float *)x;
     x += p->fixed;
     auto take = [&](size_t per) -> void * {
         if (per == 0) return NULL;
@@ -192,6 +197,7 @@ static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
         b.eref = (double *)take(p->b_ref);
         b.alpha = (float *)(b.eref + (size_t)p->nch * G);
     }
+    b.x = (float *)take(p->b_x);
     if (p->causal) b.st = b.u; /* the chunks' states reuse the projection's buffer */
     return b;
 }
@@ -222,15 +228,23 @@ __device__ __forceinline__ int warp_any(int v) {
     return __any_sync(0xffffffffu, v);
 }
 
-/* W (rows, d) float32 -> Tin, flagging a NaN or Inf. */
-template <typename Tin>
-__global__ void k_convert_w(Tin *dst, const float *W, size_t n, unsigned *flags) {
+/* W (rows, d) copied, flagging a NaN or Inf (the copy is what the products read, so that W
+ * cannot change under a call). */
+__global__ void k_copy_w(float *dst, const float *W, size_t n, unsigned *flags) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float w = W[i];
         if (!isfinite(w)) pf_raise(flags, PF_FLAG_INPUT);
-        pf_st(dst + i, w);
+        dst[i] = w;
     }
+}
+
+/* Half-precision rows widened to float32 (exactly), n elements. */
+template <typename Tin>
+__global__ void k_widen(float *dst, const Tin *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = pf_ld(src + i);
 }
 
 /* Features of rows [0, rows_alloc) of G heads, one warp a row: X (G heads at stride xs, rows of
@@ -530,7 +544,7 @@ struct favor_run {
     pf_cuda_ctx *ctx;
     const favor_plan *p;
     cudaStream_t stream;
-    cudaDataType_t tin_t, tc_t;
+    cudaDataType_t tc_t;
     cublasComputeType_t compute; /* for float32 operands: TF32 only if allowed */
     const int32_t *klen;         /* device key lengths or NULL */
 };
@@ -539,8 +553,12 @@ struct favor_run {
 static pf_status gemm(const favor_run &R, cublasOperation_t ta, cublasOperation_t tb, int M,
                       int N, int K, float alpha, const void *A, cudaDataType_t at, int lda,
                       long long sa, const void *B, int ldb, long long sb, float beta, float *C,
-                      int ldc, long long sc, int batch, const char *what) {
-    const cublasComputeType_t ct = at == CUDA_R_32F ? R.compute : CUBLAS_COMPUTE_32F;
+                      int ldc, long long sc, int batch, const char *what,
+                      cublasComputeType_t f32 = CUBLAS_COMPUTE_32F) {
+    /* float32 operands: f32 if given (the projection of half inputs), else as allowed */
+    const cublasComputeType_t ct =
+        at != CUDA_R_32F ? CUBLAS_COMPUTE_32F
+                         : (f32 == CUBLAS_COMPUTE_32F_FAST_TF32 ? f32 : R.compute);
     cublasStatus_t e = cublasGemmStridedBatchedEx(R.ctx->blas, ta, tb, M, N, K, &alpha, A, at, lda,
                                                   sa, B, at, ldb, sb, &beta, C, CUDA_R_32F, ldc,
                                                   sc, batch, ct, CUBLAS_GEMM_DEFAULT);
@@ -553,12 +571,24 @@ static unsigned grid_for(size_t threads, int block) {
 }
 
 /* U (G, ldrows, m) = sqrt(s) X W^T for the G heads from bh0, X (bh, n, d) in Tin. W per head
- * runs one batched product per run of heads of one batch element. */
+ * runs one batched product per run of heads of one batch element. Half inputs are widened to
+ * float32 first and multiplied on TF32 tensor cores (float32 inputs: TF32 only if allowed). */
+template <typename Tin>
 static pf_status project(const favor_run &R, const favor_bufs &b, const void *X, int n,
                          int ldrows, int bh0, int G) {
     const favor_plan *p = R.p;
     const size_t xs = (size_t)n * p->d;
     const long long su = (long long)ldrows * p->m;
+    const char *xbase = (const char *)X + (size_t)bh0 * xs * p->tin;
+    size_t xes = p->tin;
+    cublasComputeType_t ct = R.compute;
+    if (p->tin == 2) {
+        const size_t nx = (size_t)G * xs;
+        k_widen<Tin><<<grid_for(nx, 256), 256, 0, R.stream>>>(b.x, (const Tin *)xbase, nx);
+        xbase = (const char *)b.x;
+        xes = 4;
+        ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+    }
     int g = 0;
     while (g < G) {
         int run = G - g, woff = 0;
@@ -569,11 +599,11 @@ static pf_status project(const favor_run &R, const favor_bufs &b, const void *X,
             woff = h;
             sw = (long long)p->m * p->d;
         }
-        const char *x = (const char *)X + (size_t)(bh0 + g) * xs * p->tin;
-        const char *w = (const char *)b.W + (size_t)woff * p->m * p->d * p->tin;
-        pf_status st = gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, p->m, n, p->d, p->sqrt_s, w, R.tin_t,
+        const char *x = xbase + (size_t)g * xs * xes;
+        const float *w = b.W + (size_t)woff * p->m * p->d;
+        pf_status st = gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, p->m, n, p->d, p->sqrt_s, w, CUDA_R_32F,
                             p->d, sw, x, p->d, (long long)xs, 0.0f, b.u + (size_t)g * su, p->m,
-                            su, run, "projection X W^T");
+                            su, run, "projection X W^T", ct);
         if (st != PF_OK) return st;
         g += run;
     }
@@ -606,7 +636,7 @@ static pf_status group_bidirectional(const favor_run &R, const favor_bufs &b, vo
     const double tin = (double)p->tin, tc = (double)p->tc;
     pf_status st;
     pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project(R, b, K, Lk, Lk, bh0, G)) != PF_OK) return st;
+    if ((st = project<Tin>(R, b, K, Lk, Lk, bh0, G)) != PF_OK) return st;
     account(ctx, ST_PROJECT, 2.0 * G * Lk * m * p->d, G * (Lk * p->d * tin + Lk * m * 4.0));
     pf_cuda_mark(ctx, ST_FEATURES);
     launch_features<Tin, Tc>(R, (Tc *)b.phk, b.c, b.u, K, Lk, Lk, bh0, G, R.klen);
@@ -625,7 +655,7 @@ static pf_status group_bidirectional(const favor_run &R, const favor_bufs &b, vo
         return st;
     account(ctx, ST_CHUNK, 2.0 * G * Lk * r * dw, G * (Lk * (r + dw) * tc + r * dw * 4.0));
     pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project(R, b, Q, Lq, Lq, bh0, G)) != PF_OK) return st;
+    if ((st = project<Tin>(R, b, Q, Lq, Lq, bh0, G)) != PF_OK) return st;
     account(ctx, ST_PROJECT, 2.0 * G * Lq * m * p->d, G * (Lq * p->d * tin + Lq * m * 4.0));
     pf_cuda_mark(ctx, ST_FEATURES);
     launch_features<Tin, Tc>(R, (Tc *)b.phq, NULL, b.u, Q, Lq, Lq, bh0, G, NULL);
@@ -663,14 +693,14 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
     pf_status st;
     /* keys: features, log factors, running maxima, weighted values */
     pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project(R, b, K, L, Lp, bh0, G)) != PF_OK) return st;
+    if ((st = project<Tin>(R, b, K, L, Lp, bh0, G)) != PF_OK) return st;
     account(ctx, ST_PROJECT, 2.0 * G * L * m * p->d, G * (L * p->d * tin + L * m * 4.0));
     pf_cuda_mark(ctx, ST_FEATURES);
     launch_features<Tin, Tc>(R, (Tc *)b.phk, b.c, b.u, K, L, Lp, bh0, G, R.klen);
     k_prefix_max<<<G, 1024, 0, R.stream>>>(b.P, b.eref, b.alpha, b.c, Lp, C, nch);
     account(ctx, ST_FEATURES, 0, G * (L * m * 4.0 + Lp * r * tc + L * p->d * tin + Lp * 16.0));
     pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project(R, b, Q, L, Lp, bh0, G)) != PF_OK) return st;
+    if ((st = project<Tin>(R, b, Q, L, Lp, bh0, G)) != PF_OK) return st;
     account(ctx, ST_PROJECT, 2.0 * G * L * m * p->d, G * (L * p->d * tin + L * m * 4.0));
     pf_cuda_mark(ctx, ST_FEATURES);
     launch_features<Tin, Tc>(R, (Tc *)b.phq, NULL, b.u, Q, L, Lp, bh0, G, NULL);
@@ -733,7 +763,7 @@ static pf_status run_all(const favor_run &R, void *out, const void *Q, const voi
     const size_t wn = (size_t)(p->w_per_head ? p->H : 1) * p->m * p->d;
     favor_bufs b = bufs_carve(p, ctx->ws, G);
     pf_cuda_mark(ctx, ST_PROJECT);
-    k_convert_w<Tin><<<grid_for(wn, 256), 256, 0, R.stream>>>((Tin *)b.W, W, wn, ctx->flags);
+    k_copy_w<<<grid_for(wn, 256), 256, 0, R.stream>>>(b.W, W, wn, ctx->flags);
     const int BH = p->B * p->H;
     for (int bh0 = 0; bh0 < BH; bh0 += G) {
         const int g = std::min(G, BH - bh0);
@@ -844,7 +874,6 @@ PF_CUDA_API pf_status pf_cuda_favor(pf_cuda_ctx *ctx, void *out, const void *Q, 
     R.ctx = ctx;
     R.p = &p;
     R.stream = stream;
-    R.tin_t = cuda_type(p.tin, dtype);
     R.tc_t = cuda_type(p.tc, PF_CUDA_BF16);
     R.compute = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     R.klen = klen;
