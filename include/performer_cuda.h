@@ -28,8 +28,12 @@
  * status, with pf_cuda_last_error() saying what in words. Arguments are checked before any
  * work is queued. What only the GPU can see (a NaN or Inf in Q, K or V, a zero denominator) is
  * read back at the end of the call, which therefore waits for the stream: the status is
- * PF_ENONFINITE or PF_EDOMAIN as pf_attn_favor's, and out then holds zeros in the rows
- * concerned, never a NaN.
+ * PF_ENONFINITE or PF_EDOMAIN as pf_attn_favor's, and out then holds zeros (all of it for a NaN
+ * or Inf in the inputs, the rows concerned for a zero denominator), never a NaN.
+ *
+ * Reproducibility: the same call on the same GPU gives the same bits; a different workspace
+ * limit (heads processed at a time) may let cuBLAS choose other kernels, which agree to float
+ * rounding.
  *
  *     pf_cuda_ctx *ctx;
  *     pf_cuda_ctx_create(&ctx, 0);                          // device 0
@@ -74,9 +78,9 @@ PF_API size_t pf_cuda_dtype_size(pf_cuda_dtype dtype);
  * pf_cuda_last_error() says why). Never fails. */
 PF_API int pf_cuda_device_count(void);
 
-/* What went wrong in this host thread's last failing call of this library, in words (a CUDA
- * error's own text, the argument that was refused); "" if none. Static per-thread storage,
- * valid until the thread's next call. */
+/* What went wrong in this host thread's last call of this library, in words (a CUDA error's
+ * own text, the argument that was refused); "" if it succeeded (every call clears it first).
+ * Static per-thread storage, valid until the thread's next call. */
 PF_API const char *pf_cuda_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------
@@ -107,15 +111,16 @@ PF_API pf_status pf_cuda_ctx_set_tf32(pf_cuda_ctx *ctx, int allow);
  * workspace grows when a call needs more and is kept for the next calls. */
 PF_API pf_status pf_cuda_ctx_set_workspace_limit(pf_cuda_ctx *ctx, size_t bytes);
 
-/* Device bytes the context holds now (workspace and W copies). */
+/* Device bytes the context holds now (its workspace and key lengths). */
 PF_API size_t pf_cuda_ctx_bytes(const pf_cuda_ctx *ctx);
 
 /* Frees the context's workspace (the next call allocates again). */
 PF_API void pf_cuda_ctx_trim(pf_cuda_ctx *ctx);
 
 /* Workspace of a forward: *per_head bytes for each head processed at a time, *fixed bytes
- * whatever the head count (either may be NULL). Checked as pf_cuda_favor checks its arguments
- * (W and key_len are not read). */
+ * whatever the head count (either may be NULL). The shape and options are checked as
+ * pf_cuda_favor checks them; favor->W and opts->key_len are neither checked nor read (NULL is
+ * fine). An unknown kernel is PF_EINVAL, FAVOR++ and FAVOR# PF_ENOTSUP. */
 PF_API pf_status pf_cuda_favor_workspace(size_t *per_head, size_t *fixed, pf_cuda_dtype dtype,
                                          const pf_shape *shape, const pf_attn_opts *opts,
                                          const pf_favor_opts *favor);
@@ -163,7 +168,9 @@ PF_API pf_status pf_cuda_ctx_stages(pf_cuda_ctx *ctx, const char **names, double
  * float32, referenced to its running key maximum M, and its position (tokens consumed). Each
  * sequence is at its own position: they are reset and stepped independently (active mask).
  * Memory N H r (dv + 1) floats, whatever the positions; a step reads and writes every active
- * state once. Rows equal the causal pf_cuda_favor's (and pf_attn_favor's) to float rounding.
+ * state once. Rows equal pf_attn_favor's causal rows to float rounding (the state is float32
+ * whatever the dtype), and the causal pf_cuda_favor's to its own rounding (bfloat16 products
+ * for half inputs).
  * ------------------------------------------------------------------------------------------ */
 
 typedef struct pf_cuda_favor_state pf_cuda_favor_state;
@@ -188,8 +195,10 @@ PF_API pf_status pf_cuda_favor_state_reset(pf_cuda_favor_state *state, const int
  * NULL: all): q, k (N,H,d), v (N,H,dv) -> out (N,H,dv), each row attending to the sequence's
  * earlier tokens and itself. The rows of inactive sequences, and their states, are left as they
  * were. dtype as for pf_cuda_favor. Waits for the stream to read the error flags: PF_ENONFINITE
- * (NaN or Inf in an active sequence's q, k or v: that state is left unchanged and its row is
- * zero), PF_EDOMAIN (a zero denominator: the row is zero). */
+ * for a NaN or Inf in an active sequence's q, k or v (every head of that sequence: rows zero,
+ * state and position unchanged; the other sequences step as usual) or a projection that
+ * overflows float32 (that head: row zero, state unchanged), PF_EDOMAIN for a zero denominator
+ * (the row is zero, the state stepped). */
 PF_API pf_status pf_cuda_favor_state_step(pf_cuda_favor_state *state, void *out, const void *q,
                                           const void *k, const void *v, const int32_t *active,
                                           pf_cuda_dtype dtype, cudaStream_t stream);

@@ -18,13 +18,16 @@
  *
  * causal, chunks of C rows (t = 0, 1, ...), P_i = max_{j <= i} c_j (a running maximum that
  * looks at no later key), E_t = P at the end of chunk t (E_-1 = -inf):
- *   Vw_j = e^(c_j - P_j) [v_j|1], Vs_j = e^(c_j - E_t(j)) [v_j|1]      ("weights")
+ *   V1_j = [v_j | 1 | 0..], Vs_j = e^(c_j - E_t(j)) [v_j|1]            ("weights")
  *   dS_t = phi~(K_t)^T Vs_t           every chunk at once, batched     ("chunk_states")
  *   Sb_t = sum_{u < t} e^(E_u - E_(t-1)) dS_u, the state before chunk t, referenced to E_(t-1):
  *          Sb_(t+1) = e^(E_(t-1) - E_t) Sb_t + dS_t                    ("prefix")
- *   A_t = phi~(Q_t) phi~(K_t)^T, A'_ij = A_ij e^(P_j - P_i) for j <= i, else exactly 0;
+ *   A_t = phi~(Q_t) phi~(K_t)^T, A'_ij = A_ij e^(c_j - P_i) for j <= i, else exactly 0;
  *   phi~(Q_t) rows scaled by e^(E_(t-1) - P_i)                         ("scores")
- *   O_t = phi~(Q_t)' Sb_t + A'_t Vw_t                                  ("readout_mm")
+ *   O_t = phi~(Q_t)' Sb_t + A'_t V1_t                                  ("readout_mm")
+ * The weight of key j in row i rides in A' (rounded once, as A' is anyway), not in the values:
+ * [v_j | 1] stays exact, and a key that dominates its row has the same rounding in the row's
+ * numerator and denominator.
  * Every factor is <= 1, and row i reads only keys j <= i through exact zeros of A', so a later
  * key changes no bit of it. This is the CPU library's causal chunk (src/attn_favor.c) with the
  * chunks' states made by one batched product and a prefix instead of one after another.
@@ -404,8 +407,8 @@ __global__ void k_prefix_max(double *P, double *eref, float *alpha, const double
 }
 
 /* Weighted values: row j of head g, columns [0, dw): w [v_j | 1 | 0...], w = e^(c_j - ref).
- * Bidirectional: vs with ref = M[g]. Causal: vw with ref = P_j and vs with ref = E_t(j) (the
- * running max at the end of j's chunk). Rows past the valid keys (c = -inf) are zero. A NaN or
+ * Bidirectional: vs with ref = M[g]. Causal: vw unweighted (w = 1) and vs with ref = E_t(j)
+ * (the running max at the end of j's chunk). Rows past the valid keys (c = -inf) are zero. A NaN or
  * Inf in a valid row of V is flagged. Block (32, 8): x walks the columns, y the rows. */
 template <typename Tin, typename Tc>
 __global__ void k_weights(Tc *vw, Tc *vs, const Tin *V, size_t vstride, const double *c,
@@ -420,7 +423,7 @@ __global__ void k_weights(Tc *vw, Tc *vs, const Tin *V, size_t vstride, const do
         if (P) {
             const size_t gp = (size_t)g * rows_alloc;
             const int tend = min(rows_alloc, (j / C + 1) * C) - 1;
-            ww = P[row] == cj ? 1.0f : expf((float)(cj - P[row]));
+            ww = 1.0f;
             ws = P[gp + tend] == cj ? 1.0f : expf((float)(cj - P[gp + tend]));
         } else {
             ws = M[g] == cj ? 1.0f : expf((float)(cj - M[g]));
@@ -469,7 +472,7 @@ __global__ void k_to_tc(Tc *dst, const float *src, size_t n) {
         pf_st(dst + i, src[i]);
 }
 
-/* The causal chunks' scores: A'_ij = A_ij e^(P_j - P_i) for j <= i with key j valid, else 0
+/* The causal chunks' scores: A'_ij = A_ij e^(c_j - P_i) for j <= i with key j valid, else 0
  * (A (G*nch, C, C) float32 -> Tc), one thread an element. */
 template <typename Tc>
 __global__ void k_mask(Tc *A, const float *A32, const double *P, const double *c, int G,
@@ -483,9 +486,9 @@ __global__ void k_mask(Tc *A, const float *A32, const double *P, const double *c
     const size_t kj = rowg - i + j; /* key j of the same chunk and head */
     float v = 0.0f;
     if (j <= i && c[kj] > -INFINITY) {
-        const double pi = P[rowg], pj = P[kj];
+        const double pi = P[rowg], cj = c[kj];
         v = A32[idx];
-        if (pj != pi) v *= expf((float)(pj - pi));
+        if (cj != pi) v *= expf((float)(cj - pi));
     }
     pf_st(A + idx, v);
 }
@@ -736,7 +739,7 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
     }
     account(ctx, ST_SCORES, 2.0 * G * Lp * C * r,
             G * (2.0 * Lp * r * tc + Lp * C * (8.0 + tc) + 2.0 * Lp * r * tc));
-    /* O_t = phi~(Q_t)' Sb_t + A'_t Vw_t; column-major O^T = Sb^T phi~(Q_t)'^T + Vw^T A'^T */
+    /* O_t = phi~(Q_t)' Sb_t + A'_t V1_t; column-major O^T = Sb^T phi~(Q_t)'^T + V1^T A'^T */
     pf_cuda_mark(ctx, ST_READOUT);
     if ((st = gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, dw, C, r, 1.0f, b.sb, R.tc_t, dw, (long long)per,
                    b.phq, r, (long long)C * r, 0.0f, b.o, dw, (long long)C * dw, G * nch,
@@ -744,7 +747,7 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
         return st;
     if ((st = gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, dw, C, C, 1.0f, b.vw, R.tc_t, dw,
                    (long long)C * dw, b.a, C, (long long)C * C, 1.0f, b.o, dw, (long long)C * dw,
-                   G * nch, "chunk readout A'_t Vw_t")) != PF_OK)
+                   G * nch, "chunk readout A'_t V1_t")) != PF_OK)
         return st;
     account(ctx, ST_READOUT, 2.0 * G * Lp * dw * (r + C),
             G * (Lp * r * tc + nch * per * tc + Lp * C * tc + Lp * dw * (tc + 8.0)));

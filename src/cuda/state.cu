@@ -380,8 +380,8 @@ PF_CUDA_API pf_status pf_cuda_favor_state_reset(pf_cuda_favor_state *s, const in
     const int *dev = NULL;
     if (which) {
         if (pf_cuda_is_device(which) == 1)
-            return pf_cuda_fail(PF_EINVAL, "pf_cuda_favor_state_reset: `which` is host memory "
-                                           "(N ints)");
+            return pf_cuda_fail(PF_EINVAL, "pf_cuda_favor_state_reset: `which` is device "
+                                           "memory; it must be N ints in host memory");
         cudaError_t e = cudaMemcpyAsync(s->which, which, sizeof(int) * s->N,
                                         cudaMemcpyHostToDevice, stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(stream);

@@ -126,7 +126,7 @@ def head_causal(Q, K, V, W, m, kernel, eps, sqrt_s, klen, C):
         if j < L:
             row[:dv] = V[j]
         row[dv] = 1.0
-        vw[j * dw:(j + 1) * dw] = math.exp(c[j] - P[j]) * row
+        vw[j * dw:(j + 1) * dw] = row
         vs[j * dw:(j + 1) * dw] = math.exp(c[j] - P[tend]) * row
     per = r * dw
     dS = np.zeros(nch * per)
@@ -145,7 +145,7 @@ def head_causal(Q, K, V, W, m, kernel, eps, sqrt_s, klen, C):
         i = (rowg % Lp) % C
         kj = rowg - i + j
         if j <= i and c[kj] > -np.inf:
-            A[idx] = A32[idx] * math.exp(P[kj] - P[rowg])
+            A[idx] = A32[idx] * math.exp(c[kj] - P[rowg])
     for row in range(Lp):
         t = row // C
         E = eref[t]
