@@ -5,9 +5,12 @@
  * overflow or underflow where float32 would not) and every product accumulating in float32:
  *
  *   U = sqrt(s) X W^T                 cuBLAS, float32 out              ("project")
- *     (half inputs: X widened to float32, which is exact, and the product on TF32 tensor
- *     cores: W then carries 2^-11 of relative rounding, four times less than in bfloat16,
- *     which the exponential of the features would pass on to the output)
+ *     (half inputs: on TF32 tensor cores, which hold the widened inputs exactly, with W split
+ *     into two TF32 parts, W = W_hi + W_lo, and both products summed in float32: u to about
+ *     float32's precision, which the exponential of the features needs; one part alone, or W
+ *     in bfloat16, carries 2^-11 or 2^-8 of W's size into u and 1e-2 into the output for rows
+ *     of norm 8..12. With the projection fused into the features (k_features_fused) u never
+ *     leaves the chip.)
  *   phi~(X), c(X)                     own kernel, one warp a row       ("features")
  *
  * bidirectional
@@ -38,6 +41,8 @@
 
 #include <algorithm>
 
+#include <mma.h>
+
 #include "internal.cuh"
 
 #define PF_CUDA_API extern "C" __attribute__((visibility("default")))
@@ -58,7 +63,8 @@ struct favor_plan {
     pf_fmap_dev fm;
     int w_per_head;
     /* bytes per head of each buffer (in this order in a group's workspace) and fixed bytes */
-    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a32, b_a, b_o, b_ref, b_x;
+    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a32, b_a, b_o, b_o2, b_ref, b_x;
+    int fused; /* the projection fused into the features (k_features_fused) */
     size_t per_head, fixed;
 };
 
@@ -66,8 +72,14 @@ static size_t align256(size_t x) {
     return (x + 255) & ~(size_t)255;
 }
 
+/* Whether the fused projection and features serve a call: the products may be TF32 (half
+ * inputs, or float32 with TF32 allowed), WMMA's shapes fit d and m, and the tile fits in the
+ * shared memory every target (sm_80 and later) gives a block. */
+static const size_t FUSED_SMEM_MAX = 96 * 1024;
+static int fused_ok(size_t tin, int tf32, int d, int m);
+
 static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s,
-                           const pf_attn_opts *o, const pf_favor_opts *f) {
+                           const pf_attn_opts *o, const pf_favor_opts *f, int tf32) {
     memset(p, 0, sizeof *p);
     if (!s || !o || !f) return pf_cuda_fail(PF_EINVAL, "shape, opts and favor must not be NULL");
     if (pf_cuda_dtype_size(dtype) == 0)
@@ -126,6 +138,7 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
     p->fm.inv_sqrt_m = (float)(1.0 / sqrt((double)f->m));
     p->fm.lnr = 0.5 * log((double)(f->kernel == PF_KERNEL_HYPERBOLIC ? 2 * f->m : f->m));
     const size_t r = (size_t)p->r, m = (size_t)p->m, dw = (size_t)p->dw, tc = p->tc;
+    p->fused = fused_ok(p->tin, tf32, s->d, f->m);
     if (p->causal) {
         p->C = f->chunk > 0 ? f->chunk : DEFAULT_CHUNK;
         if (p->C > s->Lq) p->C = s->Lq;
@@ -133,18 +146,18 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->Lp = p->nch * p->C;
         const size_t Lp = (size_t)p->Lp, C = (size_t)p->C, nch = (size_t)p->nch;
         /* the projection's rows and, after the features, the chunks' states share one buffer */
-        p->b_u = align256(std::max(Lp * m, nch * r * dw) * 4);
+        p->b_u = align256(std::max(p->fused ? 0 : Lp * m, nch * r * dw) * 4);
         p->b_phq = p->b_phk = align256(Lp * r * tc);
         p->b_c = p->b_p = align256(Lp * 8);
         p->b_vw = p->b_vs = align256(Lp * dw * tc);
         p->b_sb = align256(nch * r * dw * tc);
         p->b_a32 = align256(Lp * C * 4);
         p->b_a = align256(Lp * C * tc);
-        p->b_o = align256(Lp * dw * 4);
+        p->b_o = p->b_o2 = align256(Lp * dw * 4);
         p->b_ref = align256(nch * 12); /* E_(t-1) (double) and the rebase factor (float) */
     } else {
         const size_t Lq = (size_t)p->Lq, Lk = (size_t)p->Lk;
-        p->b_u = align256(std::max(Lq, Lk) * m * 4);
+        p->b_u = p->fused ? 0 : align256(std::max(Lq, Lk) * m * 4);
         p->b_phq = align256(Lq * r * tc);
         p->b_phk = align256(Lk * r * tc);
         p->b_c = align256(Lk * 8);
@@ -154,22 +167,23 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->b_sb = align256(r * dw * tc);
         p->b_o = align256(Lq * dw * 4);
     }
-    if (p->tin == 2) p->b_x = align256((size_t)std::max(p->Lq, p->Lk) * (size_t)p->d * 4);
+    if (p->tin == 2 && !p->fused) p->b_x = align256((size_t)std::max(p->Lq, p->Lk) * (size_t)p->d * 4);
     p->per_head = p->b_u + p->b_phq + p->b_phk + p->b_c + p->b_p + p->b_vw + p->b_vs + p->b_st +
-                  p->b_sb + p->b_a32 + p->b_a + p->b_o + p->b_ref + p->b_x;
+                  p->b_sb + p->b_a32 + p->b_a + p->b_o + p->b_o2 + p->b_ref + p->b_x;
     const size_t wrows = (size_t)(f->w_per_head ? s->H : 1) * m;
-    p->fixed = align256(wrows * (size_t)s->d * 4);
+    p->fixed = align256(3 * wrows * (size_t)s->d * 4); /* W, W_hi, W_lo */
     return PF_OK;
 }
 
 /* A group's buffers: every buffer holds G heads back to back. */
 struct favor_bufs {
-    float *u, *st, *a32, *o;
+    float *u, *st, *a32, *o, *o2;
     void *phq, *phk, *vw, *vs, *sb, *a;
     double *c, *P, *eref;
     float *alpha;
     float *x; /* half inputs: a side's rows widened to float32 for the projection */
-    float *W; /* the fixed part: W, checked */
+    float *W; /* the fixed part: W (checked), then W_hi and W_lo (k_copy_w) */
+    size_t wn; /* floats of W */
 };
 
 static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
@@ -177,6 +191,7 @@ static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     memset(&b, 0, sizeof b);
     char *x = (char *)ws;
     b.W = (float *)x;
+    b.wn = (size_t)(p->w_per_head ? p->H : 1) * p->m * p->d;
     x += p->fixed;
     auto take = [&](size_t per) -> void * {
         if (per == 0) return NULL;
@@ -196,6 +211,7 @@ static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     b.a32 = (float *)take(p->b_a32);
     b.a = take(p->b_a);
     b.o = (float *)take(p->b_o);
+    b.o2 = (float *)take(p->b_o2);
     if (p->b_ref) {
         b.eref = (double *)take(p->b_ref);
         b.alpha = (float *)(b.eref + (size_t)p->nch * G);
@@ -210,7 +226,7 @@ PF_CUDA_API pf_status pf_cuda_favor_workspace(size_t *per_head, size_t *fixed, p
                                               const pf_favor_opts *favor) {
     pf_cuda_clear_error();
     favor_plan p;
-    pf_status st = plan_make(&p, dtype, shape, opts, favor);
+    pf_status st = plan_make(&p, dtype, shape, opts, favor, 0);
     if (st != PF_OK) return st;
     if (per_head) *per_head = p.per_head;
     if (fixed) *fixed = p.fixed + 256;
@@ -231,14 +247,19 @@ __device__ __forceinline__ int warp_any(int v) {
     return __any_sync(0xffffffffu, v);
 }
 
-/* W (rows, d) copied, flagging a NaN or Inf (the copy is what the products read, so that W
- * cannot change under a call). */
+/* W (n floats) copied into dst, flagging a NaN or Inf (the products read the copy, so that W
+ * cannot change under a call), and split for TF32 products: dst + n holds W_hi, W rounded to
+ * TF32 (to nearest), dst + 2n W_lo = W - W_hi (exact in float32; a TF32 product rounds it
+ * again, to 2^-11 of itself). */
 __global__ void k_copy_w(float *dst, const float *W, size_t n, unsigned *flags) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float w = W[i];
         if (!isfinite(w)) pf_raise(flags, PF_FLAG_INPUT);
+        const float hi = nvcuda::wmma::__float_to_tf32(w);
         dst[i] = w;
+        dst[n + i] = hi;
+        dst[2 * n + i] = w - hi;
     }
 }
 
@@ -250,28 +271,15 @@ __global__ void k_widen(float *dst, const Tin *src, size_t n) {
         dst[i] = pf_ld(src + i);
 }
 
-/* Features of rows [0, rows_alloc) of G heads, one warp a row: X (G heads at stride xs, rows of
- * d), U (G, rows_alloc, m) float32 -> phi (G, rows_alloc, r) Tc and, with c not NULL, the log
- * factors c (G, rows_alloc). Rows at or after the head's valid length (n, or its key length)
- * get zero features and c = -inf. */
+/* The features of one row by one warp: u (m floats, global or shared memory, already scaled
+ * by sqrt(s)) and the row x (d elements of Tin, for h) -> out (r elements of Tc) and, with c not
+ * NULL, its log factor *c. A NaN or Inf in x or u is flagged and the row written as zeros
+ * (c = -inf). Every lane of the warp calls it. */
 template <typename Tin, typename Tc>
-__global__ void k_features(Tc *phi, double *c, const float *U, const Tin *X, size_t xs, int G,
-                           int rows_alloc, int n, const int32_t *klen, int bh0, int H, int d,
-                           double s2, pf_fmap_dev fm, unsigned *flags) {
+__device__ void feature_row(Tc *out, double *c, const float *u, const Tin *x, int d, double s2,
+                            const pf_fmap_dev &fm, unsigned *flags) {
     const int lane = threadIdx.x & 31;
-    const size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
-    if (row >= (size_t)G * rows_alloc) return;
-    const int g = (int)(row / rows_alloc), i = (int)(row % rows_alloc);
-    const int valid = klen ? min(n, (int)klen[(bh0 + g) / H]) : n;
     const int m = fm.m, r = fm.r;
-    Tc *out = phi + row * (size_t)r;
-    if (i >= valid) {
-        for (int f = lane; f < r; f += 32) pf_st(out + f, 0.0f);
-        if (c && lane == 0) c[row] = -INFINITY;
-        return;
-    }
-    const Tin *x = X + (size_t)g * xs + (size_t)i * d;
-    const float *u = U + row * (size_t)m;
     double sq = 0;
     for (int k = lane; k < d; k += 32) {
         const double v = (double)pf_ld(x + k);
@@ -290,7 +298,7 @@ __global__ void k_features(Tc *phi, double *c, const float *U, const Tin *X, siz
     if (warp_any(bad)) {
         if (lane == 0) pf_raise(flags, PF_FLAG_INPUT);
         for (int f = lane; f < r; f += 32) pf_st(out + f, 0.0f);
-        if (c && lane == 0) c[row] = -INFINITY;
+        if (c && lane == 0) *c = -INFINITY;
         return;
     }
     mx = warp_max(mx);
@@ -340,7 +348,110 @@ __global__ void k_features(Tc *phi, double *c, const float *U, const Tin *X, siz
         break;
     }
     }
-    if (c && lane == 0) c[row] = cr;
+    if (c && lane == 0) *c = cr;
+}
+
+/* Features of rows [0, rows_alloc) of G heads, one warp a row: X (G heads at stride xs, rows of
+ * d), U (G, rows_alloc, m) float32 -> phi (G, rows_alloc, r) Tc and, with c not NULL, the log
+ * factors c (G, rows_alloc). Rows at or after the head's valid length (n, or its key length)
+ * get zero features and c = -inf. */
+template <typename Tin, typename Tc>
+__global__ void k_features(Tc *phi, double *c, const float *U, const Tin *X, size_t xs, int G,
+                           int rows_alloc, int n, const int32_t *klen, int bh0, int H, int d,
+                           double s2, pf_fmap_dev fm, unsigned *flags) {
+    const int lane = threadIdx.x & 31;
+    const size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+    if (row >= (size_t)G * rows_alloc) return;
+    const int g = (int)(row / rows_alloc), i = (int)(row % rows_alloc);
+    const int valid = klen ? min(n, (int)klen[(bh0 + g) / H]) : n;
+    Tc *out = phi + row * (size_t)fm.r;
+    if (i >= valid) {
+        for (int f = lane; f < fm.r; f += 32) pf_st(out + f, 0.0f);
+        if (c && lane == 0) c[row] = -INFINITY;
+        return;
+    }
+    feature_row<Tin, Tc>(out, c ? c + row : NULL, U + row * (size_t)fm.m,
+                         X + (size_t)g * xs + (size_t)i * d, d, s2, fm, flags);
+}
+
+/* The projection and the features in one pass, u never leaving the chip: a block makes
+ * FROWS rows of one head. Its rows of X, widened to float32, go to shared memory; each warp
+ * multiplies them by W_lo^T and W_hi^T on TF32 tensor cores (WMMA 16x16x8; the rows are
+ * exact in TF32 when they come from half inputs, so u is float32-accurate) for its share of
+ * the m columns, into a FROWS x m tile of u in shared memory;
+ * then each warp makes the features of its rows from the tile (feature_row). Needs d % 8 == 0,
+ * m % 16 == 0 and the tile within the shared memory (fused_ok). Grid (row blocks, G). */
+enum { FROWS = 32, FWARPS = 4 };
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(FWARPS * 32)
+    k_features_fused(Tc *phi, double *c, const Tin *X, size_t xs, int rows_alloc, int n,
+                     const int32_t *klen, int bh0, int H, int d, const float *Whi,
+                     const float *Wlo, size_t ws, int w_per_head, float sqrt_s, double s2,
+                     pf_fmap_dev fm, unsigned *flags) {
+    extern __shared__ __align__(128) float fsm[];
+    float *xt = fsm;                    /* FROWS x d */
+    float *ut = fsm + (size_t)FROWS * d; /* FROWS x m */
+    const int g = blockIdx.y, i0 = blockIdx.x * FROWS, m = fm.m;
+    const int warp = threadIdx.x >> 5;
+    const int valid = klen ? min(n, (int)klen[(bh0 + g) / H]) : n;
+    const Tin *Xg = X + (size_t)g * xs;
+    const size_t woff = w_per_head ? (size_t)((bh0 + g) % H) * ws : 0;
+    const float *Wh = Whi + woff, *Wl = Wlo + woff;
+    for (int e = threadIdx.x; e < FROWS * d; e += blockDim.x) {
+        const int i = i0 + e / d;
+        xt[e] = i < n ? pf_ld(Xg + (size_t)i * d + e % d) : 0.0f;
+    }
+    __syncthreads();
+    /* warp w: the 16-row tile (w & 1), the column tiles w >> 1, (w >> 1) + 2, ... */
+    {
+        namespace wm = nvcuda::wmma;
+        const int rt = warp & 1;
+        wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major> a;
+        wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major> b, bl;
+        wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
+        for (int ct = warp >> 1; ct < m / 16; ct += FWARPS / 2) {
+            wm::fill_fragment(acc, 0.0f);
+            for (int k0 = 0; k0 < d; k0 += 8) {
+                wm::load_matrix_sync(a, xt + (size_t)rt * 16 * d + k0, d);
+                /* W^T (d x m) column-major is W (m x d) row-major: column n at W + n d */
+                wm::load_matrix_sync(b, Wh + (size_t)ct * 16 * d + k0, d);
+                wm::load_matrix_sync(bl, Wl + (size_t)ct * 16 * d + k0, d);
+#pragma unroll
+                for (int t = 0; t < a.num_elements; t++) a.x[t] = wm::__float_to_tf32(a.x[t]);
+#pragma unroll
+                for (int t = 0; t < bl.num_elements; t++) bl.x[t] = wm::__float_to_tf32(bl.x[t]);
+                /* W_lo first: the small part's sum is not lost against the large one's */
+                wm::mma_sync(acc, a, bl, acc);
+                wm::mma_sync(acc, a, b, acc);
+            }
+#pragma unroll
+            for (int t = 0; t < acc.num_elements; t++) acc.x[t] *= sqrt_s;
+            wm::store_matrix_sync(ut + (size_t)rt * 16 * m + ct * 16, acc, m, wm::mem_row_major);
+        }
+    }
+    __syncthreads();
+    for (int ri = warp; ri < FROWS; ri += FWARPS) {
+        const int i = i0 + ri;
+        if (i >= rows_alloc) break;
+        const size_t row = (size_t)g * rows_alloc + i;
+        Tc *out = phi + row * (size_t)fm.r;
+        if (i >= valid) {
+            for (int f = threadIdx.x & 31; f < fm.r; f += 32) pf_st(out + f, 0.0f);
+            if (c && (threadIdx.x & 31) == 0) c[row] = -INFINITY;
+            continue;
+        }
+        feature_row<Tin, Tc>(out, c ? c + row : NULL, ut + (size_t)ri * m,
+                             Xg + (size_t)i * d, d, s2, fm, flags);
+    }
+}
+
+static size_t fused_smem(int d, int m) {
+    return sizeof(float) * (size_t)FROWS * (size_t)(d + m);
+}
+
+static int fused_ok(size_t tin, int tf32, int d, int m) {
+    return (tin == 2 || tf32) && d % 8 == 0 && m % 16 == 0 && fused_smem(d, m) <= FUSED_SMEM_MAX;
 }
 
 /* Block-wide max of doubles (blockDim.x <= 1024). */
@@ -447,7 +558,8 @@ __global__ void k_weights(Tc *vw, Tc *vs, const Tin *V, size_t vstride, const do
 }
 
 /* Prefix of the chunks' states: Sb_0 = 0, Sb_(t+1) = alpha_t Sb_t + dS_t (alpha_t rebases the
- * running sum from E_(t-1) to E_t); each thread one element of one head, walking the chunks. */
+ * running sum from E_(t-1) to E_t); each thread one element of one head, walking the chunks,
+ * four chunks' loads issued before their sums (the walk is latency-bound otherwise). */
 template <typename Tc>
 __global__ void k_state_prefix(Tc *Sb, const float *dS, const float *alpha, int G, int nch,
                                size_t per) {
@@ -458,7 +570,21 @@ __global__ void k_state_prefix(Tc *Sb, const float *dS, const float *alpha, int 
     const float *src = dS + g * nch * per + e;
     Tc *dst = Sb + g * nch * per + e;
     float cur = 0.0f;
-    for (int t = 0; t < nch; t++) {
+    int t = 0;
+    for (; t + 4 <= nch; t += 4) {
+        float x[4], al[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            x[k] = __ldg(src + (size_t)(t + k) * per);
+            al[k] = __ldg(a + t + k);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            pf_st(dst + (size_t)(t + k) * per, cur);
+            cur = al[k] * cur + x[k];
+        }
+    }
+    for (; t < nch; t++) {
         pf_st(dst + (size_t)t * per, cur);
         cur = a[t] * cur + src[(size_t)t * per];
     }
@@ -493,39 +619,35 @@ __global__ void k_mask(Tc *A, const float *A32, const double *P, const double *c
     pf_st(A + idx, v);
 }
 
-/* Query rows scaled for the state term: phi~(q_i) *= e^(E_(t-1) - P_i) (0 before any key). */
-template <typename Tc>
-__global__ void k_qscale(Tc *phq, const double *P, const double *eref, int G, int Lp, int C,
-                         int nch, int r) {
-    const size_t row = blockIdx.x * (size_t)blockDim.y + threadIdx.y;
-    if (row >= (size_t)G * Lp) return;
-    const size_t g = row / Lp;
-    const int t = (int)(row % Lp) / C;
-    const double E = eref[g * nch + t], pi = P[row];
-    if (E == pi) return;
-    const float f = E == -INFINITY ? 0.0f : expf((float)(E - pi));
-    Tc *q = phq + row * (size_t)r;
-    for (int k = threadIdx.x; k < r; k += blockDim.x) pf_st(q + k, f * pf_ld(q + k));
-}
-
 /* out_i = O_i[:dv] / O_i[dv] for rows i < L of G heads (O rows at stride dw, rows_alloc per
- * head); a zero or non-finite denominator or output is flagged and its row written as zeros. */
+ * head); a zero or non-finite denominator or output is flagged and its row written as zeros.
+ * Causal (O2 not NULL): O holds the state term phi~(q_i) Sb_t and O2 the chunk's own keys'
+ * A'_t V1_t, and the row is e^(E_(t-1) - P_i) O_i + O2_i (the factor rebases the state to the
+ * row's reference P_i; 0 before any key). */
 template <typename Tin>
-__global__ void k_normalise(Tin *out, const float *O, int G, int rows_alloc, int L, int dv,
-                            int dw, unsigned *flags) {
+__global__ void k_normalise(Tin *out, const float *O, const float *O2, const double *P,
+                            const double *eref, int C, int nch, int G, int rows_alloc, int L,
+                            int dv, int dw, unsigned *flags) {
     const size_t row = blockIdx.x * (size_t)blockDim.y + threadIdx.y;
     if (row >= (size_t)G * L) return;
     const size_t g = row / L, i = row % L;
     const float *o = O + (g * rows_alloc + i) * dw;
+    const float *o2 = O2 ? O2 + (g * rows_alloc + i) * dw : NULL;
+    float f = 1.0f;
+    if (O2) {
+        const double E = eref[g * nch + i / C], pi = P[g * rows_alloc + i];
+        f = E == pi ? 1.0f : (E == -INFINITY ? 0.0f : expf((float)(E - pi)));
+    }
     Tin *dst = out + row * (size_t)dv;
-    const float den = o[dv];
+    const float den = o2 ? f * o[dv] + o2[dv] : o[dv];
     const float inv = 1.0f / den;
     unsigned bad = !isfinite(den) ? PF_FLAG_BAD_DEN
                    : den == 0.0f  ? PF_FLAG_ZERO_DEN
                    : !isfinite(inv) ? PF_FLAG_BAD_DEN
                                     : 0u;
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        const float y = bad ? 0.0f : o[e] * inv + 0.0f;
+        const float num = o2 ? f * o[e] + o2[e] : o[e];
+        const float y = bad ? 0.0f : num * inv + 0.0f;
         if (!isfinite(y)) {
             pf_raise(flags, PF_FLAG_BAD_DEN);
             pf_st(dst + e, 0.0f);
@@ -603,24 +725,19 @@ static pf_status project(const favor_run &R, const favor_bufs &b, const void *X,
             sw = (long long)p->m * p->d;
         }
         const char *x = xbase + (size_t)g * xs * xes;
-        const float *w = b.W + (size_t)woff * p->m * p->d;
-        pf_status st = gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, p->m, n, p->d, p->sqrt_s, w, CUDA_R_32F,
-                            p->d, sw, x, p->d, (long long)xs, 0.0f, b.u + (size_t)g * su, p->m,
-                            su, run, "projection X W^T", ct);
-        if (st != PF_OK) return st;
+        const size_t wo = (size_t)woff * p->m * p->d;
+        /* half inputs: U = sqrt(s) X W_hi^T + sqrt(s) X W_lo^T (see the top of the file) */
+        const int parts = p->tin == 2 ? 2 : 1;
+        for (int part = 0; part < parts; part++) {
+            const float *w = b.W + wo + (parts == 2 ? (size_t)(1 + part) * b.wn : 0);
+            pf_status st = gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, p->m, n, p->d, p->sqrt_s, w,
+                                CUDA_R_32F, p->d, sw, x, p->d, (long long)xs, part ? 1.0f : 0.0f,
+                                b.u + (size_t)g * su, p->m, su, run, "projection X W^T", ct);
+            if (st != PF_OK) return st;
+        }
         g += run;
     }
     return PF_OK;
-}
-
-template <typename Tin, typename Tc>
-static void launch_features(const favor_run &R, Tc *phi, double *c, const float *U, const void *X,
-                            int n, int rows_alloc, int bh0, int G, const int32_t *klen) {
-    const favor_plan *p = R.p;
-    const size_t rows = (size_t)G * rows_alloc;
-    k_features<Tin, Tc><<<grid_for(rows * 32, 256), 256, 0, R.stream>>>(
-        phi, c, U, (const Tin *)X + (size_t)bh0 * n * p->d, (size_t)n * p->d, G, rows_alloc, n,
-        klen, bh0, p->H, p->d, p->s2, p->fm, R.ctx->flags);
 }
 
 /* The stages' work, as the profile reports it. */
@@ -630,21 +747,59 @@ static void account(pf_cuda_ctx *ctx, int stage, double flops, double bytes) {
     ctx->stage_bytes[stage] += bytes;
 }
 
+/* The features phi~ (G, rows_alloc, r) and, with c not NULL, the log factors of the rows X of
+ * the G heads from bh0 (n valid rows, klen: key lengths or NULL): the fused kernel where it
+ * serves (plan.fused), else the projection through cuBLAS into U and the features from it. */
+template <typename Tin, typename Tc>
+static pf_status features(const favor_run &R, const favor_bufs &b, Tc *phi, double *c,
+                          const void *X, int n, int rows_alloc, int bh0, int G,
+                          const int32_t *klen) {
+    const favor_plan *p = R.p;
+    pf_cuda_ctx *ctx = R.ctx;
+    const double rows = (double)G * n;
+    const Tin *Xg = (const Tin *)X + (size_t)bh0 * n * p->d;
+    if (p->fused) {
+        pf_cuda_mark(ctx, ST_FEATURES);
+        const size_t smem = fused_smem(p->d, p->m);
+        cudaError_t e = cudaFuncSetAttribute(k_features_fused<Tin, Tc>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return pf_cuda_err(e, "the fused features' shared memory");
+        const dim3 grid((unsigned)((rows_alloc + FROWS - 1) / FROWS), (unsigned)G);
+        k_features_fused<Tin, Tc><<<grid, FWARPS * 32, smem, R.stream>>>(
+            phi, c, Xg, (size_t)n * p->d, rows_alloc, n, klen, bh0, p->H, p->d, b.W + b.wn,
+            b.W + 2 * b.wn, (size_t)p->m * p->d, p->w_per_head, p->sqrt_s, p->s2, p->fm,
+            ctx->flags);
+        account(ctx, ST_FEATURES, 4.0 * rows * p->m * p->d,
+                rows * p->d * p->tin + (double)G * rows_alloc * p->r * p->tc);
+        return PF_OK;
+    }
+    pf_cuda_mark(ctx, ST_PROJECT);
+    pf_status st = project<Tin>(R, b, X, n, rows_alloc, bh0, G);
+    if (st != PF_OK) return st;
+    account(ctx, ST_PROJECT, 2.0 * rows * p->m * p->d, rows * (p->d * p->tin + p->m * 4.0));
+    pf_cuda_mark(ctx, ST_FEATURES);
+    const size_t nrows = (size_t)G * rows_alloc;
+    k_features<Tin, Tc><<<grid_for(nrows * 32, 256), 256, 0, R.stream>>>(
+        phi, c, b.u, Xg, (size_t)n * p->d, G, rows_alloc, n, klen, bh0, p->H, p->d, p->s2,
+        p->fm, ctx->flags);
+    account(ctx, ST_FEATURES, 0,
+            rows * (p->m * 4.0 + p->d * p->tin) + (double)nrows * p->r * p->tc);
+    return PF_OK;
+}
+
+
 template <typename Tin, typename Tc>
 static pf_status group_bidirectional(const favor_run &R, const favor_bufs &b, void *out,
                                      const void *Q, const void *K, const void *V, int bh0, int G) {
     const favor_plan *p = R.p;
     pf_cuda_ctx *ctx = R.ctx;
-    const int Lq = p->Lq, Lk = p->Lk, r = p->r, m = p->m, dw = p->dw;
+    const int Lq = p->Lq, Lk = p->Lk, r = p->r, dw = p->dw;
     const double tin = (double)p->tin, tc = (double)p->tc;
     pf_status st;
-    pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project<Tin>(R, b, K, Lk, Lk, bh0, G)) != PF_OK) return st;
-    account(ctx, ST_PROJECT, 2.0 * G * Lk * m * p->d, G * (Lk * p->d * tin + Lk * m * 4.0));
-    pf_cuda_mark(ctx, ST_FEATURES);
-    launch_features<Tin, Tc>(R, (Tc *)b.phk, b.c, b.u, K, Lk, Lk, bh0, G, R.klen);
+    if ((st = features<Tin, Tc>(R, b, (Tc *)b.phk, b.c, K, Lk, Lk, bh0, G, R.klen)) != PF_OK)
+        return st;
     k_max<<<G, 256, 0, R.stream>>>(b.P, b.c, Lk);
-    account(ctx, ST_FEATURES, 0, G * (Lk * m * 4.0 + Lk * r * tc + Lk * p->d * tin));
     pf_cuda_mark(ctx, ST_WEIGHTS);
     k_weights<Tin, Tc><<<grid_for((size_t)G * Lk, 8), dim3(32, 8), 0, R.stream>>>(
         NULL, (Tc *)b.vs, (const Tin *)V + (size_t)bh0 * Lk * p->dv, (size_t)Lk * p->dv, b.c,
@@ -657,12 +812,8 @@ static pf_status group_bidirectional(const favor_run &R, const favor_bufs &b, vo
                    (long long)r * dw, G, "key state phi(K)^T [V|1]")) != PF_OK)
         return st;
     account(ctx, ST_CHUNK, 2.0 * G * Lk * r * dw, G * (Lk * (r + dw) * tc + r * dw * 4.0));
-    pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project<Tin>(R, b, Q, Lq, Lq, bh0, G)) != PF_OK) return st;
-    account(ctx, ST_PROJECT, 2.0 * G * Lq * m * p->d, G * (Lq * p->d * tin + Lq * m * 4.0));
-    pf_cuda_mark(ctx, ST_FEATURES);
-    launch_features<Tin, Tc>(R, (Tc *)b.phq, NULL, b.u, Q, Lq, Lq, bh0, G, NULL);
-    account(ctx, ST_FEATURES, 0, G * (Lq * m * 4.0 + Lq * r * tc + Lq * p->d * tin));
+    if ((st = features<Tin, Tc>(R, b, (Tc *)b.phq, NULL, Q, Lq, Lq, bh0, G, NULL)) != PF_OK)
+        return st;
     const void *S = b.st;
     pf_cuda_mark(ctx, ST_PREFIX);
     if (p->tc == 2) {
@@ -680,7 +831,8 @@ static pf_status group_bidirectional(const favor_run &R, const favor_bufs &b, vo
     account(ctx, ST_READOUT, 2.0 * G * Lq * r * dw, G * (Lq * r * tc + r * dw * tc + Lq * dw * 4.0));
     pf_cuda_mark(ctx, ST_NORM);
     k_normalise<Tin><<<grid_for((size_t)G * Lq, 8), dim3(32, 8), 0, R.stream>>>(
-        (Tin *)out + (size_t)bh0 * Lq * p->dv, b.o, G, Lq, Lq, p->dv, dw, ctx->flags);
+        (Tin *)out + (size_t)bh0 * Lq * p->dv, b.o, NULL, NULL, NULL, 1, 1, G, Lq, Lq, p->dv, dw,
+        ctx->flags);
     account(ctx, ST_NORM, 0, G * (Lq * dw * 4.0 + Lq * p->dv * tin));
     return PF_OK;
 }
@@ -690,24 +842,17 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
                               const void *K, const void *V, int bh0, int G) {
     const favor_plan *p = R.p;
     pf_cuda_ctx *ctx = R.ctx;
-    const int L = p->Lq, Lp = p->Lp, C = p->C, nch = p->nch, r = p->r, m = p->m, dw = p->dw;
+    const int L = p->Lq, Lp = p->Lp, C = p->C, nch = p->nch, r = p->r, dw = p->dw;
     const double tin = (double)p->tin, tc = (double)p->tc;
     const size_t per = (size_t)r * dw;
     pf_status st;
     /* keys: features, log factors, running maxima, weighted values */
-    pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project<Tin>(R, b, K, L, Lp, bh0, G)) != PF_OK) return st;
-    account(ctx, ST_PROJECT, 2.0 * G * L * m * p->d, G * (L * p->d * tin + L * m * 4.0));
-    pf_cuda_mark(ctx, ST_FEATURES);
-    launch_features<Tin, Tc>(R, (Tc *)b.phk, b.c, b.u, K, L, Lp, bh0, G, R.klen);
+    if ((st = features<Tin, Tc>(R, b, (Tc *)b.phk, b.c, K, L, Lp, bh0, G, R.klen)) != PF_OK)
+        return st;
     k_prefix_max<<<G, 1024, 0, R.stream>>>(b.P, b.eref, b.alpha, b.c, Lp, C, nch);
-    account(ctx, ST_FEATURES, 0, G * (L * m * 4.0 + Lp * r * tc + L * p->d * tin + Lp * 16.0));
-    pf_cuda_mark(ctx, ST_PROJECT);
-    if ((st = project<Tin>(R, b, Q, L, Lp, bh0, G)) != PF_OK) return st;
-    account(ctx, ST_PROJECT, 2.0 * G * L * m * p->d, G * (L * p->d * tin + L * m * 4.0));
-    pf_cuda_mark(ctx, ST_FEATURES);
-    launch_features<Tin, Tc>(R, (Tc *)b.phq, NULL, b.u, Q, L, Lp, bh0, G, NULL);
-    account(ctx, ST_FEATURES, 0, G * (L * m * 4.0 + Lp * r * tc + L * p->d * tin));
+    account(ctx, ST_FEATURES, 0, G * Lp * 16.0);
+    if ((st = features<Tin, Tc>(R, b, (Tc *)b.phq, NULL, Q, L, Lp, bh0, G, NULL)) != PF_OK)
+        return st;
     pf_cuda_mark(ctx, ST_WEIGHTS);
     k_weights<Tin, Tc><<<grid_for((size_t)G * Lp, 8), dim3(32, 8), 0, R.stream>>>(
         (Tc *)b.vw, (Tc *)b.vs, (const Tin *)V + (size_t)bh0 * L * p->dv, (size_t)L * p->dv, b.c,
@@ -734,27 +879,27 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
     {
         const size_t n = (size_t)G * Lp * C;
         k_mask<Tc><<<grid_for(n, 256), 256, 0, R.stream>>>((Tc *)b.a, b.a32, b.P, b.c, G, Lp, C);
-        k_qscale<Tc><<<grid_for((size_t)G * Lp, 8), dim3(32, 8), 0, R.stream>>>(
-            (Tc *)b.phq, b.P, b.eref, G, Lp, C, nch, r);
     }
     account(ctx, ST_SCORES, 2.0 * G * Lp * C * r,
-            G * (2.0 * Lp * r * tc + Lp * C * (8.0 + tc) + 2.0 * Lp * r * tc));
-    /* O_t = phi~(Q_t)' Sb_t + A'_t V1_t; column-major O^T = Sb^T phi~(Q_t)'^T + V1^T A'^T */
+            G * (2.0 * Lp * r * tc + Lp * C * (8.0 + tc)));
+    /* O_t = phi~(Q_t) Sb_t and O2_t = A'_t V1_t (the normalisation rebases and adds them);
+     * column-major O^T = Sb^T phi~(Q_t)^T, O2^T = V1^T A'^T */
     pf_cuda_mark(ctx, ST_READOUT);
     if ((st = gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, dw, C, r, 1.0f, b.sb, R.tc_t, dw, (long long)per,
                    b.phq, r, (long long)C * r, 0.0f, b.o, dw, (long long)C * dw, G * nch,
                    "chunk readout phi(Q_t) Sb_t")) != PF_OK)
         return st;
     if ((st = gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, dw, C, C, 1.0f, b.vw, R.tc_t, dw,
-                   (long long)C * dw, b.a, C, (long long)C * C, 1.0f, b.o, dw, (long long)C * dw,
+                   (long long)C * dw, b.a, C, (long long)C * C, 0.0f, b.o2, dw, (long long)C * dw,
                    G * nch, "chunk readout A'_t V1_t")) != PF_OK)
         return st;
     account(ctx, ST_READOUT, 2.0 * G * Lp * dw * (r + C),
             G * (Lp * r * tc + nch * per * tc + Lp * C * tc + Lp * dw * (tc + 8.0)));
     pf_cuda_mark(ctx, ST_NORM);
     k_normalise<Tin><<<grid_for((size_t)G * L, 8), dim3(32, 8), 0, R.stream>>>(
-        (Tin *)out + (size_t)bh0 * L * p->dv, b.o, G, Lp, L, p->dv, dw, ctx->flags);
-    account(ctx, ST_NORM, 0, G * (L * dw * 4.0 + L * p->dv * tin));
+        (Tin *)out + (size_t)bh0 * L * p->dv, b.o, b.o2, b.P, b.eref, C, nch, G, Lp, L, p->dv, dw,
+        ctx->flags);
+    account(ctx, ST_NORM, 0, G * (2.0 * L * dw * 4.0 + L * p->dv * tin));
     return PF_OK;
 }
 
@@ -841,7 +986,7 @@ PF_CUDA_API pf_status pf_cuda_favor(pf_cuda_ctx *ctx, void *out, const void *Q, 
     pf_cuda_clear_error();
     if (!ctx) return pf_cuda_fail(PF_EINVAL, "pf_cuda_favor: ctx is NULL");
     favor_plan p;
-    pf_status st = plan_make(&p, dtype, shape, opts, favor);
+    pf_status st = plan_make(&p, dtype, shape, opts, favor, ctx->tf32);
     if (st != PF_OK) return st;
     pf_device_guard guard(ctx->device);
     if (!guard.ok) return pf_cuda_err(cudaGetLastError(), "cudaSetDevice");
@@ -867,7 +1012,7 @@ PF_CUDA_API pf_status pf_cuda_favor(pf_cuda_ctx *ctx, void *out, const void *Q, 
     /* heads at a time: as many as the limit allows, at least one */
     const int BH = p.B * p.H;
     size_t G = ctx->ws_limit > p.fixed + 256 ? (ctx->ws_limit - p.fixed - 256) / p.per_head : 0;
-    G = std::max((size_t)1, std::min(G, (size_t)BH));
+    G = std::max((size_t)1, std::min(G, (size_t)std::min(BH, 65535))); /* (a grid's y) */
     if ((st = workspace(ctx, p.fixed + 256 + G * p.per_head)) != PF_OK) return st;
     if ((st = pf_cuda_flags_reset(ctx, stream)) != PF_OK) return st;
     cublasStatus_t be = cublasSetStream(ctx->blas, stream);

@@ -244,29 +244,73 @@ __global__ void k_step(T *out, const T *q, const T *k, const T *v, const int32_t
                           : den == 0.0f  ? PF_FLAG_ZERO_DEN
                           : !isfinite(inv) ? PF_FLAG_BAD_DEN
                                            : 0u;
-    for (int e0 = 0; e0 < dv; e0 += DEC_TX) {
-        const int e = e0 + tx;
-        float acc = 0.0f;
-        if (e < dv) {
-            const float ve = beta * xv[e];
+    if (dv % 4 == 0 && (4 * DEC_THREADS) % dv == 0) {
+        /* the state as float4: thread t owns columns e0..e0+3 (e0 = 4t mod dv) of the rows
+         * f0, f0 + fstep, ... (f0 = 4t / dv): 16-byte loads, several in flight */
+        __shared__ float4 part4[DEC_THREADS];
+        const int e0 = (4 * threadIdx.x) % dv, f0 = (4 * threadIdx.x) / dv;
+        const int fstep = (4 * DEC_THREADS) / dv;
+        const float4 bv = make_float4(beta * xv[e0], beta * xv[e0 + 1], beta * xv[e0 + 2],
+                                      beta * xv[e0 + 3]);
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-            for (int f = ty; f < r; f += DEC_TY) {
-                float *s = S + (size_t)f * dv + e;
-                const float sn = alpha * *s + pk[f] * ve;
-                *s = sn;
-                acc += pq[f] * sn;
+        for (int f = f0; f < r; f += fstep) {
+            float4 *p4 = (float4 *)(S + (size_t)f * dv + e0);
+            float4 sv = *p4;
+            const float kf = pk[f], qf = pq[f];
+            sv.x = alpha * sv.x + kf * bv.x;
+            sv.y = alpha * sv.y + kf * bv.y;
+            sv.z = alpha * sv.z + kf * bv.z;
+            sv.w = alpha * sv.w + kf * bv.w;
+            *p4 = sv;
+            acc.x += qf * sv.x;
+            acc.y += qf * sv.y;
+            acc.z += qf * sv.z;
+            acc.w += qf * sv.w;
+        }
+        part4[threadIdx.x] = acc;
+        __syncthreads();
+        const int nq = dv / 4;
+        if ((int)threadIdx.x < nq) {
+            float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int k = threadIdx.x; k < DEC_THREADS; k += nq) {
+                num.x += part4[k].x;
+                num.y += part4[k].y;
+                num.z += part4[k].z;
+                num.w += part4[k].w;
+            }
+            const float nv[4] = {num.x, num.y, num.z, num.w};
+            for (int j = 0; j < 4; j++) {
+                const float y = dbad ? 0.0f : nv[j] * inv + 0.0f;
+                if (!isfinite(y)) pf_raise(flags, PF_FLAG_BAD_DEN);
+                pf_st(o + 4 * threadIdx.x + j, isfinite(y) ? y : 0.0f);
             }
         }
-        part[ty][tx] = acc;
-        __syncthreads();
-        if (ty == 0 && e < dv) {
-            float num = 0.0f;
-            for (int i = 0; i < DEC_TY; i++) num += part[i][tx];
-            const float y = dbad ? 0.0f : num * inv + 0.0f;
-            if (!isfinite(y)) pf_raise(flags, PF_FLAG_BAD_DEN);
-            pf_st(o + e, isfinite(y) ? y : 0.0f);
+    } else {
+        for (int e0 = 0; e0 < dv; e0 += DEC_TX) {
+            const int e = e0 + tx;
+            float acc = 0.0f;
+            if (e < dv) {
+                const float ve = beta * xv[e];
+#pragma unroll 4
+                for (int f = ty; f < r; f += DEC_TY) {
+                    float *s = S + (size_t)f * dv + e;
+                    const float sn = alpha * *s + pk[f] * ve;
+                    *s = sn;
+                    acc += pq[f] * sn;
+                }
+            }
+            part[ty][tx] = acc;
+            __syncthreads();
+            if (ty == 0 && e < dv) {
+                float num = 0.0f;
+                for (int i = 0; i < DEC_TY; i++) num += part[i][tx];
+                const float y = dbad ? 0.0f : num * inv + 0.0f;
+                if (!isfinite(y)) pf_raise(flags, PF_FLAG_BAD_DEN);
+                pf_st(o + e, isfinite(y) ? y : 0.0f);
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
     if (threadIdx.x == 0) {
         if (dbad) pf_raise(flags, dbad);

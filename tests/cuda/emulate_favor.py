@@ -146,15 +146,14 @@ def head_causal(Q, K, V, W, m, kernel, eps, sqrt_s, klen, C):
         kj = rowg - i + j
         if j <= i and c[kj] > -np.inf:
             A[idx] = A32[idx] * math.exp(c[kj] - P[rowg])
-    for row in range(Lp):
-        t = row // C
-        E = eref[t]
-        f = 0.0 if E == -np.inf else math.exp(E - P[row])
-        phq[row * r:(row + 1) * r] *= f
     O = np.zeros(Lp * dw)
+    O2 = np.zeros(Lp * dw)
     gemm(0, 0, dw, C, r, 1.0, Sb, dw, per, phq, r, C * r, 0.0, O, dw, C * dw, nch)
-    gemm(0, 0, dw, C, C, 1.0, vw, dw, C * dw, A, C, C * C, 1.0, O, dw, C * dw, nch)
-    O = O.reshape(Lp, dw)[:L]
+    gemm(0, 0, dw, C, C, 1.0, vw, dw, C * dw, A, C, C * C, 0.0, O2, dw, C * dw, nch)
+    # k_normalise: the state term rebased to the row's reference, plus the chunk's own keys
+    f = np.array([0.0 if eref[i // C] == -np.inf else math.exp(eref[i // C] - P[i])
+                  for i in range(Lp)])
+    O = (f[:, None] * O.reshape(Lp, dw) + O2.reshape(Lp, dw))[:L]
     return O[:, :dv] * (1.0 / O[:, dv:dv + 1])
 
 

@@ -964,9 +964,10 @@ static void dec_verify(dec_case *c, seq_hist *s, int n) {
 
 /* One decoding run (see f. at the top). with_bad: a NaN in sequence 2's q at step 8, an Inf
  * in sequence 0's k at step 17, a NaN in sequence 4's v at step T - 5. */
-static void dec_run(pf_cuda_dtype dt, pf_kernel kernel, int wph, float scale, int with_bad) {
+static void dec_run(pf_cuda_dtype dt, pf_kernel kernel, int wph, float scale, int with_bad,
+                    int dv) {
     enum { N = 5 };
-    const int H = 3, d = 16, dv = 24, m = 32, T = quick_ ? 24 : 40;
+    const int H = 3, d = 16, m = 32, T = quick_ ? 24 : 40;
     const int wh = wph ? H : 1;
     const size_t es = esize(dt), nqk = (size_t)N * H * d, nvo = (size_t)N * H * dv;
     float *W = xmalloc(sizeof(float) * wh * m * d);
@@ -1098,9 +1099,9 @@ static void dec_run(pf_cuda_dtype dt, pf_kernel kernel, int wph, float scale, in
     if (check_ok(pf_cuda_favor_state_positions(st, pos, 0), "f. positions"))
         for (int n = 0; n < N; n++)
             CHECK(pos[n] == 0, "f. after reset(NULL): sequence %d at %" PRId64, n, pos[n]);
-    printf("  f. decode %-4s %-10s %s s%-4g %d steps, %d segments, %d rows, %d inactive rows "
-           "kept, %d bad tokens: vs CPU %.2e (tol %.0e), vs pf_cuda_favor %.2e (tol %.0e)\n",
-           dt_name(dt), pf_kernel_name(kernel), wph ? "W/head" : "W     ", (double)scale, T,
+    printf("  f. decode %-4s %-10s %s s%-4g dv %d, %d steps, %d segments, %d rows, %d inactive "
+           "rows kept, %d bad tokens: vs CPU %.2e (tol %.0e), vs pf_cuda_favor %.2e (tol %.0e)\n",
+           dt_name(dt), pf_kernel_name(kernel), wph ? "W/head" : "W     ", (double)scale, dv, T,
            c.segments, c.rows, held, bad_steps, c.worst_cpu,
            dt == PF_CUDA_F32 ? TOL_F32 : TOL_DECODE, c.worst_gpu,
            dt == PF_CUDA_F32 ? TOL_F32 : TOL_DECODE + tol_of(dt));
@@ -1128,9 +1129,12 @@ static void dec_run(pf_cuda_dtype dt, pf_kernel kernel, int wph, float scale, in
 static void test_decode(void) {
     static const pf_cuda_dtype dts[3] = {PF_CUDA_F32, PF_CUDA_BF16, PF_CUDA_F16};
     printf("f. decoding N = 5 sequences x H = 3 heads against the causal passes\n");
+    /* dv = 24 takes the step's general path, dv = 32 and 64 its float4 path (dv dividing 1024) */
+    static const int dvs[3] = {24, 32, 64};
     for (int di = 0; di < 3; di++)
         for (int k = 0; k < 4; k++)
-            dec_run(dts[di], (pf_kernel)k, k % 2 == 0, k >= 2 ? 0.25f : 0.0f, k % 2 == 1);
+            dec_run(dts[di], (pf_kernel)k, k % 2 == 0, k >= 2 ? 0.25f : 0.0f, k % 2 == 1,
+                    dvs[(di + k) % 3]);
     pf_cuda_favor_state_free(NULL);
 }
 
