@@ -5,12 +5,9 @@
  * overflow or underflow where float32 would not) and every product accumulating in float32:
  *
  *   U = sqrt(s) X W^T                 cuBLAS, float32 out              ("project")
- *     (half inputs: on TF32 tensor cores, which hold the widened inputs exactly, with W split
- *     into two TF32 parts, W = W_hi + W_lo, and both products summed in float32: u to about
- *     float32's precision, which the exponential of the features needs; one part alone, or W
- *     in bfloat16, carries 2^-11 or 2^-8 of W's size into u and 1e-2 into the output for rows
- *     of norm 8..12. With the projection fused into the features (k_features_fused) u never
- *     leaves the chip.)
+ *     (half inputs: widened to float32, which is exact, and multiplied on TF32 tensor cores:
+ *     W keeps 2^-11 of relative precision there, which the exponential of the features needs;
+ *     in bfloat16 it would carry 2^-8 of its size into u.)
  *   phi~(X), c(X)                     own kernel, one warp a row       ("features")
  *
  * bidirectional
@@ -41,8 +38,6 @@
 
 #include <algorithm>
 
-#include <mma.h>
-
 #include "internal.cuh"
 
 #define PF_CUDA_API extern "C" __attribute__((visibility("default")))
@@ -64,7 +59,6 @@ struct favor_plan {
     int w_per_head;
     /* bytes per head of each buffer (in this order in a group's workspace) and fixed bytes */
     size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a32, b_a, b_o, b_o2, b_ref, b_x;
-    int fused; /* the projection fused into the features (k_features_fused) */
     size_t per_head, fixed;
 };
 
@@ -72,14 +66,8 @@ static size_t align256(size_t x) {
     return (x + 255) & ~(size_t)255;
 }
 
-/* Whether the fused projection and features serve a call: the products may be TF32 (half
- * inputs, or float32 with TF32 allowed), WMMA's shapes fit d and m, and the tile fits in the
- * shared memory every target (sm_80 and later) gives a block. */
-static const size_t FUSED_SMEM_MAX = 96 * 1024;
-static int fused_ok(size_t tin, int tf32, int d, int m);
-
 static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s,
-                           const pf_attn_opts *o, const pf_favor_opts *f, int tf32) {
+                           const pf_attn_opts *o, const pf_favor_opts *f) {
     memset(p, 0, sizeof *p);
     if (!s || !o || !f) return pf_cuda_fail(PF_EINVAL, "shape, opts and favor must not be NULL");
     if (pf_cuda_dtype_size(dtype) == 0)
@@ -138,7 +126,6 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
     p->fm.inv_sqrt_m = (float)(1.0 / sqrt((double)f->m));
     p->fm.lnr = 0.5 * log((double)(f->kernel == PF_KERNEL_HYPERBOLIC ? 2 * f->m : f->m));
     const size_t r = (size_t)p->r, m = (size_t)p->m, dw = (size_t)p->dw, tc = p->tc;
-    p->fused = fused_ok(p->tin, tf32, s->d, f->m);
     if (p->causal) {
         p->C = f->chunk > 0 ? f->chunk : DEFAULT_CHUNK;
         if (p->C > s->Lq) p->C = s->Lq;
@@ -146,7 +133,7 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->Lp = p->nch * p->C;
         const size_t Lp = (size_t)p->Lp, C = (size_t)p->C, nch = (size_t)p->nch;
         /* the projection's rows and, after the features, the chunks' states share one buffer */
-        p->b_u = align256(std::max(p->fused ? 0 : Lp * m, nch * r * dw) * 4);
+        p->b_u = align256(std::max(Lp * m, nch * r * dw) * 4);
         p->b_phq = p->b_phk = align256(Lp * r * tc);
         p->b_c = p->b_p = align256(Lp * 8);
         p->b_vw = p->b_vs = align256(Lp * dw * tc);
@@ -157,7 +144,7 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->b_ref = align256(nch * 12); /* E_(t-1) (double) and the rebase factor (float) */
     } else {
         const size_t Lq = (size_t)p->Lq, Lk = (size_t)p->Lk;
-        p->b_u = p->fused ? 0 : align256(std::max(Lq, Lk) * m * 4);
+        p->b_u = align256(std::max(Lq, Lk) * m * 4);
         p->b_phq = align256(Lq * r * tc);
         p->b_phk = align256(Lk * r * tc);
         p->b_c = align256(Lk * 8);
@@ -167,11 +154,11 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->b_sb = align256(r * dw * tc);
         p->b_o = align256(Lq * dw * 4);
     }
-    if (p->tin == 2 && !p->fused) p->b_x = align256((size_t)std::max(p->Lq, p->Lk) * (size_t)p->d * 4);
+    if (p->tin == 2) p->b_x = align256((size_t)std::max(p->Lq, p->Lk) * (size_t)p->d * 4);
     p->per_head = p->b_u + p->b_phq + p->b_phk + p->b_c + p->b_p + p->b_vw + p->b_vs + p->b_st +
                   p->b_sb + p->b_a32 + p->b_a + p->b_o + p->b_o2 + p->b_ref + p->b_x;
     const size_t wrows = (size_t)(f->w_per_head ? s->H : 1) * m;
-    p->fixed = align256(3 * wrows * (size_t)s->d * 4); /* W, W_hi, W_lo */
+    p->fixed = align256(wrows * (size_t)s->d * 4);
     return PF_OK;
 }
 
@@ -182,8 +169,7 @@ struct favor_bufs {
     double *c, *P, *eref;
     float *alpha;
     float *x; /* half inputs: a side's rows widened to float32 for the projection */
-    float *W; /* the fixed part: W (checked), then W_hi and W_lo (k_copy_w) */
-    size_t wn; /* floats of W */
+    float *W; /* the fixed part: W, checked */
 };
 
 static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
@@ -191,7 +177,6 @@ static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     memset(&b, 0, sizeof b);
     char *x = (char *)ws;
     b.W = (float *)x;
-    b.wn = (size_t)(p->w_per_head ? p->H : 1) * p->m * p->d;
     x += p->fixed;
     auto take = [&](size_t per) -> void * {
         if (per == 0) return NULL;
@@ -226,7 +211,7 @@ PF_CUDA_API pf_status pf_cuda_favor_workspace(size_t *per_head, size_t *fixed, p
                                               const pf_favor_opts *favor) {
     pf_cuda_clear_error();
     favor_plan p;
-    pf_status st = plan_make(&p, dtype, shape, opts, favor, 0);
+    pf_status st = plan_make(&p, dtype, shape, opts, favor);
     if (st != PF_OK) return st;
     if (per_head) *per_head = p.per_head;
     if (fixed) *fixed = p.fixed + 256;
@@ -248,18 +233,13 @@ __device__ __forceinline__ int warp_any(int v) {
 }
 
 /* W (n floats) copied into dst, flagging a NaN or Inf (the products read the copy, so that W
- * cannot change under a call), and split for TF32 products: dst + n holds W_hi, W rounded to
- * TF32 (to nearest), dst + 2n W_lo = W - W_hi (exact in float32; a TF32 product rounds it
- * again, to 2^-11 of itself). */
+ * cannot change under a call). */
 __global__ void k_copy_w(float *dst, const float *W, size_t n, unsigned *flags) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float w = W[i];
         if (!isfinite(w)) pf_raise(flags, PF_FLAG_INPUT);
-        const float hi = nvcuda::wmma::__float_to_tf32(w);
         dst[i] = w;
-        dst[n + i] = hi;
-        dst[2 * n + i] = w - hi;
     }
 }
 
@@ -372,86 +352,6 @@ __global__ void k_features(Tc *phi, double *c, const float *U, const Tin *X, siz
     }
     feature_row<Tin, Tc>(out, c ? c + row : NULL, U + row * (size_t)fm.m,
                          X + (size_t)g * xs + (size_t)i * d, d, s2, fm, flags);
-}
-
-/* The projection and the features in one pass, u never leaving the chip: a block makes
- * FROWS rows of one head. Its rows of X, widened to float32, go to shared memory; each warp
- * multiplies them by W_lo^T and W_hi^T on TF32 tensor cores (WMMA 16x16x8; the rows are
- * exact in TF32 when they come from half inputs, so u is float32-accurate) for its share of
- * the m columns, into a FROWS x m tile of u in shared memory;
- * then each warp makes the features of its rows from the tile (feature_row). Needs d % 8 == 0,
- * m % 16 == 0 and the tile within the shared memory (fused_ok). Grid (row blocks, G). */
-enum { FROWS = 32, FWARPS = 4 };
-
-template <typename Tin, typename Tc>
-__global__ void __launch_bounds__(FWARPS * 32)
-    k_features_fused(Tc *phi, double *c, const Tin *X, size_t xs, int rows_alloc, int n,
-                     const int32_t *klen, int bh0, int H, int d, const float *Whi,
-                     const float *Wlo, size_t ws, int w_per_head, float sqrt_s, double s2,
-                     pf_fmap_dev fm, unsigned *flags) {
-    extern __shared__ __align__(128) float fsm[];
-    float *xt = fsm;                    /* FROWS x d */
-    float *ut = fsm + (size_t)FROWS * d; /* FROWS x m */
-    const int g = blockIdx.y, i0 = blockIdx.x * FROWS, m = fm.m;
-    const int warp = threadIdx.x >> 5;
-    const int valid = klen ? min(n, (int)klen[(bh0 + g) / H]) : n;
-    const Tin *Xg = X + (size_t)g * xs;
-    const size_t woff = w_per_head ? (size_t)((bh0 + g) % H) * ws : 0;
-    const float *Wh = Whi + woff, *Wl = Wlo + woff;
-    for (int e = threadIdx.x; e < FROWS * d; e += blockDim.x) {
-        const int i = i0 + e / d;
-        xt[e] = i < n ? pf_ld(Xg + (size_t)i * d + e % d) : 0.0f;
-    }
-    __syncthreads();
-    /* warp w: the 16-row tile (w & 1), the column tiles w >> 1, (w >> 1) + 2, ... */
-    {
-        namespace wm = nvcuda::wmma;
-        const int rt = warp & 1;
-        wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::row_major> a;
-        wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::col_major> b, bl;
-        wm::fragment<wm::accumulator, 16, 16, 8, float> acc;
-        for (int ct = warp >> 1; ct < m / 16; ct += FWARPS / 2) {
-            wm::fill_fragment(acc, 0.0f);
-            for (int k0 = 0; k0 < d; k0 += 8) {
-                wm::load_matrix_sync(a, xt + (size_t)rt * 16 * d + k0, d);
-                /* W^T (d x m) column-major is W (m x d) row-major: column n at W + n d */
-                wm::load_matrix_sync(b, Wh + (size_t)ct * 16 * d + k0, d);
-                wm::load_matrix_sync(bl, Wl + (size_t)ct * 16 * d + k0, d);
-#pragma unroll
-                for (int t = 0; t < a.num_elements; t++) a.x[t] = wm::__float_to_tf32(a.x[t]);
-#pragma unroll
-                for (int t = 0; t < bl.num_elements; t++) bl.x[t] = wm::__float_to_tf32(bl.x[t]);
-                /* W_lo first: the small part's sum is not lost against the large one's */
-                wm::mma_sync(acc, a, bl, acc);
-                wm::mma_sync(acc, a, b, acc);
-            }
-#pragma unroll
-            for (int t = 0; t < acc.num_elements; t++) acc.x[t] *= sqrt_s;
-            wm::store_matrix_sync(ut + (size_t)rt * 16 * m + ct * 16, acc, m, wm::mem_row_major);
-        }
-    }
-    __syncthreads();
-    for (int ri = warp; ri < FROWS; ri += FWARPS) {
-        const int i = i0 + ri;
-        if (i >= rows_alloc) break;
-        const size_t row = (size_t)g * rows_alloc + i;
-        Tc *out = phi + row * (size_t)fm.r;
-        if (i >= valid) {
-            for (int f = threadIdx.x & 31; f < fm.r; f += 32) pf_st(out + f, 0.0f);
-            if (c && (threadIdx.x & 31) == 0) c[row] = -INFINITY;
-            continue;
-        }
-        feature_row<Tin, Tc>(out, c ? c + row : NULL, ut + (size_t)ri * m,
-                             Xg + (size_t)i * d, d, s2, fm, flags);
-    }
-}
-
-static size_t fused_smem(int d, int m) {
-    return sizeof(float) * (size_t)FROWS * (size_t)(d + m);
-}
-
-static int fused_ok(size_t tin, int tf32, int d, int m) {
-    return (tin == 2 || tf32) && d % 8 == 0 && m % 16 == 0 && fused_smem(d, m) <= FUSED_SMEM_MAX;
 }
 
 /* Block-wide max of doubles (blockDim.x <= 1024). */
@@ -725,16 +625,11 @@ static pf_status project(const favor_run &R, const favor_bufs &b, const void *X,
             sw = (long long)p->m * p->d;
         }
         const char *x = xbase + (size_t)g * xs * xes;
-        const size_t wo = (size_t)woff * p->m * p->d;
-        /* half inputs: U = sqrt(s) X W_hi^T + sqrt(s) X W_lo^T (see the top of the file) */
-        const int parts = p->tin == 2 ? 2 : 1;
-        for (int part = 0; part < parts; part++) {
-            const float *w = b.W + wo + (parts == 2 ? (size_t)(1 + part) * b.wn : 0);
-            pf_status st = gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, p->m, n, p->d, p->sqrt_s, w,
-                                CUDA_R_32F, p->d, sw, x, p->d, (long long)xs, part ? 1.0f : 0.0f,
-                                b.u + (size_t)g * su, p->m, su, run, "projection X W^T", ct);
-            if (st != PF_OK) return st;
-        }
+        const float *w = b.W + (size_t)woff * p->m * p->d;
+        pf_status st = gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, p->m, n, p->d, p->sqrt_s, w, CUDA_R_32F,
+                            p->d, sw, x, p->d, (long long)xs, 0.0f, b.u + (size_t)g * su, p->m,
+                            su, run, "projection X W^T", ct);
+        if (st != PF_OK) return st;
         g += run;
     }
     return PF_OK;
@@ -748,8 +643,8 @@ static void account(pf_cuda_ctx *ctx, int stage, double flops, double bytes) {
 }
 
 /* The features phi~ (G, rows_alloc, r) and, with c not NULL, the log factors of the rows X of
- * the G heads from bh0 (n valid rows, klen: key lengths or NULL): the fused kernel where it
- * serves (plan.fused), else the projection through cuBLAS into U and the features from it. */
+ * the G heads from bh0 (n valid rows, klen: key lengths or NULL): the projection through
+ * cuBLAS into U, then the features from it. */
 template <typename Tin, typename Tc>
 static pf_status features(const favor_run &R, const favor_bufs &b, Tc *phi, double *c,
                           const void *X, int n, int rows_alloc, int bh0, int G,
@@ -758,22 +653,6 @@ static pf_status features(const favor_run &R, const favor_bufs &b, Tc *phi, doub
     pf_cuda_ctx *ctx = R.ctx;
     const double rows = (double)G * n;
     const Tin *Xg = (const Tin *)X + (size_t)bh0 * n * p->d;
-    if (p->fused) {
-        pf_cuda_mark(ctx, ST_FEATURES);
-        const size_t smem = fused_smem(p->d, p->m);
-        cudaError_t e = cudaFuncSetAttribute(k_features_fused<Tin, Tc>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess) return pf_cuda_err(e, "the fused features' shared memory");
-        const dim3 grid((unsigned)((rows_alloc + FROWS - 1) / FROWS), (unsigned)G);
-        k_features_fused<Tin, Tc><<<grid, FWARPS * 32, smem, R.stream>>>(
-            phi, c, Xg, (size_t)n * p->d, rows_alloc, n, klen, bh0, p->H, p->d, b.W + b.wn,
-            b.W + 2 * b.wn, (size_t)p->m * p->d, p->w_per_head, p->sqrt_s, p->s2, p->fm,
-            ctx->flags);
-        account(ctx, ST_FEATURES, 4.0 * rows * p->m * p->d,
-                rows * p->d * p->tin + (double)G * rows_alloc * p->r * p->tc);
-        return PF_OK;
-    }
     pf_cuda_mark(ctx, ST_PROJECT);
     pf_status st = project<Tin>(R, b, X, n, rows_alloc, bh0, G);
     if (st != PF_OK) return st;
@@ -986,7 +865,7 @@ PF_CUDA_API pf_status pf_cuda_favor(pf_cuda_ctx *ctx, void *out, const void *Q, 
     pf_cuda_clear_error();
     if (!ctx) return pf_cuda_fail(PF_EINVAL, "pf_cuda_favor: ctx is NULL");
     favor_plan p;
-    pf_status st = plan_make(&p, dtype, shape, opts, favor, ctx->tf32);
+    pf_status st = plan_make(&p, dtype, shape, opts, favor);
     if (st != PF_OK) return st;
     pf_device_guard guard(ctx->device);
     if (!guard.ok) return pf_cuda_err(cudaGetLastError(), "cudaSetDevice");
