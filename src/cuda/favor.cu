@@ -45,6 +45,12 @@
 enum { ST_PROJECT, ST_FEATURES, ST_WEIGHTS, ST_CHUNK, ST_PREFIX, ST_SCORES, ST_READOUT, ST_NORM };
 
 static const int DEFAULT_CHUNK = 128;
+/* Bidirectional: the key log factors' maximum is taken over blocks of MAX_ROWS rows (a warp
+ * each), then over the blocks. */
+static const int MAX_ROWS = 128;
+/* The causal prefix of chunk states walks at most this many segments of chunks in parallel per
+ * head and element (k_prefix_local), so that a few heads in flight still fill the GPU. */
+enum { PREFIX_SEGMENTS = 16 };
 
 /* ---- the plan: sizes and the workspace's layout --------------------------------------------- */
 
@@ -58,7 +64,8 @@ struct favor_plan {
     pf_fmap_dev fm;
     int w_per_head;
     /* bytes per head of each buffer (in this order in a group's workspace) and fixed bytes */
-    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a32, b_a, b_o, b_o2, b_ref, b_x;
+    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a, b_ref, b_tot;
+    int ncm;      /* chunks of the running maxima (causal: nch; bidirectional: of MAX_ROWS) */
     size_t per_head, fixed;
 };
 
@@ -133,15 +140,19 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->Lp = p->nch * p->C;
         const size_t Lp = (size_t)p->Lp, C = (size_t)p->C, nch = (size_t)p->nch;
         /* the projection's rows and, after the features, the chunks' states share one buffer */
-        p->b_u = align256(std::max(Lp * m, nch * r * dw) * 4);
+        /* The U region holds, one after the other: the projection U, the chunks' states dS,
+         * the scores A in float32, then O and O2. The region of A' holds the widened inputs
+         * (half inputs) before the scores. */
+        p->b_u = align256(std::max(std::max(Lp * m, nch * r * dw), std::max(Lp * C, 2 * Lp * dw)) * 4);
         p->b_phq = p->b_phk = align256(Lp * r * tc);
         p->b_c = p->b_p = align256(Lp * 8);
         p->b_vw = p->b_vs = align256(Lp * dw * tc);
         p->b_sb = align256(nch * r * dw * tc);
-        p->b_a32 = align256(Lp * C * 4);
-        p->b_a = align256(Lp * C * tc);
-        p->b_o = p->b_o2 = align256(Lp * dw * 4);
-        p->b_ref = align256(nch * 12); /* E_(t-1) (double) and the rebase factor (float) */
+        p->b_a = align256(std::max(Lp * C * tc, p->tin == 2 ? Lp * (size_t)p->d * 4 : 0));
+        p->ncm = p->nch;
+        /* E_(t-1) and the chunks' maxima (double), the rebase factors (float) */
+        p->b_ref = align256(nch * 20);
+        p->b_tot = align256((size_t)PREFIX_SEGMENTS * r * dw * 4);
     } else {
         const size_t Lq = (size_t)p->Lq, Lk = (size_t)p->Lk;
         p->b_u = align256(std::max(Lq, Lk) * m * 4);
@@ -152,11 +163,15 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->b_vs = align256(Lk * dw * tc);
         p->b_st = align256(r * dw * 4);
         p->b_sb = align256(r * dw * tc);
-        p->b_o = align256(Lq * dw * 4);
+        /* U, then O (made once the queries' features are): one region; the widened inputs
+         * (half) in A's */
+        p->b_u = align256(std::max(std::max(Lq, Lk) * m, Lq * dw) * 4);
+        p->b_a = p->tin == 2 ? align256(std::max(Lq, Lk) * (size_t)p->d * 4) : 0;
+        p->ncm = (p->Lk + MAX_ROWS - 1) / MAX_ROWS;
+        p->b_ref = align256((size_t)p->ncm * 8);
     }
-    if (p->tin == 2) p->b_x = align256((size_t)std::max(p->Lq, p->Lk) * (size_t)p->d * 4);
     p->per_head = p->b_u + p->b_phq + p->b_phk + p->b_c + p->b_p + p->b_vw + p->b_vs + p->b_st +
-                  p->b_sb + p->b_a32 + p->b_a + p->b_o + p->b_o2 + p->b_ref + p->b_x;
+                  p->b_sb + p->b_a + p->b_ref + p->b_tot;
     const size_t wrows = (size_t)(f->w_per_head ? s->H : 1) * m;
     p->fixed = align256(wrows * (size_t)s->d * 4);
     return PF_OK;
@@ -164,9 +179,9 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
 
 /* A group's buffers: every buffer holds G heads back to back. */
 struct favor_bufs {
-    float *u, *st, *a32, *o, *o2;
+    float *u, *st, *a32, *o, *o2, *tot;
     void *phq, *phk, *vw, *vs, *sb, *a;
-    double *c, *P, *eref;
+    double *c, *P, *eref, *cm;
     float *alpha;
     float *x; /* half inputs: a side's rows widened to float32 for the projection */
     float *W; /* the fixed part: W, checked */
@@ -193,16 +208,23 @@ static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     b.vs = take(p->b_vs);
     b.st = (float *)take(p->b_st);
     b.sb = take(p->b_sb);
-    b.a32 = (float *)take(p->b_a32);
     b.a = take(p->b_a);
-    b.o = (float *)take(p->b_o);
-    b.o2 = (float *)take(p->b_o2);
-    if (p->b_ref) {
-        b.eref = (double *)take(p->b_ref);
-        b.alpha = (float *)(b.eref + (size_t)p->nch * G);
+    b.tot = (float *)take(p->b_tot);
+    double *ref = (double *)take(p->b_ref);
+    b.x = (float *)b.a; /* half inputs widened, before A' is made (plan_make) */
+    /* the U region (G b_u bytes): U; causal: then dS, A in float32, then O and O2 (every head's
+     * O, then every head's O2); bidirectional: then O. Each is dead before the next is made. */
+    b.o = b.u;
+    if (p->causal) {
+        b.eref = ref;
+        b.cm = ref + (size_t)p->nch * G;
+        b.alpha = (float *)(b.cm + (size_t)p->nch * G);
+        b.st = b.u;
+        b.a32 = b.u;
+        b.o2 = b.u + (size_t)G * p->Lp * p->dw;
+    } else {
+        b.cm = ref;
     }
-    b.x = (float *)take(p->b_x);
-    if (p->causal) b.st = b.u; /* the chunks' states reuse the projection's buffer */
     return b;
 }
 
@@ -371,7 +393,7 @@ __device__ double block_max(double v, double *sh) {
     return v;
 }
 
-/* Bidirectional: M[g] = max_j c[g][j]. One block a head. */
+/* M[g] = max_j c[g][j] over n values. One block a head. */
 __global__ void k_max(double *M, const double *c, int n) {
     __shared__ double sh[32];
     const double *cg = c + (size_t)blockIdx.x * n;
@@ -381,39 +403,75 @@ __global__ void k_max(double *M, const double *c, int n) {
     if (threadIdx.x == 0) M[blockIdx.x] = v;
 }
 
-/* Causal: P[g][i] = max_{j <= i} c[g][j] over Lp rows (one block of 1024 threads a head, each
- * scanning a contiguous segment); then per chunk t the state's reference E_(t-1) and the
- * rebase factor alpha_t = e^(E_(t-1) - E_t) (0 before any key). */
-__global__ void k_prefix_max(double *P, double *eref, float *alpha, const double *c, int Lp,
-                             int C, int nch) {
+__device__ __forceinline__ double warp_maxd(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* cm[g][t] = the largest c of rows [t C, min((t + 1) C, rows)) of head g (c: G heads of rows
+ * values), one warp a (head, block of rows). */
+__global__ void k_chunk_max(double *cm, const double *c, int rows, int C, int nch, int G) {
+    const size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+    if (w >= (size_t)G * nch) return;
+    const int lane = threadIdx.x & 31, t = (int)(w % nch);
+    const double *cg = c + (w / nch) * rows;
+    const int end = min(rows, (t + 1) * C);
+    double v = -INFINITY;
+    for (int i = t * C + lane; i < end; i += 32) v = fmax(v, cg[i]);
+    v = warp_maxd(v);
+    if (lane == 0) cm[w] = v;
+}
+
+/* Causal, per head (one block of up to 1024 threads, each a contiguous run of chunks): from the
+ * chunks' maxima cm, E_t = max(cm_0..cm_t), the state's reference before chunk t,
+ * eref[t] = E_(t-1) (-inf for t = 0), and the rebase factor alpha_t = e^(E_(t-1) - E_t) (0
+ * before any key). */
+__global__ void k_chunk_scan(double *eref, float *alpha, const double *cm, int nch) {
     __shared__ double seg[1024];
     const size_t g = blockIdx.x;
-    const double *cg = c + g * Lp;
-    double *Pg = P + g * Lp;
-    const int T = blockDim.x, per = (Lp + T - 1) / T;
-    const int i0 = threadIdx.x * per, i1 = min(Lp, i0 + per);
+    const double *cg = cm + g * nch;
+    const int T = blockDim.x, per = (nch + T - 1) / T;
+    const int t0 = threadIdx.x * per, t1 = min(nch, t0 + per);
     double run = -INFINITY;
-    for (int i = i0; i < i1; i++) run = fmax(run, cg[i]);
+    for (int t = t0; t < t1; t++) run = fmax(run, cg[t]);
     seg[threadIdx.x] = run;
     __syncthreads();
-    /* inclusive scan of the segments' maxima (Hillis-Steele) */
-    for (int o = 1; o < T; o <<= 1) {
+    for (int o = 1; o < T; o <<= 1) { /* inclusive scan of the runs' maxima (Hillis-Steele) */
         const double v = threadIdx.x >= (unsigned)o ? seg[threadIdx.x - o] : -INFINITY;
         __syncthreads();
         seg[threadIdx.x] = fmax(seg[threadIdx.x], v);
         __syncthreads();
     }
     run = threadIdx.x > 0 ? seg[threadIdx.x - 1] : -INFINITY;
-    for (int i = i0; i < i1; i++) {
-        run = fmax(run, cg[i]);
-        Pg[i] = run;
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < nch; t += T) {
-        const double prev = t > 0 ? Pg[(size_t)t * C - 1] : -INFINITY;
-        const double cur = Pg[(size_t)(t + 1) * C - 1];
+    for (int t = t0; t < t1; t++) {
+        const double prev = run;
+        run = fmax(run, cg[t]);
         eref[g * nch + t] = prev;
-        alpha[g * nch + t] = prev == -INFINITY ? 0.0f : (prev == cur ? 1.0f : expf((float)(prev - cur)));
+        alpha[g * nch + t] =
+            prev == -INFINITY ? 0.0f : (prev == run ? 1.0f : expf((float)(prev - run)));
+    }
+}
+
+/* Causal: P[g][i] = max(E_(t-1), c over the rows of chunk t up to i) = max_{j <= i} c[g][j],
+ * one warp a (head, chunk), a warp scan 32 rows at a time. */
+__global__ void k_row_prefix(double *P, const double *c, const double *eref, int Lp, int C,
+                             int nch, int G) {
+    const size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+    if (w >= (size_t)G * nch) return;
+    const int lane = threadIdx.x & 31, t = (int)(w % nch);
+    const size_t base = (w / nch) * Lp;
+    const int end = (t + 1) * C;
+    double run = eref[w];
+    for (int i0 = t * C; i0 < end; i0 += 32) {
+        const int i = i0 + lane;
+        double v = i < end ? c[base + i] : -INFINITY;
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v = fmax(v, y);
+        }
+        v = fmax(v, run);
+        if (i < end) P[base + i] = v;
+        run = __shfl_sync(0xffffffffu, v, 31);
     }
 }
 
@@ -488,6 +546,84 @@ __global__ void k_state_prefix(Tc *Sb, const float *dS, const float *alpha, int 
         pf_st(dst + (size_t)t * per, cur);
         cur = a[t] * cur + src[(size_t)t * per];
     }
+}
+
+/* The prefix of chunk states in segments of `len` chunks (S segments a head), for when a few
+ * heads in flight leave k_state_prefix too few threads to hide its walk:
+ *   k_prefix_local  per (head, segment, element): dS_t becomes the segment's own exclusive
+ *                   prefix before chunk t (referenced to E_(t-1)), in place, and tot the
+ *                   segment's total (referenced to E at its last chunk);
+ *   k_prefix_carry  per (head, element): tot becomes the state before each segment (the
+ *                   totals of the earlier ones, rebased from segment to segment), in place;
+ *   k_prefix_fix    per (head, chunk, element): Sb_t = local_t + e^(E_(t0-1) - E_(t-1)) carry,
+ *                   t0 the segment's first chunk, rounded to Tc once. */
+__global__ void k_prefix_local(float *dS, float *tot, const float *alpha, int G, int nch,
+                               int S, int len, size_t per) {
+    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)G * S * per) return;
+    const size_t e = idx % per, gs = idx / per, g = gs / S;
+    const int sg = (int)(gs % S), t0 = sg * len, t1 = min(nch, t0 + len);
+    float *x = dS + g * nch * per + e;
+    const float *a = alpha + g * nch;
+    float cur = 0.0f;
+    int t = t0;
+    for (; t + 4 <= t1; t += 4) {
+        float v[4], al[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = x[(size_t)(t + k) * per];
+            al[k] = a[t + k];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            x[(size_t)(t + k) * per] = cur;
+            cur = al[k] * cur + v[k];
+        }
+    }
+    for (; t < t1; t++) {
+        const float v = x[(size_t)t * per];
+        x[(size_t)t * per] = cur;
+        cur = a[t] * cur + v;
+    }
+    tot[idx] = cur;
+}
+
+/* e^(E_a - E_b) for references E_a <= E_b (eref values): 0 when E_a = -inf, 1 when equal. */
+__device__ __forceinline__ float rebase(double Ea, double Eb) {
+    return Ea == -INFINITY ? 0.0f : (Ea == Eb ? 1.0f : expf((float)(Ea - Eb)));
+}
+
+__global__ void k_prefix_carry(float *tot, const double *eref, int G, int nch, int S, int len,
+                               size_t per) {
+    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)G * per) return;
+    const size_t g = idx / per, e = idx % per;
+    const double *E = eref + g * nch;
+    float *tg = tot + g * S * per + e;
+    float carry = 0.0f;
+    for (int sg = 0; sg < S; sg++) {
+        const float t = tg[(size_t)sg * per];
+        tg[(size_t)sg * per] = carry;
+        const int t0 = sg * len, t1 = t0 + len;
+        /* the next segment's state: this one's, rebased from E_(t0-1) to E_(t1-1) (= eref[t1]),
+         * plus this segment's total (referenced to E_(t1-1)) */
+        if (t1 < nch) carry = rebase(E[t0], E[t1]) * carry + t;
+    }
+}
+
+template <typename Tc>
+__global__ void k_prefix_fix(Tc *Sb, const float *dS, const float *tot, const double *eref,
+                             int G, int nch, int S, int len, size_t per) {
+    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)G * nch * per) return;
+    const size_t e = idx % per, gt = idx / per, g = gt / nch;
+    const int t = (int)(gt % nch), sg = t / len, t0 = sg * len;
+    float v = dS[idx];
+    if (sg > 0) {
+        const double *E = eref + g * nch;
+        v += rebase(E[t0], E[t]) * tot[(g * S + sg) * per + e];
+    }
+    pf_st(Sb + idx, v);
 }
 
 /* float32 -> Tc, n elements. */
@@ -678,7 +814,9 @@ static pf_status group_bidirectional(const favor_run &R, const favor_bufs &b, vo
     pf_status st;
     if ((st = features<Tin, Tc>(R, b, (Tc *)b.phk, b.c, K, Lk, Lk, bh0, G, R.klen)) != PF_OK)
         return st;
-    k_max<<<G, 256, 0, R.stream>>>(b.P, b.c, Lk);
+    k_chunk_max<<<grid_for((size_t)G * p->ncm * 32, 256), 256, 0, R.stream>>>(
+        b.cm, b.c, Lk, MAX_ROWS, p->ncm, G);
+    k_max<<<G, 256, 0, R.stream>>>(b.P, b.cm, p->ncm);
     pf_cuda_mark(ctx, ST_WEIGHTS);
     k_weights<Tin, Tc><<<grid_for((size_t)G * Lk, 8), dim3(32, 8), 0, R.stream>>>(
         NULL, (Tc *)b.vs, (const Tin *)V + (size_t)bh0 * Lk * p->dv, (size_t)Lk * p->dv, b.c,
@@ -728,7 +866,11 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
     /* keys: features, log factors, running maxima, weighted values */
     if ((st = features<Tin, Tc>(R, b, (Tc *)b.phk, b.c, K, L, Lp, bh0, G, R.klen)) != PF_OK)
         return st;
-    k_prefix_max<<<G, 1024, 0, R.stream>>>(b.P, b.eref, b.alpha, b.c, Lp, C, nch);
+    k_chunk_max<<<grid_for((size_t)G * nch * 32, 256), 256, 0, R.stream>>>(b.cm, b.c, Lp, C,
+                                                                            nch, G);
+    k_chunk_scan<<<G, 1024, 0, R.stream>>>(b.eref, b.alpha, b.cm, nch);
+    k_row_prefix<<<grid_for((size_t)G * nch * 32, 256), 256, 0, R.stream>>>(b.P, b.c, b.eref,
+                                                                             Lp, C, nch, G);
     account(ctx, ST_FEATURES, 0, G * Lp * 16.0);
     if ((st = features<Tin, Tc>(R, b, (Tc *)b.phq, NULL, Q, L, Lp, bh0, G, NULL)) != PF_OK)
         return st;
@@ -746,8 +888,25 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
         return st;
     account(ctx, ST_CHUNK, 2.0 * G * Lp * r * dw, G * (Lp * (r + dw) * tc + nch * per * 4.0));
     pf_cuda_mark(ctx, ST_PREFIX);
-    k_state_prefix<Tc><<<grid_for((size_t)G * per, 256), 256, 0, R.stream>>>(
-        (Tc *)b.sb, b.st, b.alpha, G, nch, per);
+    {
+        /* segments: enough (per, element and head) threads to fill the GPU, at most
+         * PREFIX_SEGMENTS, each at least 4 chunks */
+        int S = (int)std::min((size_t)PREFIX_SEGMENTS, ((size_t)1 << 18) / ((size_t)G * per) + 1);
+        S = std::max(1, std::min(S, nch / 4));
+        const int len = (nch + S - 1) / S;
+        S = (nch + len - 1) / len;
+        if (S == 1) {
+            k_state_prefix<Tc><<<grid_for((size_t)G * per, 256), 256, 0, R.stream>>>(
+                (Tc *)b.sb, b.st, b.alpha, G, nch, per);
+        } else {
+            k_prefix_local<<<grid_for((size_t)G * S * per, 256), 256, 0, R.stream>>>(
+                b.st, b.tot, b.alpha, G, nch, S, len, per);
+            k_prefix_carry<<<grid_for((size_t)G * per, 256), 256, 0, R.stream>>>(
+                b.tot, b.eref, G, nch, S, len, per);
+            k_prefix_fix<Tc><<<grid_for((size_t)G * nch * per, 256), 256, 0, R.stream>>>(
+                (Tc *)b.sb, b.st, b.tot, b.eref, G, nch, S, len, per);
+        }
+    }
     account(ctx, ST_PREFIX, 0, G * nch * per * (4.0 + tc));
     /* A_t (C x C) = phi~(Q_t) phi~(K_t)^T; column-major A^T = phi~(K_t) phi~(Q_t)^T */
     pf_cuda_mark(ctx, ST_SCORES);
