@@ -48,9 +48,7 @@ static const int DEFAULT_CHUNK = 128;
 /* Bidirectional: the key log factors' maximum is taken over blocks of MAX_ROWS rows (a warp
  * each), then over the blocks. */
 static const int MAX_ROWS = 128;
-/* The causal prefix of chunk states walks at most this many segments of chunks in parallel per
- * head and element (k_prefix_local), so that a few heads in flight still fill the GPU. */
-enum { PREFIX_SEGMENTS = 16 };
+
 
 /* ---- the plan: sizes and the workspace's layout --------------------------------------------- */
 
@@ -64,7 +62,7 @@ struct favor_plan {
     pf_fmap_dev fm;
     int w_per_head;
     /* bytes per head of each buffer (in this order in a group's workspace) and fixed bytes */
-    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a, b_ref, b_tot;
+    size_t b_u, b_phq, b_phk, b_c, b_p, b_vw, b_vs, b_st, b_sb, b_a, b_ref;
     int ncm;      /* chunks of the running maxima (causal: nch; bidirectional: of MAX_ROWS) */
     size_t per_head, fixed;
 };
@@ -152,7 +150,6 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->ncm = p->nch;
         /* E_(t-1) and the chunks' maxima (double), the rebase factors (float) */
         p->b_ref = align256(nch * 20);
-        p->b_tot = align256((size_t)PREFIX_SEGMENTS * r * dw * 4);
     } else {
         const size_t Lq = (size_t)p->Lq, Lk = (size_t)p->Lk;
         p->b_u = align256(std::max(Lq, Lk) * m * 4);
@@ -171,7 +168,7 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         p->b_ref = align256((size_t)p->ncm * 8);
     }
     p->per_head = p->b_u + p->b_phq + p->b_phk + p->b_c + p->b_p + p->b_vw + p->b_vs + p->b_st +
-                  p->b_sb + p->b_a + p->b_ref + p->b_tot;
+                  p->b_sb + p->b_a + p->b_ref;
     const size_t wrows = (size_t)(f->w_per_head ? s->H : 1) * m;
     p->fixed = align256(wrows * (size_t)s->d * 4);
     return PF_OK;
@@ -179,7 +176,7 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
 
 /* A group's buffers: every buffer holds G heads back to back. */
 struct favor_bufs {
-    float *u, *st, *a32, *o, *o2, *tot;
+    float *u, *st, *a32, *o, *o2;
     void *phq, *phk, *vw, *vs, *sb, *a;
     double *c, *P, *eref, *cm;
     float *alpha;
@@ -209,7 +206,6 @@ static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     b.st = (float *)take(p->b_st);
     b.sb = take(p->b_sb);
     b.a = take(p->b_a);
-    b.tot = (float *)take(p->b_tot);
     double *ref = (double *)take(p->b_ref);
     b.x = (float *)b.a; /* half inputs widened, before A' is made (plan_make) */
     /* the U region (G b_u bytes): U; causal: then dS, A in float32, then O and O2 (every head's
@@ -548,84 +544,6 @@ __global__ void k_state_prefix(Tc *Sb, const float *dS, const float *alpha, int 
     }
 }
 
-/* The prefix of chunk states in segments of `len` chunks (S segments a head), for when a few
- * heads in flight leave k_state_prefix too few threads to hide its walk:
- *   k_prefix_local  per (head, segment, element): dS_t becomes the segment's own exclusive
- *                   prefix before chunk t (referenced to E_(t-1)), in place, and tot the
- *                   segment's total (referenced to E at its last chunk);
- *   k_prefix_carry  per (head, element): tot becomes the state before each segment (the
- *                   totals of the earlier ones, rebased from segment to segment), in place;
- *   k_prefix_fix    per (head, chunk, element): Sb_t = local_t + e^(E_(t0-1) - E_(t-1)) carry,
- *                   t0 the segment's first chunk, rounded to Tc once. */
-__global__ void k_prefix_local(float *dS, float *tot, const float *alpha, int G, int nch,
-                               int S, int len, size_t per) {
-    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)G * S * per) return;
-    const size_t e = idx % per, gs = idx / per, g = gs / S;
-    const int sg = (int)(gs % S), t0 = sg * len, t1 = min(nch, t0 + len);
-    float *x = dS + g * nch * per + e;
-    const float *a = alpha + g * nch;
-    float cur = 0.0f;
-    int t = t0;
-    for (; t + 4 <= t1; t += 4) {
-        float v[4], al[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            v[k] = x[(size_t)(t + k) * per];
-            al[k] = a[t + k];
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            x[(size_t)(t + k) * per] = cur;
-            cur = al[k] * cur + v[k];
-        }
-    }
-    for (; t < t1; t++) {
-        const float v = x[(size_t)t * per];
-        x[(size_t)t * per] = cur;
-        cur = a[t] * cur + v;
-    }
-    tot[idx] = cur;
-}
-
-/* e^(E_a - E_b) for references E_a <= E_b (eref values): 0 when E_a = -inf, 1 when equal. */
-__device__ __forceinline__ float rebase(double Ea, double Eb) {
-    return Ea == -INFINITY ? 0.0f : (Ea == Eb ? 1.0f : expf((float)(Ea - Eb)));
-}
-
-__global__ void k_prefix_carry(float *tot, const double *eref, int G, int nch, int S, int len,
-                               size_t per) {
-    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)G * per) return;
-    const size_t g = idx / per, e = idx % per;
-    const double *E = eref + g * nch;
-    float *tg = tot + g * S * per + e;
-    float carry = 0.0f;
-    for (int sg = 0; sg < S; sg++) {
-        const float t = tg[(size_t)sg * per];
-        tg[(size_t)sg * per] = carry;
-        const int t0 = sg * len, t1 = t0 + len;
-        /* the next segment's state: this one's, rebased from E_(t0-1) to E_(t1-1) (= eref[t1]),
-         * plus this segment's total (referenced to E_(t1-1)) */
-        if (t1 < nch) carry = rebase(E[t0], E[t1]) * carry + t;
-    }
-}
-
-template <typename Tc>
-__global__ void k_prefix_fix(Tc *Sb, const float *dS, const float *tot, const double *eref,
-                             int G, int nch, int S, int len, size_t per) {
-    const size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)G * nch * per) return;
-    const size_t e = idx % per, gt = idx / per, g = gt / nch;
-    const int t = (int)(gt % nch), sg = t / len, t0 = sg * len;
-    float v = dS[idx];
-    if (sg > 0) {
-        const double *E = eref + g * nch;
-        v += rebase(E[t0], E[t]) * tot[(g * S + sg) * per + e];
-    }
-    pf_st(Sb + idx, v);
-}
-
 /* float32 -> Tc, n elements. */
 template <typename Tc>
 __global__ void k_to_tc(Tc *dst, const float *src, size_t n) {
@@ -888,25 +806,8 @@ static pf_status group_causal(const favor_run &R, const favor_bufs &b, void *out
         return st;
     account(ctx, ST_CHUNK, 2.0 * G * Lp * r * dw, G * (Lp * (r + dw) * tc + nch * per * 4.0));
     pf_cuda_mark(ctx, ST_PREFIX);
-    {
-        /* segments: enough (per, element and head) threads to fill the GPU, at most
-         * PREFIX_SEGMENTS, each at least 4 chunks */
-        int S = (int)std::min((size_t)PREFIX_SEGMENTS, ((size_t)1 << 18) / ((size_t)G * per) + 1);
-        S = std::max(1, std::min(S, nch / 4));
-        const int len = (nch + S - 1) / S;
-        S = (nch + len - 1) / len;
-        if (S == 1) {
-            k_state_prefix<Tc><<<grid_for((size_t)G * per, 256), 256, 0, R.stream>>>(
-                (Tc *)b.sb, b.st, b.alpha, G, nch, per);
-        } else {
-            k_prefix_local<<<grid_for((size_t)G * S * per, 256), 256, 0, R.stream>>>(
-                b.st, b.tot, b.alpha, G, nch, S, len, per);
-            k_prefix_carry<<<grid_for((size_t)G * per, 256), 256, 0, R.stream>>>(
-                b.tot, b.eref, G, nch, S, len, per);
-            k_prefix_fix<Tc><<<grid_for((size_t)G * nch * per, 256), 256, 0, R.stream>>>(
-                (Tc *)b.sb, b.st, b.tot, b.eref, G, nch, S, len, per);
-        }
-    }
+    k_state_prefix<Tc><<<grid_for((size_t)G * per, 256), 256, 0, R.stream>>>(
+        (Tc *)b.sb, b.st, b.alpha, G, nch, per);
     account(ctx, ST_PREFIX, 0, G * nch * per * (4.0 + tc));
     /* A_t (C x C) = phi~(Q_t) phi~(K_t)^T; column-major A^T = phi~(K_t) phi~(Q_t)^T */
     pf_cuda_mark(ctx, ST_SCORES);

@@ -98,7 +98,7 @@ def head_bidirectional(Q, K, V, W, m, kernel, eps, sqrt_s, klen):
     return O[:, :dv] * (1.0 / O[:, dv:dv + 1])
 
 
-def head_causal(Q, K, V, W, m, kernel, eps, sqrt_s, klen, C, segments=True):
+def head_causal(Q, K, V, W, m, kernel, eps, sqrt_s, klen, C):
     L, d = Q.shape
     dv = V.shape[1]
     r = 2 * m if kernel in (HYP, TRIG) else m
@@ -132,35 +132,10 @@ def head_causal(Q, K, V, W, m, kernel, eps, sqrt_s, klen, C, segments=True):
     dS = np.zeros(nch * per)
     gemm(0, 1, dw, r, C, 1.0, vs, dw, C * dw, phk, r, C * r, 0.0, dS, dw, per, nch)
     Sb = np.zeros(nch * per)
-    # k_state_prefix, or in segments (k_prefix_local, _carry, _fix) as favor.cu picks them
-    S = min(16, (1 << 18) // per + 1)
-    S = max(1, min(S, nch // 4))
-    ln = (nch + S - 1) // S
-    S = (nch + ln - 1) // ln
-    if not segments:
-        S, ln = 1, nch
-    tot = np.zeros((S, per))
-    loc = dS.reshape(nch, per).copy()
-    for sg in range(S):
-        cur = np.zeros(per)
-        for t in range(sg * ln, min(nch, sg * ln + ln)):
-            v = loc[t].copy()
-            loc[t] = cur
-            cur = alpha[t] * cur + v
-        tot[sg] = cur
-
-    def rebase(a, b):
-        return 0.0 if a == -np.inf else (1.0 if a == b else math.exp(a - b))
-    carry = np.zeros(per)
-    for sg in range(S):
-        tt = tot[sg].copy()
-        tot[sg] = carry
-        t0, t1 = sg * ln, sg * ln + ln
-        if t1 < nch:
-            carry = rebase(eref[t0], eref[t1]) * carry + tt
+    cur = np.zeros(per)
     for t in range(nch):
-        sg = t // ln
-        Sb[t * per:(t + 1) * per] = loc[t] + (rebase(eref[sg * ln], eref[t]) * tot[sg] if sg else 0)
+        Sb[t * per:(t + 1) * per] = cur
+        cur = alpha[t] * cur + dS[t * per:(t + 1) * per]
     A32 = np.zeros(Lp * C)
     gemm(1, 0, C, C, r, 1.0, phk, r, C * r, phq, r, C * r, 0.0, A32, C, C * C, nch)
     A = np.zeros(Lp * C)
