@@ -229,6 +229,8 @@ INCLUDEDIR   ?= $(PREFIX)/include
 MANDIR       ?= $(PREFIX)/share/man
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 LDCONFIG     ?= ldconfig
+# performer_cuda.pc's Libs name the CUDA runtime too: performer_cuda.h's calls take its types
+# (cudaStream_t) and a program using them allocates with it.
 # performer.pc: Libs for the shared library (it records its own BLAS, OpenMP, zlib and libm);
 # Libs.private what the static one needs on top, from LDLIBS (-fopenmp as the library it adds).
 PC_LIBS_PRIVATE = $(strip $(patsubst -fopenmp,-lgomp,$(LDLIBS)))
@@ -283,7 +285,8 @@ install: all
 	  'includedir=$(call PC_DIR,$(INCLUDEDIR))' '' 'Name: performer_cuda' \
 	  'Description: FAVOR+ on NVIDIA GPUs (performer_cuda.h)' \
 	  'Version: $(VERSION)' 'Requires: performer' \
-	  'Libs: -L$${libdir} -lperformer_cuda' 'Libs.private: $(CUDA_LDLIBS) -lstdc++' \
+	  'Libs: -L$${libdir} -lperformer_cuda $(CUDA_PC_LIBS)' \
+	  'Libs.private: $(CUDA_LDLIBS) -lstdc++' \
 	  'Cflags: -I$${includedir} -I$(CUDA_HOME)/include' >$(BUILD)/performer_cuda.pc)
 	$(if $(filter 1,$(CUDA)),install -m 644 include/performer_cuda.h \
 	  $(DESTDIR)$(INCLUDEDIR)/performer_cuda.h)
@@ -387,6 +390,7 @@ NVCCFLAGS ?= -O3 -g -lineinfo
 CUDA_ALLFLAGS = -std=c++17 $(NVCCFLAGS) $(CUDA_ARCH) -DPF_BUILDING_LIBRARY -Iinclude \
              -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Xcudafe --display_error_number
 CUDA_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+CUDA_PC_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
 CUDA_LIB     = $(BUILD)/libperformer_cuda.a
 CUDA_SONAME  = libperformer_cuda.so.$(SOVERSION)
 CUDA_SO_REAL = $(BUILD)/libperformer_cuda.so.$(VERSION)

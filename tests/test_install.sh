@@ -142,9 +142,10 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
 else
     echo "note: no mpicc or mpirun: the MPI library's install is not checked"
 fi
-# where nvcc is (as the Makefile finds it), the CUDA library (built and installed without a GPU)
+# where the build holds the CUDA library (nvcc found, and not a CUDA=0 build such as the
+# sanitizer one), its files too (built and installed without a GPU)
 cuda=""
-if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+if [ -f "$build/libperformer_cuda.a" ]; then
     cuda=yes
     expected="$expected
 ./usr/local/include/performer_cuda.h 644 f
@@ -154,7 +155,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 ./usr/local/lib/libperformer_cuda.so.$version 644 f
 ./usr/local/lib/pkgconfig/performer_cuda.pc 644 f"
 else
-    echo "note: no nvcc: the CUDA library's install is not checked"
+    echo "note: no libperformer_cuda in $BUILD (no nvcc, or CUDA=0): its install is not checked"
 fi
 expected=$(printf '%s\n' "$expected" | sort)
 got=$(cd "$S" && find . ! -type d -printf '%p %m %y %l\n' | sed 's/ $//' | sort)
@@ -277,6 +278,49 @@ EOF
         "$S/usr/local/bin/performer" --version 2>&1 || true)
     case "$v" in *"MPI build"*", 2 ranks;"*) ok ;;
         *) fail "mpirun -np 2 (installed) performer --version: $v" ;; esac
+fi
+# A program against the staged performer_cuda.pc: it links the CUDA runtime as the .pc says and
+# runs (without a GPU it says so). The sysroot prefixes the toolkit's own -I and -L too, so they
+# are given again as they are.
+if [ -n "$cuda" ]; then
+    cat >"$T/cuda_example.c" <<'EOF'
+#include <stdio.h>
+
+#include <cuda_runtime_api.h>
+#include <performer_cuda.h>
+
+int main(void) {
+    const int n = pf_cuda_device_count();
+    if (n == 0) {
+        printf("no GPU: %s\n", pf_cuda_last_error());
+        return 0;
+    }
+    pf_cuda_ctx *ctx;
+    pf_status st = pf_cuda_ctx_create(&ctx, 0);
+    void *p = NULL;
+    if (st == PF_OK && cudaMalloc(&p, 64) != cudaSuccess) st = PF_ENOMEM;
+    cudaFree(p);
+    pf_cuda_ctx_free(ctx);
+    printf("%d GPU(s): %s\n", n, pf_status_str(st));
+    return st == PF_OK ? 0 : 1;
+}
+EOF
+    ch=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+    if (cd "$T" && cc -O2 -o cuda_staged cuda_example.c $(pkg-config --cflags --libs performer_cuda) \
+            -I"$ch/include" -L"$ch/lib64" -Wl,-rpath,"$L" $san) >"$T/cuda_staged.log" 2>&1; then
+        ok
+        check "cuda_staged needs libperformer_cuda.so.$major" sh -c \
+            "readelf -d '$T/cuda_staged' | grep -q 'NEEDED.*\[libperformer_cuda.so.$major\]'"
+        if out=$(env -u LD_LIBRARY_PATH "$T/cuda_staged" 2>&1); then
+            ok; echo "  cuda_staged: $out"
+        else
+            fail "cuda_staged: $out"
+        fi
+    else
+        fail "cc against the staged performer_cuda.pc"; cat "$T/cuda_staged.log"
+    fi
+    same "pkg-config --modversion performer_cuda" "$version" \
+        "$(pkg-config --modversion performer_cuda)"
 fi
 unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 
