@@ -145,10 +145,14 @@ def _shape(q, k, v, causal):
 
 
 def _key_lengths(key_lengths, sh):
-    """key_lengths as an int32 (B,) array with every value in [1, Lk], or None."""
+    """key_lengths as an int32 (B,) array with every value in [1, Lk], or None. Always a copy of
+    its own: a caller's int32 buffer changed after the call must not reach a plan that keeps it
+    (performer.torch caches plans by the values)."""
     if key_lengths is None:
         return None
     a = np.asarray(key_lengths)
+    if a.size == 0:
+        raise ValueError(f"key_lengths is empty: expected ({sh.B},), one length per batch item")
     if a.dtype.kind not in "iu":
         raise TypeError(f"key_lengths must hold integers, got dtype {a.dtype}")
     if a.ndim == 0:
@@ -159,7 +163,7 @@ def _key_lengths(key_lengths, sh):
     if a.min() < 1 or a.max() > sh.Lk:
         bad = int(np.flatnonzero((a < 1) | (a > sh.Lk))[0])
         raise ValueError(f"key_lengths[{bad}] = {int(a[bad])} is out of range [1, {sh.Lk}]")
-    return np.ascontiguousarray(a, dtype=np.int32)
+    return np.array(a, dtype=np.int32, order="C", copy=True)
 
 
 def _attn_opts(sh, scale, causal, key_len, threads):

@@ -315,6 +315,7 @@ class TestErrors(unittest.TestCase):
         self.raises(ValueError, "causal attention needs", A, q, k[:, :, :7], v[:, :, :7],
                     causal=True)
         self.raises(ValueError, "[1, 2^31 - 1]", A, q[:, :, :0], k, v)
+        self.raises(ValueError, "key_lengths is empty", A, q, k, v, key_lengths=[])
         self.raises(TypeError, "complex", A, q.astype(np.complex64), k, v)
         self.raises(TypeError, "object", A, np.array([[None]]), k, v)
         self.raises(ValueError, "method 'fast'", A, q, k, v, method="fast")

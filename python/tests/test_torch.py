@@ -296,6 +296,24 @@ class TestRepeatedCalls(unittest.TestCase):
         self.assertTrue(same_bits(after.numpy(), want))
         self.assertFalse(torch.equal(before, after))
 
+    def test_key_lengths_changed_in_place_between_calls(self):
+        """A plan made from key lengths in an int32 tensor or array keeps its own copy: the
+        caller's buffer changed after the call, and the same values passed again in another
+        buffer, give the first call's bits (the cached plan once read the changed buffer)."""
+        q, k, v, G = inputs(12)
+        W = torch.from_numpy(performer.projection(16, 8, seed=1))
+        L = q.shape[2]
+        for make in (lambda: torch.tensor([L, L - 5], dtype=torch.int32),
+                     lambda: np.array([L, L - 5], dtype=np.int32)):
+            for causal in (False, True):
+                pt.empty_cache()
+                kl = make()
+                self.check(q, k, v, G, W, "first", causal=causal, key_lengths=kl)
+                kl[1] = 2  # in place, after the call
+                self.check(q, k, v, G, W, "the same values in a new buffer", causal=causal,
+                           key_lengths=make())
+                self.check(q, k, v, G, W, "the changed buffer", causal=causal, key_lengths=kl)
+
     def test_inputs_changed_in_place_before_backward(self):
         for method in ("favor", "exact"):
             for name in ("q", "k", "v", "W") if method == "favor" else ("q", "k", "v"):
