@@ -61,6 +61,7 @@ TOOL   = $(BUILD)/performer
 MAN    = $(BUILD)/performer.1
 
 .PHONY: all setup test test-fast asan demo bench bench-train clean format install uninstall \
+        install-files \
         fuzz fuzz-regress fuzz-corpus
 all: $(STATIC) $(SHARED) $(TOOL) $(MAN)
 
@@ -250,7 +251,24 @@ MPI_PC_PKG   = $(shell for p in ompi-c mpich; do pkg-config --exists $$p 2>/dev/
 MPI_PC_CFLAGS = $(if $(MPI_PC_PKG),,$(shell $(MPICC) --showme:compile 2>/dev/null))
 MPI_PC_LIBS   = $(if $(MPI_PC_PKG),,$(shell $(MPICC) --showme:link 2>/dev/null))
 
-install: all
+# Every install folder is used unquoted by the recipes below: a path with a space or a tab would
+# split into two (make uninstall PREFIX="/a b" once removed the file /a), so such paths are
+# refused, with a message, before anything is built, installed or removed.
+pf_empty :=
+pf_space := $(pf_empty) $(pf_empty)
+pf_tab := $(pf_empty)	$(pf_empty)
+INSTALL_PATHS = $(DESTDIR)|$(PREFIX)|$(BINDIR)|$(LIBDIR)|$(INCLUDEDIR)|$(MANDIR)|$(PKGCONFIGDIR)
+.PHONY: install-paths
+INSTALL_PATHS_BAD = make: DESTDIR, PREFIX and the install folders must not contain spaces or \
+  tabs (DESTDIR='$(DESTDIR)', PREFIX='$(PREFIX)'): nothing was installed or removed
+install-paths:
+	@$(if $(findstring $(pf_space),$(INSTALL_PATHS))$(findstring $(pf_tab),$(INSTALL_PATHS)),\
+	  echo "$(INSTALL_PATHS_BAD)" >&2; exit 2,:)
+
+install: install-paths
+	@$(MAKE) --no-print-directory install-files
+
+install-files: all
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call PC_DIR,$(LIBDIR))' \
 	  'includedir=$(call PC_DIR,$(INCLUDEDIR))' '' 'Name: performer' \
 	  'Description: fast attention over long sequences with random features (FAVOR+)' \
@@ -299,7 +317,7 @@ install: all
 	  $(DESTDIR)$(PKGCONFIGDIR)/performer_cuda.pc)
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 
-uninstall:
+uninstall: install-paths
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED) $(INSTALLED_MPI) $(INSTALLED_CUDA))
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
 

@@ -465,5 +465,22 @@ for n in 1 2; do
         fail "no example_intree$n"; fi
 done
 
+# 5. Install folders with a space or a tab are refused before anything is touched: the recipes
+# use them unquoted, and make uninstall PREFIX="/a b" once removed the file /a (and x/... here).
+mkdir -p "$T/ws" && echo keep >"$T/ws/some"
+before=$(cd "$root" && ls -A)
+for args in "PREFIX=$T/ws/some dir x" "DESTDIR=$T/ws/some	x"; do
+    for goal in uninstall install; do
+        rc=0
+        out=$(mk "$goal" "$args" LDCONFIG=true 2>&1) || rc=$?
+        same "make $goal '$args': exit status" 2 "$rc"
+        case $out in *"must not contain spaces or tabs"*"nothing was installed or removed"*) ok ;;
+            *) fail "make $goal '$args': $out" ;; esac
+    done
+done
+same "the file whose name began the path is untouched" keep "$(cat "$T/ws/some")"
+same "nothing made beside it" "some" "$(ls -A "$T/ws")"
+same "nothing made in the source tree" "$before" "$(cd "$root" && ls -A)"
+
 echo "test_install: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]
