@@ -372,8 +372,9 @@ PF_API pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *
                                      const pf_favor_opts *favor);
 
 /* The slice's own key state: S (B,H,r,dv+1), M (B,H) from its valid keys K, V (a slice with no
- * valid key gives S = 0, M = -inf). Q may be NULL. PF_EINVAL, PF_ENONFINITE (NaN or Inf in K or
- * V, or an overflowing projection), PF_ENOMEM; on failure S = 0, M = -inf. */
+ * valid key gives S = 0, M = -inf). Q may be NULL. PF_EINVAL (nothing written), PF_ENONFINITE
+ * (NaN or Inf in K or V, or an overflowing projection), PF_ENOMEM; after these two, S = 0 and
+ * M = -inf in every head. */
 PF_API pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float *V,
                                       const pf_shape *shape, const pf_attn_opts *opts,
                                       const pf_favor_opts *favor, const double *sums);
@@ -381,7 +382,8 @@ PF_API pf_status pf_favor_slice_state(float *S, double *M, const float *K, const
 /* S (heads, r, dv+1) referenced to M (heads) becomes S + S2 (referenced to M2), referenced per
  * head to the larger reference: S = e^(M - M') S + e^(M2 - M') S2. A reference of -inf is an empty
  * state. Commutative bit for bit; combine slices in a fixed order (or a fixed tree) for
- * reproducible bits. PF_EINVAL on NULL or sizes < 1. */
+ * reproducible bits. PF_EINVAL on NULL, sizes < 1, or a reference (in M or M2) that is NaN or
+ * +inf, as pf_favor_slice_attn refuses them; S and M are then unchanged. */
 PF_API pf_status pf_favor_slice_combine(float *S, double *M, const float *S2, const double *M2,
                                         int heads, int r, int dv);
 
@@ -409,7 +411,8 @@ PF_API pf_status pf_favor_slice_dstate(float *dS, const float *dout, const float
 
 /* G (heads, r, dv+1), a state gradient referenced to MG (heads), becomes G + G2 (referenced to
  * MG2), referenced to the smaller reference: G = e^(M' - MG) G + e^(M' - MG2) G2. A reference
- * of +inf or -inf is an empty gradient (pf_favor_slice_dstate's dS is 0 where M = -inf).
+ * of +inf or -inf is an empty gradient (pf_favor_slice_dstate's dS is 0 where M = -inf); a NaN
+ * one is PF_EINVAL (G and MG unchanged).
  * Commutative bit for bit. Causal: the gradient reaching slice p
  * from the later ones is the combination over q > p of pf_favor_slice_dstate's dS_q with their
  * starting references; its reference is then the state's after slice p, as

@@ -114,12 +114,29 @@ pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float 
     pf_status st = slice_check(shape, opts, favor, sums);
     if (st != PF_OK) return st;
     const pf_favor_ext ext = {.sums = sums, .Sout = S, .Mout = M};
-    return pf_favor_forward_ext(NULL, NULL, K, V, shape, opts, favor, &ext);
+    st = pf_favor_forward_ext(NULL, NULL, K, V, shape, opts, favor, &ext);
+    if (st != PF_OK) {
+        /* the contract: a failure empties every head, not only the one that failed */
+        const size_t heads = (size_t)shape->B * (size_t)shape->H;
+        const size_t n = (size_t)pf_kernel_width(favor->kernel, favor->m) *
+                         ((size_t)shape->dv + 1);
+        memset(S, 0, sizeof(float) * heads * n);
+        for (size_t h = 0; h < heads; h++) M[h] = -INFINITY;
+    }
+    return st;
+}
+
+/* A state's reference may be finite or -inf (empty); a gradient's also +inf (empty). */
+static int refs_ok(const double *M, int heads, int plus_inf) {
+    for (int h = 0; h < heads; h++)
+        if (isnan(M[h]) || (M[h] == INFINITY && !plus_inf)) return 0;
+    return 1;
 }
 
 pf_status pf_favor_slice_combine(float *S, double *M, const float *S2, const double *M2, int heads,
                                  int r, int dv) {
     if (!S || !M || !S2 || !M2 || heads < 1 || r < 1 || dv < 1) return PF_EINVAL;
+    if (!refs_ok(M, heads, 0) || !refs_ok(M2, heads, 0)) return PF_EINVAL;
     const size_t n = (size_t)r * ((size_t)dv + 1);
     for (size_t h = 0; h < (size_t)heads; h++) pf_favor_combine(S + h * n, &M[h], S2 + h * n, M2[h], n);
     return PF_OK;
@@ -128,6 +145,7 @@ pf_status pf_favor_slice_combine(float *S, double *M, const float *S2, const dou
 pf_status pf_favor_slice_dcombine(float *G, double *MG, const float *G2, const double *MG2,
                                   int heads, int r, int dv) {
     if (!G || !MG || !G2 || !MG2 || heads < 1 || r < 1 || dv < 1) return PF_EINVAL;
+    if (!refs_ok(MG, heads, 1) || !refs_ok(MG2, heads, 1)) return PF_EINVAL;
     const size_t n = (size_t)r * ((size_t)dv + 1);
     for (size_t h = 0; h < (size_t)heads; h++) {
         float *g = G + h * n;

@@ -352,10 +352,23 @@ static void errors(void) {
     S[5] = NAN;
     CHECK_STATUS(pf_favor_slice_attn(out, Q, K, V, S, Ms, &s, &o, &fv, NULL), PF_ENONFINITE);
     S[5] = 1;
-    /* a NaN in the keys */
-    K[7] = NAN;
+    /* a NaN in the keys of the last head: the failure empties every head, as the header says
+     * (S = 0, M = -inf), not only the head that failed */
+    const size_t nS = (size_t)B * H * r * (DV + 1);
+    const size_t klast = ((size_t)B * H - 1) * L * D + 7;
+    const float k_was = K[klast];
+    K[klast] = NAN;
+    for (size_t i = 0; i < nS; i++) S[i] = 7.0f;
+    for (int h = 0; h < B * H; h++) Ms[h] = 3.0;
     CHECK_STATUS(pf_favor_slice_state(S, Ms, K, V, &s, &o, &fv, NULL), PF_ENONFINITE);
-    K[7] = 0;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < nS; i++) nonzero += S[i] != 0.0f;
+    int refs = 0;
+    for (int h = 0; h < B * H; h++) refs += Ms[h] == -INFINITY;
+    CHECK(nonzero == 0 && refs == B * H, "failed slice state: %zu nonzero of S, %d of %d refs -inf",
+          nonzero, refs, B * H);
+    K[klast] = k_was;
+    for (int h = 0; h < B * H; h++) Ms[h] = 0;
     /* fitted maps need the sums; maps that fit nothing have none */
     fv.kernel = PF_KERNEL_SDERF;
     o.causal = 0;
@@ -383,6 +396,18 @@ static void errors(void) {
     double md = 1.5;
     CHECK_STATUS(pf_favor_slice_dcombine(a, &ma, cg, &md, 1, 1, 1), PF_OK);
     CHECK(ma == 0.5 && fabs(a[0] - (10 + 7 * exp(-1.0))) < 1e-5, "gradients to the smaller ref");
+    /* NaN references are refused (and +inf for states), nothing changed, as slice_attn does */
+    const float a0 = a[0];
+    double bad[3] = {NAN, INFINITY, NAN};
+    for (int i = 0; i < 2; i++) {
+        double m1 = ma;
+        CHECK_STATUS(pf_favor_slice_combine(a, &m1, b2, &bad[i], 1, 1, 1), PF_EINVAL);
+        CHECK_STATUS(pf_favor_slice_combine(b2, &bad[i], a, &m1, 1, 1, 1), PF_EINVAL);
+        CHECK(m1 == ma && a[0] == a0, "a refused combine changes nothing");
+    }
+    CHECK_STATUS(pf_favor_slice_dcombine(a, &ma, cg, &bad[2], 1, 1, 1), PF_EINVAL);
+    CHECK_STATUS(pf_favor_slice_dcombine(cg, &bad[2], a, &ma, 1, 1, 1), PF_EINVAL);
+    CHECK(ma == 0.5 && a[0] == a0, "a refused dcombine changes nothing");
     free(Q), free(K), free(V), free(out), free(W), free(S), free(dQ), free(dK), free(dV);
 }
 
