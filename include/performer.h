@@ -3,7 +3,7 @@
  *
  * Exact softmax attention (online softmax, never an L x Lk matrix) and FAVOR+ linear attention
  * (Choromanski et al. 2020) with positive, hyperbolic, trigonometric and ReLU feature maps,
- * bidirectional and strictly causal.
+ * bidirectional and causal (query i attends to keys j <= i, itself included).
  *
  * Layout: every tensor is float32, row-major and contiguous. Queries are (B,H,Lq,d), keys
  * (B,H,Lk,d), values (B,H,Lk,dv) and outputs (B,H,Lq,dv). A projection W is (m,d), or (H,m,d)
@@ -11,6 +11,14 @@
  *
  * Every function returns a pf_status; the library never prints, exits or aborts on bad input.
  * The caller owns every tensor it passes; objects come in _create/_free pairs.
+ *
+ * Threads: any function may run in several threads at once on different objects and different
+ * outputs (inputs may be shared, read only); an object (pf_rng, pf_favor_state, pf_favor_saved,
+ * pf_model, pf_decoder) is used by one thread at a time. Each call runs its own OpenMP team
+ * (pf_attn_opts.threads), whose size never changes a result.
+ *
+ * C++: the usage below names the fields of pf_shape (C99's designated initialisers, C++20's);
+ * in C++17, give them in order, pf_shape shape = {B, H, Lq, Lk, d, dv}, or assign each field.
  *
  * Usage:
  *
