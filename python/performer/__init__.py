@@ -95,6 +95,8 @@ def _ptr(a):
 def _scale(scale):
     if scale is None:
         return 0.0
+    if isinstance(scale, (str, bytes, bool)):
+        raise TypeError(f"scale must be a number, got {type(scale).__name__} {scale!r}")
     s = float(scale)
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
@@ -217,21 +219,26 @@ def _favor_opts(sh, *, kernel, W, features, proj, norm, seed, eps, chunk, oprf_a
     return fav, W
 
 
-def _nonfinite_detail(named):
+def _nonfinite_detail(named, function=""):
     for name, a in named:
         if a is not None and not np.isfinite(a).all():
             idx = np.unravel_index(int(np.argmin(np.isfinite(a))), a.shape)
             return f"{name} holds {a[idx]} at index {tuple(int(i) for i in idx)}"
+    if "exact" in function:  # no feature map to change: the scores themselves overflowed
+        return "a result is not finite: the scores overflow float32; try a smaller scale"
     return ("a result is not finite: try kernel='positive', a smaller scale, or eps > 0")
 
 
 def _raise(st, function, named=()):
     detail = ""
     if st == _lib.PF_ENONFINITE:
-        detail = _nonfinite_detail(named)
+        detail = _nonfinite_detail(named, function)
     elif st == _lib.PF_EDOMAIN:
-        detail = ("a softmax or feature denominator is zero or not finite: try "
-                  "kernel='positive', a smaller scale, or eps > 0")
+        if "exact" in function:
+            detail = "a query sees no key (every key of its row padded, or a zero denominator)"
+        else:
+            detail = ("a softmax or feature denominator is zero or not finite: try "
+                      "kernel='positive', a smaller scale, or eps > 0")
     raise _lib.error(st, function, detail)
 
 
@@ -569,6 +576,10 @@ class DecodeState:
     def __init__(self, heads, d, dv, W, *, kernel="positive", scale=None, eps=0.0, chunk=0,
                  oprf_a=None):
         self._ptr = None
+        if W is None:
+            raise ValueError("DecodeState needs W, the projection the model's attention uses: "
+                             "performer.projection(m, d, seed=...) draws one (a default W would "
+                             "silently decode with other features than the model's)")
         H = _int(heads, "heads", 1, _INT_MAX)
         self.heads, self.d, self.dv = H, _int(d, "d", 1, _INT_MAX), _int(dv, "dv", 1, _INT_MAX)
         sh = _lib.pf_shape(1, H, 1, 1, self.d, self.dv)

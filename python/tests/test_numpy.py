@@ -316,6 +316,13 @@ class TestErrors(unittest.TestCase):
                     causal=True)
         self.raises(ValueError, "[1, 2^31 - 1]", A, q[:, :, :0], k, v)
         self.raises(ValueError, "key_lengths is empty", A, q, k, v, key_lengths=[])
+        self.raises(TypeError, "scale must be a number", A, q, k, v, scale="1")
+        self.raises(TypeError, "scale must be a number", A, q, k, v, scale=True)
+        self.raises(ValueError, "DecodeState needs W", performer.DecodeState, 2, 8, 8, None)
+        # exact attention has no kernel to change: its overflow says so
+        big = np.full_like(q, 1e20)  # finite, but q.k overflows float32
+        e = self.raises(FloatingPointError, "smaller scale", A, big, big, big, method="exact")
+        self.assertNotIn("kernel", str(e))
         self.raises(TypeError, "complex", A, q.astype(np.complex64), k, v)
         self.raises(TypeError, "object", A, np.array([[None]]), k, v)
         self.raises(ValueError, "method 'fast'", A, q, k, v, method="fast")
