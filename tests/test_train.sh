@@ -96,8 +96,16 @@ for run in learned rotary favor favorpp; do
     $P train --out "$B" $TINY $args --steps 24 --eval-every 8 --threads 2 \
         --stop-after 12 >/dev/null 2>&1
     check "stop-after exits 0" [ $? -eq 0 ]
-    $P train --out "$B" --resume --threads 1 --no-plot >/dev/null 2>&1
+    $P train --out "$B" --resume --threads 1 --no-plot >/dev/null 2>"$T/b.err"
     check "resume exits 0" [ $? -eq 0 ]
+    # the resumed run's progress lines show the last evaluation before the stop (step 8's), as
+    # the uninterrupted run's do, never "nan", until its own at step 16
+    check "$pos: resumed progress lines hold no nan: $(grep -m1 nan "$T/b.err")" \
+        sh -c "! grep -q nan '$T/b.err'"
+    va=$(grep '^step 13/' "$T/a.err" | sed 's/.*\(val [^)]*)\).*/\1/')
+    vb=$(grep '^step 13/' "$T/b.err" | sed 's/.*\(val [^)]*)\).*/\1/')
+    check "$pos: step 13's val, uninterrupted '$va', resumed '$vb'" \
+        sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$va" "$vb"
     check "$pos: resumed run = uninterrupted run, bit for bit" \
         $PY "$T/same.py" "$A/checkpoint.safetensors" "$B/checkpoint.safetensors"
     # the logs agree except for timings (columns 5-6)

@@ -835,6 +835,33 @@ static int log_row(run_state *r, const char *path, int64_t from, const char *row
 
 static int train_in(train_cfg *c, int *saved);
 
+/* The last evaluation in the log at path among the rows of steps <= upto (val_loss and val_acc,
+ * columns 7 and 9), or NaN if none: a resumed run's progress lines show it until its own next
+ * evaluation, as the run never stopped would. */
+static eval_result last_logged_eval(const char *path, int64_t upto) {
+    eval_result ev = {NAN, NAN};
+    FILE *f = fopen(path, "r");
+    if (!f) return ev;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        char *end;
+        const long long st = strtoll(line, &end, 10);
+        if (end == line || *end != ',' || st > upto) continue; /* the header, or later */
+        const char *field[9] = {line};
+        int nf = 1;
+        for (char *p = line; *p && nf < 9; p++)
+            if (*p == ',') field[nf++] = p + 1;
+        if (nf < 9 || field[6][0] == ',') continue; /* no evaluation at that step */
+        const double loss = strtod(field[6], NULL), acc = strtod(field[8], NULL);
+        if (isfinite(loss) && isfinite(acc)) {
+            ev.loss = loss;
+            ev.acc = acc;
+        }
+    }
+    fclose(f);
+    return ev;
+}
+
 /* Rank 0's claim on DIR: made here if missing (*made), then locked (*lfd): one run at a time in
  * a folder, since a second would replace the first's files under it. The folder itself is
  * locked (flock on its descriptor): no lock file to leave behind. 0 or an exit code. */
@@ -1073,6 +1100,7 @@ static int train_in(train_cfg *c, int *saved) {
     opt.weight_decay = (float)c->weight_decay;
     opt.clip = (float)c->clip;
     eval_result ev = {NAN, NAN};
+    if (c->resume && rank0) ev = last_logged_eval(log_path, step);
     pf_status st = PF_OK;
 
     /* FAVOR++ (one process: parallel_check): A fitted on training batches of their own, in
@@ -1141,11 +1169,12 @@ static int train_in(train_cfg *c, int *saved) {
             char eta[32];
             fmt_time(eta, sizeof(eta), (double)(c->steps - step) * session_t / session_steps);
             if (!rc && (tty || step % log_every == 0 || step == c->steps || do_eval)) {
-                fprintf(stderr,
-                        "%sstep %lld/%d  loss %.4f  val %.4f (acc %.3f)  %.0f tok/s  "
-                        "left %s%s",
-                        tty ? "\r" : "", (long long)step, c->steps, loss, ev.loss, ev.acc, tps,
-                        eta, tty ? "   " : "\n");
+                char val[64] = "val -"; /* before the run's first evaluation */
+                if (!isnan(ev.loss))
+                    snprintf(val, sizeof(val), "val %.4f (acc %.3f)", ev.loss, ev.acc);
+                fprintf(stderr, "%sstep %lld/%d  loss %.4f  %s  %.0f tok/s  left %s%s",
+                        tty ? "\r" : "", (long long)step, c->steps, loss, val, tps, eta,
+                        tty ? "   " : "\n");
             }
             if (!rc && (step % c->checkpoint_every == 0 || step == c->steps || stop)) {
                 rc = save(&r, c, ckpt, hash, elapsed, tokens);
