@@ -351,4 +351,28 @@ expect_fail 1 "truncated\|safetensors" $P sample --checkpoint "$T/cut.safetensor
 expect_fail 2 "missing --checkpoint" $P sample --tokens 3
 expect_fail 2 "--top-k" $P sample --checkpoint "$C" --top-k 300
 
+# ---- a full disk ------------------------------------------------------------------------------
+# A folder on a 64 KiB tmpfs, filled first: whatever train writes first fails, and the message
+# names the error the system gave (ENOSPC), not "Input/output error"; the file that was there is
+# unchanged. Skipped, saying so, where tmpfs cannot be mounted (not root, or no permission).
+F="$T/fulldisk"
+mkdir -p "$F"
+if mount -t tmpfs -o size=64k tmpfs "$F" 2>/dev/null; then
+    dd if=/dev/zero of="$F/fill" bs=4096 2>/dev/null
+    sum_before=$(cksum <"$F/fill")
+    for data in proteins bible; do
+        $P train --out "$F/run-$data" $TINY --steps 3 --data $data >/dev/null 2>"$T/full.err"
+        rc=$?
+        check "full disk ($data): train fails (exit $rc)" [ $rc -ne 0 ]
+        check "full disk ($data): says 'No space left on device': $(cat "$T/full.err")" \
+            grep -q "No space left on device" "$T/full.err"
+        check "full disk ($data): no 'Input/output error'" \
+            sh -c "! grep -q 'Input/output error' '$T/full.err'"
+    done
+    check "full disk: the file there before is unchanged" [ "$(cksum <"$F/fill")" = "$sum_before" ]
+    umount "$F"
+else
+    echo "test_train.sh: the full-disk case skipped: cannot mount a tmpfs here (not root?)"
+fi
+
 finish

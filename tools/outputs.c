@@ -171,10 +171,15 @@ int tool_text_begin(tool_text *t, const char *cmd, const char *path) {
 }
 
 int tool_text_end(tool_text *t, const char *path, int ok) {
-    int werr = ferror(t->f);
-    werr |= fclose(t->f) != 0;
+    /* the error of the write that failed, as the system said it (ENOSPC on a full disk): the
+     * buffered rest goes out in fflush, which sets errno; a write that failed earlier left it */
+    int werr = 0;
+    errno = 0;
+    if (fflush(t->f) != 0 || ferror(t->f)) werr = errno ? errno : EIO;
+    errno = 0;
+    if (fclose(t->f) != 0 && !werr) werr = errno ? errno : EIO;
     char msg[1024];
-    pf_status st = pf_io_atomic_finish(&t->w, path, ok && !werr ? 0 : werr ? EIO : -1, msg,
+    pf_status st = pf_io_atomic_finish(&t->w, path, ok && !werr ? 0 : werr ? werr : -1, msg,
                                        sizeof(msg));
     if (ok && st != PF_OK) return tool_fail(t->cmd, "%s", msg);
     return ok ? 0 : TOOL_EXIT_FAIL;
