@@ -230,6 +230,20 @@ INCLUDEDIR   ?= $(PREFIX)/include
 MANDIR       ?= $(PREFIX)/share/man
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 LDCONFIG     ?= ldconfig
+# ldconfig runs (as root, without DESTDIR) only where it would help: when LIBDIR is one of the
+# folders the dynamic linker searches (ldconfig -v -N -X lists them, changing nothing); for
+# any other LIBDIR the install says how programs find the library instead.
+LD_FOLDERS    = $(shell /sbin/ldconfig -v -N -X 2>/dev/null | sed -n 's|^\(/[^:]*\):.*|\1|p')
+LD_SEARCHED   = $(filter $(patsubst %/,%,$(LIBDIR)),$(LD_FOLDERS))
+LD_AFTER      = if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then \
+	  if [ -n "$(LD_SEARCHED)" ]; then echo $(LDCONFIG); $(LDCONFIG); else \
+	  echo "$(LIBDIR) is not on the dynamic linker's path, so no ldconfig: link programs with" \
+	    "-Wl,-rpath,$(LIBDIR) (README, Install) or set LD_LIBRARY_PATH"; fi; fi
+INSTALL_MPI_WHAT = libperformer_mpi, performer-mpi, performer_mpi.h and performer_mpi.pc (mpicc \
+  was found)
+INSTALL_CUDA_WHAT = libperformer_cuda, performer_cuda.h and performer_cuda.pc (nvcc was found)
+INSTALL_WHAT  = the performer tool, libperformer (.a, .so), performer.h, performer.pc and the \
+  man page$(if $(MPICC),; $(INSTALL_MPI_WHAT))$(if $(filter 1,$(CUDA)),; $(INSTALL_CUDA_WHAT))
 # performer_cuda.pc's Libs name the CUDA runtime too: performer_cuda.h's calls take its types
 # (cudaStream_t) and a program using them allocates with it.
 # performer.pc: Libs for the shared library (it records its own BLAS, OpenMP, zlib and libm);
@@ -315,11 +329,12 @@ install-files: all
 	$(if $(filter 1,$(CUDA)),ln -sf $(CUDA_SONAME) $(DESTDIR)$(LIBDIR)/libperformer_cuda.so)
 	$(if $(filter 1,$(CUDA)),install -m 644 $(BUILD)/performer_cuda.pc \
 	  $(DESTDIR)$(PKGCONFIGDIR)/performer_cuda.pc)
-	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
+	@echo "installed under $(DESTDIR)$(PREFIX): $(INSTALL_WHAT)"
+	@$(LD_AFTER)
 
 uninstall: install-paths
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED) $(INSTALLED_MPI) $(INSTALLED_CUDA))
-	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then echo $(LDCONFIG); $(LDCONFIG); fi
+	@$(LD_AFTER)
 
 # ---- MPI: sequence-parallel FAVOR+ (include/performer_mpi.h, src/mpi/) ---------------------------
 # Its own library, libperformer_mpi (.a and .so), built only where mpicc is found; the core

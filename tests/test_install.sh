@@ -360,10 +360,23 @@ check "no ldconfig with DESTDIR (uninstall)" sh -c "! grep -q 'ldconfig ran' '$T
 R=$T/prefix
 mk install PREFIX="$R" LDCONFIG="echo ldconfig ran" >"$T/install3.log" 2>&1 ||
     { cat "$T/install3.log"; fail "make install PREFIX"; exit 1; }
+# $R/lib is not a folder the dynamic linker searches: no ldconfig (it would do nothing for it),
+# and the install says how programs find the library instead; as root or not
+check "no ldconfig for a LIBDIR off the linker's path" \
+    sh -c "! grep -q 'ldconfig ran' '$T/install3.log'"
 if [ "$(id -u)" -eq 0 ]; then
-    check "ldconfig runs for a root install" grep -q 'ldconfig ran' "$T/install3.log"
-else
-    check "no ldconfig without root" sh -c "! grep -q 'ldconfig ran' '$T/install3.log'"
+    check "the install says $R/lib is off the linker's path" \
+        grep -q "$R/lib is not on the dynamic linker's path.*-Wl,-rpath,$R/lib" "$T/install3.log"
+fi
+check "the install says what it installed" grep -q "^installed under $R: the performer tool" \
+    "$T/install3.log"
+if [ -n "$mpi" ]; then
+    check "... the MPI library with it" grep -q "^installed under.*libperformer_mpi.*mpicc was found" \
+        "$T/install3.log"
+fi
+if [ -n "$cuda" ]; then
+    check "... the CUDA library with it" grep -q "^installed under.*libperformer_cuda.*nvcc was found" \
+        "$T/install3.log"
 fi
 export PKG_CONFIG_PATH="$R/lib/pkgconfig"
 libdir=$(pkg-config --variable=libdir performer)
