@@ -12,6 +12,14 @@
  * Every function returns a pf_status; the library never prints, exits or aborts on bad input.
  * The caller owns every tensor it passes; objects come in _create/_free pairs.
  *
+ * Aliasing: an output must not overlap an input or another output. Every function that
+ * computes on tensors (the attention forwards and backwards and their references, the slices,
+ * pf_features, the FAVOR++/FAVOR# fits, pf_favor_state_step, pf_model_forward,
+ * pf_model_attention_inputs) refuses that with PF_EINVAL before writing anything. The
+ * exceptions, which support it: pf_exp (y may be x), pf_favor_slice_combine and _dcombine (S2
+ * may be S: an elementwise update) and pf_sample_logits (the token is written after the logits
+ * are read).
+ *
  * Threads: any function may run in several threads at once on different objects and different
  * outputs (inputs may be shared, read only); an object (pf_rng, pf_favor_state, pf_favor_saved,
  * pf_model, pf_decoder) is used by one thread at a time. Each call runs its own OpenMP team

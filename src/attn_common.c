@@ -59,3 +59,35 @@ pf_attn_sizes pf_attn_sizes_of(const pf_shape *s) {
 int pf_attn_key_len(const pf_attn_opts *opts, int b, int Lk) {
     return opts->key_len ? (int)opts->key_len[b] : Lk;
 }
+
+static int overlap(pf_span a, pf_span b) {
+    if (!a.p || !b.p || !a.bytes || !b.bytes) return 0;
+    const char *x = a.p, *y = b.p;
+    return x < y + b.bytes && y < x + a.bytes;
+}
+
+int pf_aliased(const pf_span *out, int nout, const pf_span *in, int nin) {
+    for (int i = 0; i < nout; i++) {
+        for (int j = i + 1; j < nout; j++)
+            if (overlap(out[i], out[j])) return 1;
+        for (int j = 0; j < nin; j++)
+            if (overlap(out[i], in[j])) return 1;
+    }
+    return 0;
+}
+
+pf_status pf_attn_alias_check(const pf_shape *shape, const pf_attn_opts *opts, const float *out,
+                              const float *lse, const float *dQ, const float *dK, const float *dV,
+                              const float *Q, const float *K, const float *V, const float *dout,
+                              const float *out_in, const float *lse_in, const float *W,
+                              size_t wn) {
+    const pf_attn_sizes n = pf_attn_sizes_of(shape);
+    const size_t f = sizeof(float);
+    const pf_span outs[5] = {{out, n.out * f}, {lse, n.lse * f}, {dQ, n.q * f}, {dK, n.k * f},
+                             {dV, n.v * f}};
+    const pf_span ins[8] = {{Q, n.q * f},         {K, n.k * f},
+                            {V, n.v * f},         {dout, n.out * f},
+                            {out_in, n.out * f},  {lse_in, n.lse * f},
+                            {W, wn * f},          {opts->key_len, sizeof(int32_t) * (size_t)shape->B}};
+    return pf_aliased(outs, 5, ins, 8) ? PF_EINVAL : PF_OK;
+}

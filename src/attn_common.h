@@ -22,4 +22,22 @@ PF_INTERNAL pf_attn_sizes pf_attn_sizes_of(const pf_shape *shape);
  * The options must have passed pf_attn_check. */
 PF_INTERNAL int pf_attn_key_len(const pf_attn_opts *opts, int b, int Lk);
 
+/* Outputs must not overlap one another or an input (the kernels read inputs after writing
+ * outputs): a span of bytes each, NULL or empty ones skipped. 1 if any does. */
+typedef struct pf_span {
+    const void *p;
+    size_t bytes;
+} pf_span;
+PF_INTERNAL int pf_aliased(const pf_span *out, int nout, const pf_span *in, int nin);
+
+/* The attention calls' case: outputs out (Lq x dv) and lse (Lq), or dQ, dK, dV, against Q, K,
+ * V, dout and out (as inputs), lse, W (wn floats) and the key lengths. NULL: not an argument.
+ * PF_EINVAL if they overlap (the shape and options must have passed pf_attn_check). */
+PF_INTERNAL pf_status pf_attn_alias_check(const pf_shape *shape, const pf_attn_opts *opts,
+                                          const float *out, const float *lse, const float *dQ,
+                                          const float *dK, const float *dV, const float *Q,
+                                          const float *K, const float *V, const float *dout,
+                                          const float *out_in, const float *lse_in,
+                                          const float *W, size_t wn);
+
 #endif

@@ -134,6 +134,9 @@ pf_status pf_attn_exact(float *out, float *lse, const float *Q, const float *K, 
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!out || !Q || !K || !V) return PF_EINVAL;
+    if (pf_attn_alias_check(shape, opts, out, lse, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            NULL, 0))
+        return PF_EINVAL;
     pf_attn_sizes n = pf_attn_sizes_of(shape);
     if (pf_any_nonfinite(Q, n.q) || pf_any_nonfinite(K, n.k) || pf_any_nonfinite(V, n.v))
         return PF_ENONFINITE;
@@ -187,6 +190,9 @@ pf_status pf_attn_exact_ref(float *out, float *lse, const float *Q, const float 
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!out || !Q || !K || !V) return PF_EINVAL;
+    if (pf_attn_alias_check(shape, opts, out, lse, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            NULL, 0))
+        return PF_EINVAL;
     pf_attn_sizes n = pf_attn_sizes_of(shape);
     if (pf_any_nonfinite(Q, n.q) || pf_any_nonfinite(K, n.k) || pf_any_nonfinite(V, n.v))
         return PF_ENONFINITE;
@@ -338,6 +344,8 @@ pf_status pf_attn_exact_backward(float *dQ, float *dK, float *dV, const float *d
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V || !out || !lse) return PF_EINVAL;
+    if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, out, lse, NULL, 0))
+        return PF_EINVAL;
     pf_attn_sizes n = pf_attn_sizes_of(shape);
     if (pf_any_nonfinite(Q, n.q) || pf_any_nonfinite(K, n.k) || pf_any_nonfinite(V, n.v) ||
         pf_any_nonfinite(dout, n.out) || pf_any_nonfinite(out, n.out) ||
@@ -418,6 +426,9 @@ pf_status pf_attn_exact_backward_ref(float *dQ, float *dK, float *dV, const floa
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
+    if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, NULL, NULL, NULL,
+                            0))
+        return PF_EINVAL;
     pf_attn_sizes n = pf_attn_sizes_of(shape);
     if (pf_any_nonfinite(Q, n.q) || pf_any_nonfinite(K, n.k) || pf_any_nonfinite(V, n.v) ||
         pf_any_nonfinite(dout, n.out))

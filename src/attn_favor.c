@@ -755,6 +755,9 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     if (!out || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
     int complete;
     return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, NULL);
 }
@@ -873,6 +876,9 @@ pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const f
     if (!out || !Q || !K || !V || !saved) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
     st = pf_favor_saved_match(saved, shape, opts, favor, 0);
     if (st != PF_OK) return st;
     int complete;
@@ -907,6 +913,9 @@ pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const fl
     if (!out || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
     const pf_shape s = *shape;
     const pf_attn_sizes n = pf_attn_sizes_of(&s);
     if (pf_nonfinite_f32(Q, n.q) || pf_nonfinite_f32(K, n.k) || pf_nonfinite_f32(V, n.v))

@@ -1226,6 +1226,9 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, out, NULL, favor->W,
+                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
     return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL, 0, NULL);
 }
 
@@ -1238,6 +1241,9 @@ pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const fl
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st == PF_OK) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
     if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, out, NULL, favor->W,
+                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
     return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, 0, NULL);
 }
 
@@ -1282,6 +1288,9 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, NULL, NULL, favor->W,
+                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
     const pf_shape s = *shape;
     const pf_attn_sizes ns = pf_attn_sizes_of(&s);
     if (pf_nonfinite_f32(Q, ns.q) || pf_nonfinite_f32(K, ns.k) || pf_nonfinite_f32(V, ns.v) ||

@@ -25,6 +25,29 @@ size_t pf_favor_slice_sums_len(const pf_shape *shape, const pf_favor_opts *favor
     return pf_favor_sums_len(favor->kernel, shape->d);
 }
 
+/* Outputs (outs) against every tensor a slice call reads: Q, K, V, dout and out (as inputs),
+ * the state S and its references M, R, W, the sums and the key lengths; the shape and options
+ * must have passed the checks. 1 if any overlap. */
+static int slice_aliased(const pf_span *outs, int nout, const pf_shape *shape,
+                         const pf_attn_opts *opts, const pf_favor_opts *favor, const float *Q,
+                         const float *K, const float *V, const float *dout, const float *out,
+                         const float *S, const double *M, const float *R, const double *sums) {
+    const pf_attn_sizes n = pf_attn_sizes_of(shape);
+    const size_t heads = (size_t)shape->B * (size_t)shape->H, f = sizeof(float);
+    const size_t ns = heads * (size_t)pf_kernel_width(favor->kernel, favor->m) *
+                      ((size_t)shape->dv + 1);
+    const size_t wn = (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m *
+                      (size_t)shape->d;
+    const pf_span ins[11] = {{Q, n.q * f},        {K, n.k * f},
+                             {V, n.v * f},        {dout, n.out * f},
+                             {out, n.out * f},    {S, ns * f},
+                             {M, heads * sizeof(double)},
+                             {R, ns * f},         {favor->W, wn * f},
+                             {sums, heads * pf_favor_slice_sums_len(shape, favor) * sizeof(double)},
+                             {opts->key_len, sizeof(int32_t) * (size_t)shape->B}};
+    return pf_aliased(outs, nout, ins, 11);
+}
+
 pf_status pf_favor_slice_check(const pf_shape *shape, const pf_attn_opts *opts,
                                const pf_favor_opts *favor) {
     if (!shape || !opts) return PF_EINVAL;
@@ -72,6 +95,13 @@ pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *K, cons
     if (st != PF_OK) return st;
     const size_t len = pf_favor_slice_sums_len(shape, favor);
     if (len == 0) return PF_EINVAL;
+    {
+        const pf_span outs[1] = {{sums, (size_t)shape->B * (size_t)shape->H * len *
+                                            sizeof(double)}};
+        if (slice_aliased(outs, 1, shape, opts, favor, Q, K, NULL, NULL, NULL, NULL, NULL, NULL,
+                          NULL))
+            return PF_EINVAL;
+    }
     const pf_shape s = *shape;
     const int heads = s.B * s.H;
     for (int bh = 0; bh < heads; bh++) {
@@ -113,6 +143,16 @@ pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float 
     if (!S || !M || !K || !V) return PF_EINVAL;
     pf_status st = slice_check(shape, opts, favor, sums);
     if (st != PF_OK) return st;
+    {
+        const size_t heads = (size_t)shape->B * (size_t)shape->H;
+        const pf_span outs[2] = {
+            {S, heads * (size_t)pf_kernel_width(favor->kernel, favor->m) *
+                    ((size_t)shape->dv + 1) * sizeof(float)},
+            {M, heads * sizeof(double)}};
+        if (slice_aliased(outs, 2, shape, opts, favor, NULL, K, V, NULL, NULL, NULL, NULL, NULL,
+                          sums))
+            return PF_EINVAL;
+    }
     const pf_favor_ext ext = {.sums = sums, .Sout = S, .Mout = M};
     st = pf_favor_forward_ext(NULL, NULL, K, V, shape, opts, favor, &ext);
     if (st != PF_OK) {
@@ -173,6 +213,9 @@ pf_status pf_favor_slice_attn(float *out, const float *Q, const float *K, const 
     pf_status st = slice_check(shape, opts, favor, sums);
     if (st == PF_OK) st = state_check(S, M, shape, opts, favor);
     if (st != PF_OK) return st;
+    const pf_span outs[1] = {{out, pf_attn_sizes_of(shape).out * sizeof(float)}};
+    if (slice_aliased(outs, 1, shape, opts, favor, Q, K, V, NULL, NULL, S, M, NULL, sums))
+        return PF_EINVAL;
     const pf_favor_ext ext = {.sums = sums, .S = S, .M = M};
     return pf_favor_forward_ext(out, Q, K, V, shape, opts, favor, &ext);
 }
@@ -185,6 +228,13 @@ pf_status pf_favor_slice_dstate(float *dS, const float *dout, const float *Q, co
     pf_status st = slice_check(shape, opts, favor, sums);
     if (st == PF_OK) st = state_check(S, M, shape, opts, favor);
     if (st != PF_OK) return st;
+    {
+        const pf_span outs[1] = {{dS, (size_t)shape->B * (size_t)shape->H *
+                                          (size_t)pf_kernel_width(favor->kernel, favor->m) *
+                                          ((size_t)shape->dv + 1) * sizeof(float)}};
+        if (slice_aliased(outs, 1, shape, opts, favor, Q, K, V, dout, out, S, M, NULL, sums))
+            return PF_EINVAL;
+    }
     const pf_favor_ext ext = {.sums = sums, .S = S, .M = M, .dS = dS};
     return pf_favor_backward_ext(NULL, NULL, NULL, dout, Q, K, V, out, shape, opts, favor, &ext);
 }
@@ -199,6 +249,13 @@ pf_status pf_favor_slice_backward(float *dQ, float *dK, float *dV, const float *
     if (st == PF_OK) st = state_check(S, M, shape, opts, favor);
     if (st != PF_OK) return st;
     if (!opts->causal && !R) return PF_EINVAL;
+    {
+        const pf_attn_sizes ns = pf_attn_sizes_of(shape);
+        const pf_span outs[3] = {{dQ, ns.q * sizeof(float)}, {dK, ns.k * sizeof(float)},
+                                 {dV, ns.v * sizeof(float)}};
+        if (slice_aliased(outs, 3, shape, opts, favor, Q, K, V, dout, out, S, M, R, sums))
+            return PF_EINVAL;
+    }
     const size_t n = (size_t)pf_kernel_width(favor->kernel, favor->m) * ((size_t)shape->dv + 1);
     if (R && pf_nonfinite_f32(R, (size_t)shape->B * (size_t)shape->H * n)) return PF_ENONFINITE;
     const pf_favor_ext ext = {.sums = sums, .S = S, .M = M, .R = R};

@@ -76,6 +76,9 @@ static pf_status lara_check(const float *out, const float *Q, const float *K, co
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!out || !Q || !K || !V || !sp) return PF_EINVAL;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            NULL, 0))
+        return PF_EINVAL;
     if (opts->causal) return PF_ENOTSUP; /* causal LARA is an open question (SPEC §5) */
     if (sp->samples < 1) return PF_EINVAL;
     if (sp->deterministic != 0 && sp->deterministic != 1) return PF_EINVAL;

@@ -201,6 +201,9 @@ pf_status pf_attn_ra(float *out, const float *Q, const float *K, const float *V,
     pf_status st = pf_attn_check(shape, opts);
     if (st != PF_OK) return st;
     if (!out || !Q || !K || !V || !sampling) return PF_EINVAL;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            NULL, 0))
+        return PF_EINVAL;
     if (opts->causal) return PF_ENOTSUP;
     if (sampling->deterministic != 0 && sampling->deterministic != 1) return PF_EINVAL;
     if (sampling->deterministic) return PF_ENOTSUP; /* RA has no deterministic variant */

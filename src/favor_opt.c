@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_common.h"
 #include "favor.h"
 
 /* LAPACK's symmetric eigensolver (OpenBLAS ships LAPACK), Fortran calling convention: every
@@ -231,6 +232,12 @@ pf_status pf_oprf_optimal_a(float *A, const float *Q, int Lq, const float *K, in
                             float scale) {
     if (!A || !Q || !K || Lq <= 0 || Lk <= 0 || d <= 0) return PF_EINVAL;
     if (!isfinite(scale) || scale < 0) return PF_EINVAL;
+    {
+        const pf_span outs[1] = {{A, sizeof(float)}};
+        const pf_span ins[2] = {{Q, (size_t)Lq * (size_t)d * sizeof(float)},
+                                {K, (size_t)Lk * (size_t)d * sizeof(float)}};
+        if (pf_aliased(outs, 1, ins, 2)) return PF_EINVAL;
+    }
     if (pf_nonfinite_f32(Q, (size_t)Lq * (size_t)d) || pf_nonfinite_f32(K, (size_t)Lk * (size_t)d))
         return PF_ENONFINITE;
     const float sqrt_s = (float)sqrt((double)pf_effective_scale(scale, d));
@@ -244,6 +251,13 @@ pf_status pf_sderf_params(float *A, float *B, double *log_D, const float *Q, int
                           int Lk, int d, float scale) {
     if (!A || !B || !log_D || !Q || !K || Lq <= 0 || Lk <= 0 || d <= 0) return PF_EINVAL;
     if (!isfinite(scale) || scale < 0) return PF_EINVAL;
+    {
+        const size_t dd = (size_t)d * (size_t)d * sizeof(float);
+        const pf_span outs[3] = {{A, dd}, {B, dd}, {log_D, sizeof(double)}};
+        const pf_span ins[2] = {{Q, (size_t)Lq * (size_t)d * sizeof(float)},
+                                {K, (size_t)Lk * (size_t)d * sizeof(float)}};
+        if (pf_aliased(outs, 3, ins, 2)) return PF_EINVAL;
+    }
     if (pf_nonfinite_f32(Q, (size_t)Lq * (size_t)d) || pf_nonfinite_f32(K, (size_t)Lk * (size_t)d))
         return PF_ENONFINITE;
     pf_kernel_ws kw;

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_common.h"
 #include "favor.h"
 
 #ifdef _OPENMP
@@ -249,6 +250,13 @@ pf_status pf_favor_state_step(pf_favor_state *st, float *out, const float *q, co
     const size_t nd = (size_t)n * (size_t)d, ndv = (size_t)n * (size_t)dv;
     if ((size_t)n > SIZE_MAX / sizeof(float) / (size_t)H / (size_t)(d > dv ? d : dv))
         return PF_EINVAL;
+    {
+        const size_t f = sizeof(float);
+        const pf_span outs[1] = {{out, (size_t)H * ndv * f}};
+        const pf_span ins[3] = {{q, (size_t)H * nd * f}, {k, (size_t)H * nd * f},
+                                {v, (size_t)H * ndv * f}};
+        if (pf_aliased(outs, 1, ins, 3)) return PF_EINVAL;
+    }
     if (pf_nonfinite_f32(v, (size_t)H * ndv)) return PF_ENONFINITE;
     for (int h = 0; h < H; h++) {
         if (check_rows(&st->fm[h], q + (size_t)h * nd, n) != PF_OK ||

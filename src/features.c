@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_common.h"
 #include "favor.h"
 
 int pf_kernel_width(pf_kernel kernel, int m) {
@@ -513,6 +514,14 @@ pf_status pf_features_ex(float *phi, float *logscale, const float *X, int n, int
             return PF_EINVAL;
         if (pf_nonfinite_f32(params->sderf_A, dd) || pf_nonfinite_f32(params->sderf_B, dd))
             return PF_ENONFINITE;
+    }
+    {
+        const size_t f = sizeof(float);
+        const pf_span outs[2] = {{phi, (size_t)n * (size_t)r * f}, {logscale, (size_t)n * f}};
+        const pf_span ins[4] = {{X, (size_t)n * (size_t)d * f}, {W, (size_t)m * (size_t)d * f},
+                                {params ? params->sderf_A : NULL, kernel == PF_KERNEL_SDERF ? dd * f : 0},
+                                {params ? params->sderf_B : NULL, kernel == PF_KERNEL_SDERF ? dd * f : 0}};
+        if (pf_aliased(outs, 2, ins, 4)) return PF_EINVAL;
     }
     if (pf_nonfinite_f32(X, (size_t)n * (size_t)d) || pf_nonfinite_f32(W, (size_t)m * (size_t)d))
         return PF_ENONFINITE;

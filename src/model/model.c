@@ -479,9 +479,23 @@ static pf_status forward_prepare(pf_model *m, const int32_t *tokens, const int32
     return st;
 }
 
+/* Whether [a, a + na) and [b, b + nb) (bytes) overlap; NULL never does. */
+static int overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const char *x = a, *y = b;
+    return x && y && na && nb && x < y + nb && y < x + na;
+}
+
 pf_status pf_model_forward(pf_model *m, float *loss, float *logits, const int32_t *tokens,
                            const int32_t *targets, int B, int T) {
     if (!m) return PF_EINVAL;
+    if (B >= 1 && T >= 1) { /* outputs over inputs or over each other: refused (performer.h) */
+        const size_t bt = (size_t)B * (size_t)T, nl = bt * PF_LM_VOCAB * sizeof(float);
+        const size_t nt = bt * sizeof(int32_t);
+        if (overlap(logits, nl, tokens, nt) || overlap(logits, nl, targets, nt) ||
+            overlap(loss, sizeof(float), tokens, nt) || overlap(loss, sizeof(float), targets, nt) ||
+            overlap(loss, sizeof(float), logits, nl))
+            return agree(m, PF_EINVAL);
+    }
     const pf_model_config *c = &m->config;
     const int L = c->layers, C = c->d_model, H = c->heads, hd = C / H;
     const int64_t pos = m->has_parallel ? m->parallel.position : 0;
@@ -750,6 +764,13 @@ pf_status pf_model_attention_inputs(pf_model *m, float *q, float *k, float *v,
     if (!m || !q || !k || !v || !tokens || B < 1 || T < 1 || layer < 0 ||
         layer >= m->config.layers || m->has_parallel)
         return PF_EINVAL;
+    {
+        const size_t n = (size_t)B * (size_t)T * (size_t)m->config.d_model * sizeof(float);
+        const size_t nt = (size_t)B * (size_t)T * sizeof(int32_t);
+        if (overlap(q, n, k, n) || overlap(q, n, v, n) || overlap(k, n, v, n) ||
+            overlap(q, n, tokens, nt) || overlap(k, n, tokens, nt) || overlap(v, n, tokens, nt))
+            return PF_EINVAL;
+    }
     const int training = m->training;
     m->training = 0; /* evaluation: W and FAVOR++'s statistic stay as they are */
     pf_status st = pf_model_forward(m, NULL, NULL, tokens, NULL, B, T);
