@@ -71,6 +71,21 @@ PF_CUDA_API int pf_cuda_device_count(void) {
     return n;
 }
 
+pf_fmap_dev pf_fmap_dev_make(const pf_favor_opts *f, int d, float scale, float *sqrt_s,
+                             double *s2) {
+    const float sc = scale > 0 ? scale : (float)(1.0 / sqrt((double)d));
+    *sqrt_s = (float)sqrt((double)sc);
+    *s2 = (double)*sqrt_s * (double)*sqrt_s;
+    pf_fmap_dev fm;
+    fm.kernel = f->kernel;
+    fm.m = f->m;
+    fm.r = pf_kernel_width(f->kernel, f->m);
+    fm.eps = f->eps;
+    fm.inv_sqrt_m = (float)(1.0 / sqrt((double)f->m));
+    fm.lnr = 0.5 * log((double)(f->kernel == PF_KERNEL_HYPERBOLIC ? 2 * f->m : f->m));
+    return fm;
+}
+
 PF_CUDA_API int pf_cuda_kernel_supported(pf_kernel kernel) {
     return kernel == PF_KERNEL_POSITIVE || kernel == PF_KERNEL_HYPERBOLIC ||
            kernel == PF_KERNEL_TRIG || kernel == PF_KERNEL_RELU;

@@ -121,15 +121,7 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
     p->tin = pf_cuda_dtype_size(dtype);
     p->tc = dtype == PF_CUDA_F32 ? 4 : 2;
     p->w_per_head = f->w_per_head;
-    const float sc = o->scale > 0 ? o->scale : (float)(1.0 / sqrt((double)s->d));
-    p->sqrt_s = (float)sqrt((double)sc);
-    p->s2 = (double)p->sqrt_s * (double)p->sqrt_s;
-    p->fm.kernel = f->kernel;
-    p->fm.m = f->m;
-    p->fm.r = p->r;
-    p->fm.eps = f->eps;
-    p->fm.inv_sqrt_m = (float)(1.0 / sqrt((double)f->m));
-    p->fm.lnr = 0.5 * log((double)(f->kernel == PF_KERNEL_HYPERBOLIC ? 2 * f->m : f->m));
+    p->fm = pf_fmap_dev_make(f, s->d, o->scale, &p->sqrt_s, &p->s2);
     const size_t r = (size_t)p->r, m = (size_t)p->m, dw = (size_t)p->dw, tc = p->tc;
     if (p->causal) {
         p->C = f->chunk > 0 ? f->chunk : DEFAULT_CHUNK;

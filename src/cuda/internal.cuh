@@ -117,6 +117,12 @@ struct pf_fmap_dev {
     double lnr;       /* ln sqrt(m), or ln sqrt(2m) for hyperbolic */
 };
 
+/* The map of favor's kernel, m and eps for queries and keys of width d with scale `scale` (0:
+ * 1/sqrt(d)), and the scale as the CPU library rounds it: *sqrt_s = float(sqrt(s)) and
+ * *s2 = sqrt_s^2 in double (h = s2 |x|^2 / 2). The forward and decoding make theirs here. */
+PF_CUDA_INTERNAL pf_fmap_dev pf_fmap_dev_make(const pf_favor_opts *favor, int d, float scale,
+                                              float *sqrt_s, double *s2);
+
 /* The shift t and the value top (the largest phi~ before eps) of a positive or hyperbolic row
  * whose max u (or max |u|) is mx. */
 __device__ __forceinline__ float pf_fmap_shift(const pf_fmap_dev &f, float mx, float *top) {

@@ -377,16 +377,7 @@ PF_CUDA_API pf_status pf_cuda_favor_state_create(pf_cuda_favor_state **out, pf_c
     s->m = favor->m;
     s->r = pf_kernel_width(favor->kernel, favor->m);
     s->w_per_head = favor->w_per_head;
-    const float sc = scale > 0 ? scale : (float)(1.0 / sqrt((double)d));
-    s->sqrt_s = (float)sqrt((double)sc);
-    s->s2 = (double)s->sqrt_s * (double)s->sqrt_s;
-    s->fm.kernel = favor->kernel;
-    s->fm.m = favor->m;
-    s->fm.r = s->r;
-    s->fm.eps = favor->eps;
-    s->fm.inv_sqrt_m = (float)(1.0 / sqrt((double)favor->m));
-    s->fm.lnr = 0.5 * log((double)(favor->kernel == PF_KERNEL_HYPERBOLIC ? 2 * favor->m
-                                                                         : favor->m));
+    s->fm = pf_fmap_dev_make(favor, d, scale, &s->sqrt_s, &s->s2);
     if (step_smem(s) > 48 * 1024) {
         delete s;
         return pf_cuda_fail(PF_ENOTSUP, "decoding keeps one head's q, k, v and features in "
