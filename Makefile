@@ -23,7 +23,7 @@ BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 
 WARN     = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-           -Wno-unknown-pragmas
+           -Wno-unknown-pragmas -Werror=implicit-function-declaration
 CFLAGS  ?= $(OPT) -g
 ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp \
             -Iinclude -Isrc -I$(BLAS_INC) $(EXTRA_CFLAGS)
