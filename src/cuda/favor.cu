@@ -55,7 +55,6 @@ static const int MAX_ROWS = 128;
 struct favor_plan {
     int B, H, Lq, Lk, d, dv, m, r, dw; /* dw: [v | 1] padded to a multiple of 8 columns */
     int causal, C, nch, Lp;            /* causal: chunk, chunks, rows padded to nch * C */
-    pf_cuda_dtype dtype;
     size_t tin, tc;                    /* element sizes of the inputs and of Tc */
     float sqrt_s;                      /* float(sqrt(scale)) as the CPU library rounds it */
     double s2;                         /* sqrt_s^2 in double: h = s2 |x|^2 / 2 */
@@ -107,6 +106,17 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         return pf_cuda_fail(PF_EINVAL, "favor.eps must be finite and >= 0");
     if (f->chunk < 0 || f->chunk > 4096)
         return pf_cuda_fail(PF_EINVAL, "favor.chunk must be in [0, 4096], got %d", f->chunk);
+    /* the core's own checks of the sizes (every tensor's byte count fits size_t); key_len is
+     * checked apart, as it may be device memory */
+    pf_attn_opts o2 = *o;
+    o2.key_len = NULL;
+    o2.threads = 0;
+    if (pf_attn_check(s, &o2) != PF_OK)
+        return pf_cuda_fail(PF_EINVAL, "shape (B=%d, H=%d, Lq=%d, Lk=%d, d=%d, dv=%d): too large "
+                                       "(its tensors' byte counts overflow)",
+                            s->B, s->H, s->Lq, s->Lk, s->d, s->dv);
+    if ((int64_t)s->dv + 8 > INT32_MAX)
+        return pf_cuda_fail(PF_EINVAL, "dv = %d is too large", s->dv);
     p->B = s->B;
     p->H = s->H;
     p->Lq = s->Lq;
@@ -117,7 +127,6 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
     p->r = pf_kernel_width(f->kernel, f->m);
     p->dw = (s->dv + 1 + 7) / 8 * 8;
     p->causal = o->causal;
-    p->dtype = dtype;
     p->tin = pf_cuda_dtype_size(dtype);
     p->tc = dtype == PF_CUDA_F32 ? 4 : 2;
     p->w_per_head = f->w_per_head;
@@ -126,7 +135,11 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
     if (p->causal) {
         p->C = f->chunk > 0 ? f->chunk : DEFAULT_CHUNK;
         if (p->C > s->Lq) p->C = s->Lq;
-        p->nch = (s->Lq + p->C - 1) / p->C;
+        const int64_t nch64 = ((int64_t)s->Lq + p->C - 1) / p->C;
+        if (nch64 * p->C > INT32_MAX)
+            return pf_cuda_fail(PF_EINVAL, "Lq = %d rounded up to chunks of %d is too large",
+                                s->Lq, p->C);
+        p->nch = (int)nch64;
         p->Lp = p->nch * p->C;
         const size_t Lp = (size_t)p->Lp, C = (size_t)p->C, nch = (size_t)p->nch;
         /* the projection's rows and, after the features, the chunks' states share one buffer */
@@ -163,6 +176,16 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
                   p->b_sb + p->b_a + p->b_ref;
     const size_t wrows = (size_t)(f->w_per_head ? s->H : 1) * m;
     p->fixed = align256(wrows * (size_t)s->d * 4);
+    /* the same sums in double: a shape whose workspace would pass 2^50 bytes (far beyond any
+     * GPU) is refused here, before a size_t product above could have wrapped round */
+    const double L = (double)std::max(p->Lq, p->Lk) + (p->causal ? p->C : 0);
+    const double est =
+        L * ((double)m + 2.0 * r + 4.0 * dw + 2.0 * p->C + (double)p->d + 4.0) * 4 +
+        (double)(p->causal ? p->nch : 1) * (double)r * (double)dw * 8 +
+        (double)wrows * (double)s->d * 4 + 16 * 256.0;
+    if (est > 0x1p50)
+        return pf_cuda_fail(PF_EINVAL, "shape (Lq=%d, Lk=%d, d=%d, dv=%d, m=%d): its workspace "
+                                       "would pass 2^50 bytes", s->Lq, s->Lk, s->d, s->dv, f->m);
     return PF_OK;
 }
 
@@ -606,11 +629,6 @@ __global__ void k_normalise(Tin *out, const float *O, const float *O2, const dou
 
 /* ---- the host side ----------------------------------------------------------------------------- */
 
-static cudaDataType_t cuda_type(size_t tsize, pf_cuda_dtype dtype) {
-    if (tsize == 4) return CUDA_R_32F;
-    return dtype == PF_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
-}
-
 struct favor_run {
     pf_cuda_ctx *ctx;
     const favor_plan *p;
@@ -953,7 +971,7 @@ PF_CUDA_API pf_status pf_cuda_favor(pf_cuda_ctx *ctx, void *out, const void *Q, 
     R.ctx = ctx;
     R.p = &p;
     R.stream = stream;
-    R.tc_t = cuda_type(p.tc, PF_CUDA_BF16);
+    R.tc_t = p.tc == 4 ? CUDA_R_32F : CUDA_R_16BF;
     R.compute = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     R.klen = klen;
     ctx->nmarks = 0;

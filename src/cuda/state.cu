@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_step(T *out, const T *q, const 
 }
 
 static size_t step_smem(const pf_cuda_favor_state *s) {
-    return sizeof(float) * (size_t)(2 * s->d + s->dv + 2 * s->m + 2 * s->r);
+    return sizeof(float) * (2 * (size_t)s->d + (size_t)s->dv + 2 * (size_t)s->m + 2 * (size_t)s->r);
 }
 
 PF_CUDA_API void pf_cuda_favor_state_free(pf_cuda_favor_state *s) {
@@ -383,6 +383,12 @@ PF_CUDA_API pf_status pf_cuda_favor_state_create(pf_cuda_favor_state **out, pf_c
         return pf_cuda_fail(PF_ENOTSUP, "decoding keeps one head's q, k, v and features in "
                                         "48 KiB of shared memory: 2d + dv + 2m + 2r floats must "
                                         "fit (d=%d, dv=%d, m=%d)", d, dv, favor->m);
+    }
+    if ((double)N * H * s->r * ((double)dv + 1) * 4 + (double)H * s->m * d * 4 > 0x1p50) {
+        const int r = s->r;
+        delete s;
+        return pf_cuda_fail(PF_EINVAL, "N=%d x H=%d states of %d x %lld floats: past 2^50 bytes",
+                            N, H, r, (long long)dv + 1);
     }
     const size_t NH = (size_t)N * H, wrows = (size_t)(s->w_per_head ? H : 1) * s->m;
     cudaError_t e;

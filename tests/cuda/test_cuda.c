@@ -1626,6 +1626,48 @@ static void test_workspace(void) {
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
+/* What is refused before any GPU is touched (so these run everywhere): shapes whose chunk
+ * rounding, widths or workspace would overflow, and the other argument checks of the plan,
+ * through pf_cuda_favor_workspace; a NULL context. */
+static void test_host_checks(void) {
+    pf_shape s = {1, 2, 1000, 1000, 64, 64};
+    pf_attn_opts o = pf_attn_opts_default();
+    pf_favor_opts f = pf_favor_opts_default();
+    f.m = 256;
+    size_t per = 0, fixed = 0;
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, &fixed, PF_CUDA_BF16, &s, &o, &f), PF_OK);
+    CHECK(per > 1000 * 256 * 2 && fixed >= 256 * 64 * 4, "workspace: per head %zu, fixed %zu",
+          per, fixed);
+    o.causal = 1;
+    s.Lq = s.Lk = INT32_MAX; /* rounded up to chunks of 128, past INT32_MAX */
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, NULL, PF_CUDA_BF16, &s, &o, &f), PF_EINVAL);
+    CHECK(strstr(pf_cuda_last_error(), "too large") != NULL, "Lq = INT32_MAX: '%s'",
+          pf_cuda_last_error());
+    o.causal = 0;
+    s.Lk = INT32_MAX - 1000; /* a workspace past 2^50 bytes (L x m floats alone: 2^49) */
+    s.Lq = 16;
+    f.m = 65536;
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, NULL, PF_CUDA_F32, &s, &o, &f), PF_EINVAL);
+    CHECK(strstr(pf_cuda_last_error(), "2^50") != NULL, "huge workspace: '%s'",
+          pf_cuda_last_error());
+    f.m = 256;
+    o.causal = 1;
+    s.Lq = s.Lk = 16;
+    s.dv = INT32_MAX;
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, NULL, PF_CUDA_F32, &s, &o, &f), PF_EINVAL);
+    s.dv = 64;
+    s.B = 1 << 20, s.H = 1 << 10, s.d = 1 << 30; /* byte counts past size_t */
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, NULL, PF_CUDA_F32, &s, &o, &f), PF_EINVAL);
+    s.B = 1, s.H = 2, s.d = 64;
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, NULL, (pf_cuda_dtype)7, &s, &o, &f), PF_EINVAL);
+    f.kernel = PF_KERNEL_OPRF;
+    CHECK_STATUS(pf_cuda_favor_workspace(&per, NULL, PF_CUDA_F32, &s, &o, &f), PF_ENOTSUP);
+    f.kernel = PF_KERNEL_POSITIVE;
+    CHECK_STATUS(pf_cuda_favor(NULL, NULL, NULL, NULL, NULL, PF_CUDA_F32, &s, &o, &f, 0),
+                 PF_EINVAL);
+    CHECK(pf_cuda_last_error()[0] != '\0', "a refused call says why");
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* each case's line beside the FAILs it caused */
     const char *only = "abcdefgh";
@@ -1639,9 +1681,11 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    test_host_checks();
     if (pf_cuda_device_count() == 0) {
-        printf("test_cuda: skipped: no GPU (%s)\n", pf_cuda_last_error());
-        return 0;
+        printf("test_cuda: skipped: no GPU (%s); the host-side checks: %d, %d failed\n",
+               pf_cuda_last_error(), check_count_, check_failed_);
+        return check_failed_ ? 1 : 0;
     }
     const char *env = getenv("PF_TEST_SEED");
     if (env && *env) {
