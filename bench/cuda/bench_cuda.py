@@ -604,20 +604,32 @@ class Bench:
                         f"{fmt(ph.ms if ph is not None and ph.status == 'ok' else None, 7)}"
             w(line + "\n")
 
-    def write(self):
+    def write(self, final=False):
+        """The report (--out) and the CSV (--csv), each written whole to a temporary name and
+        renamed. While the run goes on, and when it stops short, they go to OUT.partial and
+        CSV.partial: only a complete run's final write replaces OUT and CSV (and removes the
+        .partial files), so a run that fails leaves an earlier report where it was."""
         text = self.render()
-        if self.args.out:
-            tmp = self.args.out + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, self.args.out)
-        if self.args.csv:
-            tmp = self.args.csv + ".tmp"
+        done = final and self.complete
+
+        def put(path, fill):
+            if not path:
+                return
+            dest = path if done else path + ".partial"
+            tmp = dest + ".tmp"
             with open(tmp, "w", newline="") as f:
-                wr = csv.DictWriter(f, fieldnames=self.FIELDS)
-                wr.writeheader()
-                wr.writerows(self.csv)
-            os.replace(tmp, self.args.csv)
+                fill(f)
+            os.replace(tmp, dest)
+            if done and os.path.exists(path + ".partial"):
+                os.remove(path + ".partial")
+
+        def rows(f):
+            wr = csv.DictWriter(f, fieldnames=self.FIELDS)
+            wr.writeheader()
+            wr.writerows(self.csv)
+
+        put(self.args.out, lambda f: f.write(text))
+        put(self.args.csv, rows)
         return text
 
 
@@ -1585,8 +1597,9 @@ def cpu_name():
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="write the report here too")
-    ap.add_argument("--csv", help="write every measurement here")
+    ap.add_argument("--out", help="write the report here too, at the end of a complete run "
+                    "(OUT.partial while it runs, and if it stops short)")
+    ap.add_argument("--csv", help="write every measurement here (likewise CSV.partial)")
     ap.add_argument("--budget", type=float, default=200.0,
                     help="seconds of wall time for the whole run (default 200)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
@@ -1689,7 +1702,7 @@ def _main(args, run, rep):
     rep.complete = not run.dead
     if run.ctx is not None and run.cu is not None and run.cu.has("pf_cuda_ctx_free"):
         run.cu.cuda_ctx_free(run.ctx)
-    text = rep.write()
+    text = rep.write(final=True)
     print("\n" + text, flush=True)
     return 0 if run.ours_via and not run.dead else 1
 
