@@ -335,7 +335,10 @@ PF_API pf_status pf_favor_state_reset(pf_favor_state *state);
  * that pass scans each head in one piece: H >= 4, or L <= 4 feature blocks (1024 rows at the
  * default C = 16). With fewer heads a longer pass cuts each head into scan blocks run in
  * parallel, whose starting states are the same sums associated differently; the rows then
- * agree to float rounding (relative 1e-6), as do steps of other sizes (1 when decoding). */
+ * agree to float rounding (relative 1e-6), as do steps of other sizes (1 when decoding).
+ * A step that fails (a non-finite input, a zero denominator: PF_EDOMAIN with those rows 0, ...)
+ * leaves the state exactly as it was, position included: retrying it with corrected inputs
+ * gives the bits of a stream that never failed. */
 PF_API pf_status pf_favor_state_step(pf_favor_state *state, float *out, const float *q,
                                      const float *k, const float *v, int n);
 
@@ -809,7 +812,9 @@ PF_API void pf_decoder_free(pf_decoder *decoder);
 PF_API pf_status pf_decoder_reset(pf_decoder *decoder);
 
 /* Feeds `token` at the next position; logits (256) receive the scores of the byte after it.
- * PF_EINVAL past the context when positions are learned or attention is exact. */
+ * PF_EINVAL past the context when positions are learned or attention is exact. A step that
+ * fails (any status but PF_OK) changes no layer's state and not the position: the same or
+ * another token can be fed in its place. */
 PF_API pf_status pf_decoder_step(pf_decoder *decoder, float *logits, int32_t token);
 
 /* Tokens fed since the last reset. */

@@ -176,6 +176,18 @@ PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, i
                                            const float *V, int L, int klen, int dv,
                                            const pf_favor_keep *keep);
 
+/* ---- the decoding state's steps as transactions (favor_state.c) */
+
+/* pf_favor_state_step without the commit: out is written and the step staged, or, on failure,
+ * the state is as before the call. A staged step must be committed or aborted before the next
+ * stage (PF_EINVAL otherwise); the decoder stages every layer's step and commits them together. */
+PF_INTERNAL pf_status pf_favor_state_stage(pf_favor_state *st, float *out, const float *q,
+                                           const float *k, const float *v, int n);
+/* Makes the staged step part of the state (position advanced); nothing when none is staged. */
+PF_INTERNAL void pf_favor_state_commit(pf_favor_state *st);
+/* Drops the staged step: the state is as before it; nothing when none is staged. */
+PF_INTERNAL void pf_favor_state_abort(pf_favor_state *st);
+
 /* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (fitting: favor_opt.c; binding: features.c) */
 
 /* Storage for one head's OPRF/SDERF parameters, bound into a pf_fmap. */

@@ -67,12 +67,13 @@ typedef struct pf_simd_table {
     void (*gemm)(int tb, int m, int n, int k, float alpha, const float *A, size_t rs, size_t cs,
                  const float *B, size_t ldb, float beta, float *C, size_t ldc);
     /* A decoding step's one pass over a head's state S (r rows of n used columns, row stride
-     * lds; simd/decode_tmpl.h): o (n) = [q | a] [S ; w], k = r + 1 (qa holds q (r) then a), and
-     * S = beta S + k w (k (r) a column, w (n) a row), each element with the bits of gemm's
-     *   gemm(0, 1, n, r + 1, 1, qa, ., 1, [S ; w], lds, 0, o, .)   (S read before its update)
-     *   gemm(0, r, n, 1, 1, k, 1, r, w, ., beta, S, lds)           (as op(A) = k^T) */
+     * lds; simd/decode_tmpl.h): first the previous token's pending update S = beta S + k wk
+     * (k (r) a column, wk (n) a row; none when k is NULL), then o (n) = [q | a] [S ; w] with the
+     * updated S, k = r + 1 (qa holds q (r) then a), each element with the bits of gemm's
+     *   gemm(0, r, n, 1, 1, k, 1, r, wk, ., beta, S, lds)          (as op(A) = k^T)
+     *   gemm(0, 1, n, r + 1, 1, qa, ., 1, [S ; w], lds, 0, o, .)   (S read after its update) */
     void (*decode)(float *S, size_t lds, int r, int n, const float *qa, const float *k,
-                   const float *w, float beta, float *o);
+                   const float *wk, float beta, const float *w, float *o);
     /* y = exp(x - c), the subtraction rounded to float: the bits of x - c then exp, in one pass
      * (y may be x) */
     void (*exp_sub)(float *y, const float *x, float c, size_t n);

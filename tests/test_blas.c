@@ -97,35 +97,39 @@ static void check_case(const pf_simd_table *t, int ta, int tb, int m, int n, int
 /* pf_blas_core_advice: the set to ask for by the CPU's level (2 AVX-512, 1 AVX2, 0 neither)
  * when OpenBLAS runs an older one; nothing for a set as good, or for a name it does not know. */
 /* A decoding step's fused pass (t->decode) against the two products it stands for, made by the
- * same table's gemm: o = [q | a] [S ; w] (S before the update) and S = beta S + k w, bit for bit,
- * S's padding (row stride n + PAD) untouched. S, k and w hold some +0 and -0 (the signs of exact
- * zeros depend on the order of operations). */
-static void check_decode(const pf_simd_table *t, int r, int n, float beta) {
+ * same table's gemm: S = beta S + k wk (the pending update; none when pending is 0), then
+ * o = [q | a] [S ; w] with the updated S, bit for bit, S's padding (row stride n + PAD)
+ * untouched. S, k, wk and w hold some +0 and -0 (the signs of exact zeros depend on the order of
+ * operations). */
+static void check_decode(const pf_simd_table *t, int r, int n, float beta, int pending) {
     const int lds = n + PAD;
     const size_t ns = (size_t)(r + 1) * lds;
     float *S = xmalloc(sizeof(float) * ns), *Sg = xmalloc(sizeof(float) * ns);
     float *qa = xmalloc(sizeof(float) * (r + 1)), *k = xmalloc(sizeof(float) * r);
     float *w = xmalloc(sizeof(float) * n), *o = xmalloc(sizeof(float) * n);
-    float *og = xmalloc(sizeof(float) * n);
+    float *og = xmalloc(sizeof(float) * n), *wk = xmalloc(sizeof(float) * n);
     fill_normal(S, ns, 1.0f, (uint64_t)(r * 1000 + n), 0);
     fill_normal(qa, (size_t)r + 1, 1.0f, (uint64_t)(r * 1000 + n), 1);
     fill_normal(k, (size_t)r, 1.0f, (uint64_t)(r * 1000 + n), 2);
     fill_normal(w, (size_t)n, 1.0f, (uint64_t)(r * 1000 + n), 3);
+    fill_normal(wk, (size_t)n, 1.0f, (uint64_t)(r * 1000 + n), 4);
     for (int p = 0; p < r; p++)
         for (int j = n; j < lds; j++) S[(size_t)p * lds + j] = 12345.0f; /* padding */
     for (size_t i = 0; i < ns; i += 7) S[i] = i % 2 ? -0.0f : 0.0f;
     for (int p = 0; p < r; p += 5) k[p] = p % 2 ? -0.0f : 0.0f;
-    if (n > 2) w[n - 2] = -0.0f;
-    /* the products: [S ; w] as r + 1 rows, and S updated in place */
+    if (n > 2) w[n - 2] = wk[n - 1] = -0.0f;
+    /* the products: S updated in place, then [S ; w] as r + 1 rows */
     memcpy(Sg, S, sizeof(float) * ns);
+    if (pending) t->gemm(0, r, n, 1, 1.0f, k, 1, (size_t)r, wk, (size_t)n, beta, Sg, (size_t)lds);
     memcpy(Sg + (size_t)r * lds, w, sizeof(float) * n);
     t->gemm(0, 1, n, r + 1, 1.0f, qa, (size_t)(r + 1), 1, Sg, (size_t)lds, 0.0f, og, (size_t)n);
-    t->gemm(0, r, n, 1, 1.0f, k, 1, (size_t)r, w, (size_t)n, beta, Sg, (size_t)lds);
-    t->decode(S, (size_t)lds, r, n, qa, k, w, beta, o);
-    CHECK(memcmp(o, og, sizeof(float) * n) == 0, "%s decode r=%d n=%d beta=%g: readout differs",
-          t->name, r, n, beta);
+    t->decode(S, (size_t)lds, r, n, qa, pending ? k : NULL, wk, beta, w, o);
+    CHECK(memcmp(o, og, sizeof(float) * n) == 0,
+          "%s decode r=%d n=%d beta=%g pending=%d: readout differs", t->name, r, n, beta, pending);
     CHECK(memcmp(S, Sg, sizeof(float) * (size_t)r * lds) == 0,
-          "%s decode r=%d n=%d beta=%g: update differs (or padding touched)", t->name, r, n, beta);
+          "%s decode r=%d n=%d beta=%g pending=%d: update differs (or padding touched)", t->name, r,
+          n, beta, pending);
+    free(wk);
     free(S);
     free(Sg);
     free(qa);
@@ -258,7 +262,8 @@ int main(void) {
         const float dbeta[3] = {0.0f, 1.0f, 0.37f};
         for (int ri = 0; ri < 8; ri++)
             for (int ni = 0; ni < 15; ni++)
-                for (int bi = 0; bi < 3; bi++) check_decode(t, dr[ri], dn[ni], dbeta[bi]);
+                for (int bi = 0; bi < 4; bi++) /* bi 3: nothing pending */
+                    check_decode(t, dr[ri], dn[ni], dbeta[bi % 3], bi < 3);
         /* k past the ones column's copy of B's column (1024 floats at a time) */
         for (int ab = 0; ab < 3; ab++)
             for (int mi = 0; mi < 3; mi++)

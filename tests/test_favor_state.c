@@ -333,7 +333,7 @@ static void test_errors(void) {
           rel_err(p.out, p.full, nout(&p)));
     pf_favor_state_free(st);
 
-    /* zero denominators (relu, eps 0, every feature 0): PF_EDOMAIN, zeros, tokens consumed */
+    /* zero denominators (relu, eps 0, every feature 0): PF_EDOMAIN, zeros, nothing consumed */
     for (int i = 0; i < H * m * d; i++) p.W[i] = (i % d == 0) ? 1.0f : 0.0f;
     for (int j = 0; j < H * L; j++) p.K[(size_t)j * d] = -fabsf(p.K[(size_t)j * d]) - 0.1f;
     g = f;
@@ -348,8 +348,70 @@ static void test_errors(void) {
     int nan = 0;
     for (int i = 0; i < H * 3 * dv; i++) nan |= isnan(o[i]) || o[i] != 0.0f;
     CHECK(!nan, "zero denominators: rows not zeroed");
-    CHECK(pf_favor_state_position(st) == 3, "EDOMAIN still consumes the tokens");
+    CHECK(pf_favor_state_position(st) == 0, "EDOMAIN consumed the tokens: position %lld",
+          (long long)pf_favor_state_position(st));
     pf_favor_state_free(st);
+    problem_free(&p);
+}
+
+/* A failed step leaves the state exactly as it was: relu features with eps 0 and W whose rows
+ * all weigh coordinate 0 positively, so a query with x_0 = -1 (the rest 0) has every feature 0
+ * and a zero denominator (PF_EDOMAIN), while the other rows (x_0 >= 0.5) have positive ones. In a
+ * stream of mixed step sizes, a bad query is tried first at some steps (in head 0 or in the last
+ * head, so the heads before it have already stepped, at the first token or later, alone or as
+ * the last row of a longer step); the position must not move, and every row of the stream,
+ * retried with good queries, has the bits of a stream that never failed. */
+static void test_failed_steps(void) {
+    const int H = 3, L = 40, d = 8, dv = 5, m = 16;
+    problem p = problem_make(H, L, d, dv, m, 4242);
+    for (int i = 0; i < H * m * d; i++)
+        if (i % d == 0) p.W[i] = 0.5f + 0.03f * (float)(i % 7);
+        else p.W[i] *= 0.1f;
+    for (int j = 0; j < H * L; j++) {
+        p.Q[(size_t)j * d] = fabsf(p.Q[(size_t)j * d]) + 0.5f;
+        p.K[(size_t)j * d] = fabsf(p.K[(size_t)j * d]) + 0.5f;
+    }
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_RELU, 4);
+    f.eps = 0.0f;
+    static const int steps[6] = {1, 1, 5, 1, 3, 2};
+    float *good = xmalloc(sizeof(float) * nout(&p));
+    for (int pass = 0; pass < 2; pass++) {
+        pf_favor_state *st = NULL;
+        CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+        if (!st) break;
+        int tries = 0;
+        for (int t = 0, i = 0; t < L; i++) {
+            int n = steps[i % 6];
+            if (n > L - t) n = L - t;
+            gather(p.q, p.Q, H, L, d, t, n, 0);
+            gather(p.k, p.K, H, L, d, t, n, 0);
+            gather(p.v, p.V, H, L, dv, t, n, 0);
+            if (pass == 1 && i % 2 == 0) { /* a bad query first, in head 0 or the last */
+                const int hb = (i / 2) % 2 ? H - 1 : 0;
+                float *row = p.q + ((size_t)hb * n + (size_t)(n - 1)) * d, keep[8];
+                memcpy(keep, row, sizeof keep);
+                for (int c = 0; c < d; c++) row[c] = c == 0 ? -1.0f : 0.0f;
+                CHECK_STATUS(pf_favor_state_step(st, p.o, p.q, p.k, p.v, n), PF_EDOMAIN);
+                CHECK(pf_favor_state_position(st) == t,
+                      "a failed step of %d at %d moved the position to %lld", n, t,
+                      (long long)pf_favor_state_position(st));
+                memcpy(row, keep, sizeof keep);
+                tries++;
+            }
+            CHECK_STATUS(pf_favor_state_step(st, p.o, p.q, p.k, p.v, n), PF_OK);
+            gather(p.o, p.out, H, L, dv, t, n, 1);
+            t += n;
+        }
+        if (pass == 0)
+            memcpy(good, p.out, sizeof(float) * nout(&p));
+        else
+            CHECK(memcmp(good, p.out, sizeof(float) * nout(&p)) == 0,
+                  "after %d failed steps the stream's rows differ from one that never failed "
+                  "(rel err %.3g)",
+                  tries, rel_err(p.out, good, nout(&p)));
+        pf_favor_state_free(st);
+    }
+    free(good);
     problem_free(&p);
 }
 
@@ -497,6 +559,7 @@ static void test_decode_path(void) {
 int main(void) {
     test_against_full_pass();
     test_decode_path();
+    test_failed_steps();
     test_long_sequences();
     test_large_norms();
     test_copy_threads_scale();

@@ -748,6 +748,64 @@ static void test_threads(void) {
 
 /* ---- decoding ---------------------------------------------------------------------------- */
 
+/* A decoder step that fails leaves every layer as it was: FAVOR with relu features, eps 0, the
+ * last layer's queries all equal to coordinate 0 of its layer-normed input and its keys all 1,
+ * its W positive: a token whose embedding makes that coordinate negative (token 200, with
+ * x_0 = -50 against +50 for the others) has every query feature 0 and a zero denominator in
+ * the last layer, after the first layer has stepped. Tried first at some positions (the first
+ * among them), it must fail with PF_EDOMAIN and leave the position, and the logits of every
+ * later token, as in a run that never tried it. */
+static void test_decoder_failed_step(void) {
+    pf_model_config cfg = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_RELU);
+    cfg.context = 16;
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
+    if (!m) return;
+    perturb(m);
+    const int Lr = cfg.layers, C = cfg.d_model, hd = C / cfg.heads, bad = 200;
+    m->favor_eps = 0.0f;
+    lm_params *p = &m->params;
+    for (int t = 0; t < V; t++) p->wte[(size_t)t * C] = t == bad ? -50.0f : 50.0f;
+    const int l = Lr - 1;
+    float *w = p->qkvw + (size_t)l * 3 * C * C, *b = p->qkvb + (size_t)l * 3 * C;
+    for (int i = 0; i < 2 * C; i++) { /* q_i = ln_0, k_i = 1 */
+        for (int j = 0; j < C; j++) w[(size_t)i * C + j] = i < C && j == 0 ? 1.0f : 0.0f;
+        b[i] = i < C ? 0.0f : 1.0f;
+    }
+    p->ln1w[(size_t)l * C] = 1.0f;
+    p->ln1b[(size_t)l * C] = 0.0f;
+    /* (W was drawn at create: made positive) */
+    for (size_t i = 0; i < (size_t)cfg.features * hd; i++) {
+        float *wl = m->W + (size_t)l * cfg.features * hd;
+        wl[i] = 0.1f + fabsf(wl[i]);
+    }
+    const int T = 12;
+    int32_t tok[12];
+    for (int t = 0; t < T; t++) tok[t] = (t * 37 + 11) % 199;
+    float *good = xmalloc(sizeof(float) * T * V), row[V];
+    for (int pass = 0; pass < 2; pass++) {
+        pf_decoder *d = NULL;
+        CHECK_STATUS(pf_decoder_create(&d, m), PF_OK);
+        if (!d) break;
+        for (int t = 0; t < T; t++) {
+            if (pass == 1 && t % 3 == 0) {
+                CHECK_STATUS(pf_decoder_step(d, row, bad), PF_EDOMAIN);
+                CHECK(pf_decoder_position(d) == t, "a failed token moved the position to %lld",
+                      (long long)pf_decoder_position(d));
+            }
+            CHECK_STATUS(pf_decoder_step(d, row, tok[t]), PF_OK);
+            if (pass == 0)
+                memcpy(good + (size_t)t * V, row, sizeof row);
+            else
+                CHECK(memcmp(good + (size_t)t * V, row, sizeof row) == 0,
+                      "logits at %d differ after failed tokens", t);
+        }
+        pf_decoder_free(d);
+    }
+    free(good);
+    pf_model_free(m);
+}
+
 /* Incremental decoding gives the logits of the full forward at every position. */
 static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
     pf_model_config cfg = tiny_config(att, pos, PF_KERNEL_POSITIVE);
@@ -1330,6 +1388,7 @@ int main(void) {
     test_decoder(PF_LM_FAVOR, PF_LM_LEARNED);
     test_decoder(PF_LM_FAVOR, PF_LM_ROTARY);
     test_decoder(PF_LM_FAVORPP, PF_LM_ROTARY);
+    test_decoder_failed_step();
     test_sampling();
     test_adamw();
     test_schedule();

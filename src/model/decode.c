@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "favor.h"
 #include "model/model.h"
 
 #define V PF_LM_VOCAB
@@ -170,9 +171,14 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
                                    &shape, &opts);
             }
         } else {
-            st = pf_favor_state_step(d->states[l], d->att, q, k, v, 1);
+            st = pf_favor_state_stage(d->states[l], d->att, q, k, v, 1);
         }
-        if (st != PF_OK) return st;
+        if (st != PF_OK) {
+            /* a failed token changes no layer's state (the exact caches' row t is past pos) */
+            if (d->states)
+                for (int j = 0; j < l; j++) pf_favor_state_abort(d->states[j]);
+            return st;
+        }
         matmul_forward(d->tmp, d->att, p->attprojw + (size_t)l * C * C, p->attprojb + (size_t)l * C,
                        1, C, C);
         residual_forward(d->x, d->x, d->tmp, (size_t)C);
@@ -187,6 +193,8 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
     }
     layernorm_forward(d->ln, &mean, &rstd, d->x, p->lnfw, p->lnfb, 1, C);
     matmul_forward(logits, d->ln, p->wte, NULL, 1, C, V);
+    if (d->states)
+        for (int l = 0; l < L; l++) pf_favor_state_commit(d->states[l]);
     d->pos++;
     return PF_OK;
 }

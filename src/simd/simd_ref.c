@@ -125,21 +125,23 @@ static void gemm_ref(int tb, int m, int n, int k, float alpha, const float *A, s
     }
 }
 
-/* A decoding step's pass over a head's state (pf_simd_table.decode): gemm_ref's sums for
- * o = [q | a] [S ; w], each column's over p in order, and its S = beta S + k w, in one pass
- * over the rows of S (each read for the readout, then written back updated). */
+/* A decoding step's pass over a head's state (pf_simd_table.decode): the pending update
+ * S = beta S + k wk (none when k is NULL), then gemm_ref's sums for o = [q | a] [S ; w], each
+ * column's over p in order, in one pass over the rows of S (each updated, written back, then
+ * read out). */
 static void decode_ref(float *S, size_t lds, int r, int n, const float *qa, const float *k,
-                       const float *w, float beta, float *o) {
+                       const float *wk, float beta, const float *w, float *o) {
     for (int j = 0; j < n; j++) o[j] = 0.0f;
     for (int p = 0; p < r; p++) {
         float *s = S + (size_t)p * lds;
-        const float q = qa[p], kp = k[p];
+        const float q = qa[p];
         for (int j = 0; j < n; j++) {
-            const float sv = s[j];
-            o[j] += q * sv;
-            float x = 0.0f;
-            x += kp * w[j];
-            s[j] = beta == 0.0f ? x : beta * sv + x;
+            if (k) {
+                float x = 0.0f;
+                x += k[p] * wk[j];
+                s[j] = beta == 0.0f ? x : beta * s[j] + x;
+            }
+            o[j] += q * s[j];
         }
     }
     for (int j = 0; j < n; j++) o[j] += qa[r] * w[j];
