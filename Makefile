@@ -37,7 +37,7 @@ ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp 
 # sgemm at once can share one packing buffer (wrong results); the OpenMP build locks each buffer.
 LDLIBS   = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
 
-LIB_SRC   = $(sort $(wildcard src/*.c src/simd/*.c src/io/*.c src/model/*.c))
+LIB_SRC   = $(sort $(wildcard src/*.c src/favor/*.c src/simd/*.c src/io/*.c src/model/*.c))
 TOOL_SRC  = $(sort $(wildcard tools/*.c))
 TEST_SRC  = $(sort $(wildcard tests/test_*.c))
 BENCH_SRC = $(sort $(wildcard bench/*.c))

@@ -1,6 +1,6 @@
 /* profile_favor.c: where the time of a FAVOR+ forward goes, stage by stage, on one thread.
  *
- * The library's forward (src/attn_favor.c, src/features.c) is redone here from the library's own
+ * The library's forward (src/favor/forward.c, src/favor/scan.c, src/favor/features.c) is redone here from the library's own
  * internal pieces (pf_mm, the vector kernels, pf_favor_weighted_values, pf_favor_rebase,
  * pf_favor_combine) in the library's order, with a clock read around each stage: per block of
  * 256 rows for the feature maps and the bidirectional products, per causal chunk for the chunk's
@@ -39,10 +39,10 @@
 #include <string.h>
 
 #include "bench.h"
-#include "favor.h"
+#include "favor/favor.h"
 #include "peak.h"
 
-enum { BLOCK = 256, CHUNK = 16, A_STRIP = 4 };
+enum { BLOCK = FAVOR_BLOCK, CHUNK = FAVOR_CHUNK }; /* the library's sizes (favor.h) */
 
 typedef enum {
     S_SETUP,   /* checks, map binding (W^T), workspace */
@@ -510,7 +510,7 @@ static void bwd_once(bwd_case *c, float *out, const float *Q, const float *K, co
     }
 }
 
-/* The backward's products, bidirectional, per block of BLOCK rows (src/attn_favor_bwd.c), alone
+/* The backward's products, bidirectional, per block of BLOCK rows (src/favor/backward.c), alone
  * with their operands in cache. */
 static void backward_products(const dims *D, peak_isa isa, int md) {
     const int r = D->r, d = D->d, dv = D->dv, dw = pf_favor_dw(dv);
@@ -527,7 +527,7 @@ static void backward_products(const dims *D, peak_isa isa, int md) {
 
 /* Plain forward, keeping forward and kept backward in turn, each followed by a probe run, for
  * reps repeats kept (as the forward's profile keeps them). The backward's FLOPs are those of
- * its products (src/attn_favor_bwd.c), per row: bidirectional 2 m (3 (dv + 1) + dv + 2 d) for
+ * its products (src/favor/backward.c), per row: bidirectional 2 m (3 (dv + 1) + dv + 2 d) for
  * dKV~, dQ~ and dK~ with the ones column, dV, and the two feature-map gradients times W (1.51x
  * the forward's model 8 m d at d = dv = 64); causal 2 (4 r (dv + 1) + r dv + 2 m d + 3 C r +
  * C (dv + 1) + C dv): the prefix state rebuilt, dQ~, the suffix state, dK~ (with the ones

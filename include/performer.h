@@ -64,6 +64,8 @@ extern "C" {
  * Status codes
  * ------------------------------------------------------------------------------------------ */
 
+/* Statuses are ordered: a larger value is a worse outcome, and where parts of one call (heads,
+ * blocks, threads, MPI ranks) end differently the call returns the largest. */
 typedef enum pf_status {
     PF_OK = 0,
     PF_EINVAL,     /* an argument is NULL, a dimension is out of range, options disagree */

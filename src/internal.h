@@ -10,6 +10,12 @@
 
 #define PF_INTERNAL __attribute__((visibility("hidden")))
 
+/* The worse of two statuses: the larger, by the order performer.h states for pf_status (OpenMP
+ * max-reductions over statuses and the MPI layer's MPI_MAXLOC rely on the same order). */
+static inline pf_status pf_status_worse(pf_status a, pf_status b) {
+    return a > b ? a : b;
+}
+
 /* Aligned allocation (64 bytes, cache line and AVX-512 width); NULL on failure or overflow. */
 PF_INTERNAL void *pf_alloc(size_t count, size_t size);
 PF_INTERNAL void pf_free(void *p);

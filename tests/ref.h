@@ -16,7 +16,7 @@
  *   trig        exp(h) [sin u, cos u] / sqrt(m)
  *   relu        relu(u) / sqrt(m)
  * then eps added: times max|phi| for the softmax maps, as is for relu. OPRF and SDERF, whose
- * parameters come from the data, are test_favor_opt.c's: NaN here. */
+ * parameters come from the data, are test_favor_fit.c's: NaN here. */
 static inline void ref_phi_f64(double *phi, const double *x, int d, const float *W, int m,
                                pf_kernel kernel, double scale, double eps) {
     double h = 0;

@@ -37,7 +37,7 @@ for path in ${SIMD_PATHS-}; do
         avx512) grep -q '\<avx512f\>' /proc/cpuinfo 2>/dev/null || continue ;;
         avx2) grep -q '\<avx2\>' /proc/cpuinfo 2>/dev/null || continue ;;
     esac
-    for name in test_favor test_favor_state test_favor_grad; do
+    for name in test_favor_forward test_favor_state test_favor_backward; do
         t="$build/tests/$name"
         [ -x "$t" ] || continue
         if PF_SIMD=$path "$t" >"$log/$name.$path.log" 2>&1; then

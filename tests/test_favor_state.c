@@ -1,7 +1,7 @@
 /* test_favor_state.c: streaming causal FAVOR+ (pf_favor_state_*), the decoder's attention.
  *
  * The reference is the causal full pass pf_attn_favor (itself tested against float64 in
- * test_favor.c) on the same (H, L) inputs, and for large norms the float64 pf_attn_favor_ref:
+ * test_favor_forward.c) on the same (H, L) inputs, and for large norms the float64 pf_attn_favor_ref:
  * - token by token, every kernel, per-head W: rows equal to 1e-6 (relative 2-norm over all rows;
  *   the sums are associated differently, so float rounding, ~1e-7, is all that may differ);
  * - steps that are multiples of the chunk C (the last one shorter): the same bits as the full
@@ -452,7 +452,7 @@ static void test_long_sequences(void) {
            worst);
 }
 
-/* 7. one-token steps (decoding; favor_state.c's own path, with one pass over the state per head):
+/* 7. one-token steps (decoding; favor/state.c's own path, with one pass over the state per head):
  * over many single tokens, every kernel a causal state supports (OPRF with a given A), shapes
  * whose dv + 1 is a whole number of vectors, one or two columns more (done apart by the
  * products), or a masked last vector, W per head or shared, eps 0 and > 0, keys of moderate

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "favor.h"
+#include "favor/favor.h"
 #include "model/model.h"
 #include "ref.h"
 #ifdef _OPENMP

@@ -29,7 +29,7 @@
  * [v_j | 1] stays exact, and a key that dominates its row has the same rounding in the row's
  * numerator and denominator.
  * Every factor is <= 1, and row i reads only keys j <= i through exact zeros of A', so a later
- * key changes no bit of it. This is the CPU library's causal chunk (src/attn_favor.c) with the
+ * key changes no bit of it. This is the CPU library's causal chunk (src/favor/scan.c) with the
  * chunks' states made by one batched product and a prefix instead of one after another.
  *
  * Heads are processed in groups that fit the context's workspace limit: memory is linear in L

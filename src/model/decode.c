@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "favor.h"
+#include "favor/favor.h"
 #include "model/model.h"
 
 #define V PF_LM_VOCAB

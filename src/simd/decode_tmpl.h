@@ -5,10 +5,10 @@
  *   DEC_NB       the vectors of columns one pass over the rows keeps (accumulators, w)
  *   DECODE_NAME  the function's name
  *
- * The causal step of one token (attn_favor.c, pf_favor_causal_rows with one row) reads out
+ * The causal step of one token (favor/scan.c, pf_favor_causal_rows with one row) reads out
  * o = [q | a] [S ; w] (its query's features against the state, then its score a with its own
  * key times that key's weighted [v | 1] row w) and then updates S = beta S + k w. The decoding
- * state (favor_state.c) keeps that update pending until the next step, so that a step that fails
+ * state (favor/state.c) keeps that update pending until the next step, so that a step that fails
  * has changed nothing: the pass first applies the previous token's update S = beta' S + k' w'
  * (k' = NULL: none pending) to a row of S, writes it back, and reads the updated row out. As
  * products that is two passes over S (r x (dv + 1) floats, 80 KiB at r = 256, dv = 64); here each

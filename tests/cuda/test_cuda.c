@@ -1,7 +1,7 @@
 /* test_cuda.c: libperformer_cuda (include/performer_cuda.h) against the CPU library.
  *
  * Every GPU output is compared with the CPU library given the same W (the same floats, copied
- * to the device): pf_attn_favor (float32, itself checked against float64 in test_favor.c) or
+ * to the device): pf_attn_favor (float32, itself checked against float64 in test_favor_forward.c) or
  * pf_attn_favor_ref (float64). The error is normwise, max|gpu - cpu| / max|cpu| over the whole
  * output (a NaN or Inf in the GPU's output counts as infinite), and every case prints a line
  * with it, so that the log of a GPU run shows the figures.

@@ -1,4 +1,8 @@
-/* favor.h: what the feature maps (features.c) and the FAVOR+ attention files share.
+/* favor.h: what the files of src/favor/ share (and the model, the MPI and CUDA layers, and the
+ * tests and benchmarks that look inside FAVOR+): the feature maps (features.c), the options and
+ * scratch (setup.c), the row-block toolkit (scan.c), the passes (forward.c, backward.c), what a
+ * forward keeps (saved.c), the decoding state (state.c), slices (slice.c) and the FAVOR++/FAVOR#
+ * fits (fit.c).
  *
  * A feature map is fixed by (kernel, W, m, d, scale, eps). The fast path works on blocks of rows
  * and returns *stabilised* features phi~ = phi / exp(c) with a per-row log factor c (SPEC §2,
@@ -8,6 +12,16 @@
 #define PF_FAVOR_H
 
 #include "internal.h"
+
+/* Sizes of the row blocks and splits (setup.c, scan.c, forward.c, backward.c) */
+enum {
+    FAVOR_BLOCK = 256, /* rows per block, bidirectional */
+    FAVOR_CHUNK = 16,  /* causal chunk when opts->chunk is 0 (see pf_favor_chunk) */
+    FAVOR_SPLIT = 16,  /* bidirectional: key blocks wanted over all heads (pf_favor_split) */
+    SCAN_SPLIT = 4,    /* causal: scan blocks wanted over all heads (each costs extra work) */
+    SCAN_UNIT = 4,     /* causal: scan blocks are whole multiples of this many feature blocks */
+    A_STRIP = 4        /* causal: rows of the chunk's scores A made at a time (lower part) */
+};
 
 /* Elementwise loops that -O2 vectorises for the baseline ISA only (SSE2 on x86-64) are compiled
  * also for AVX2 and AVX-512 and picked at load time by cpuid (GCC's function multiversioning).
@@ -133,7 +147,7 @@ PF_INTERNAL void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, con
                                            int dv, const double *c, const double *ref1,
                                            double ref2, int n);
 
-/* Per-thread scratch of the forward (attn_favor.c): blocks of nb rows; C = 0 for bidirectional,
+/* Per-thread scratch of the forward (setup.c): blocks of nb rows; C = 0 for bidirectional,
  * else the causal chunk. */
 typedef struct pf_favor_ws {
     float *phi;   /* (nb, r + C): features of a block of rows; causal: Q~ and, in the last C
@@ -162,6 +176,12 @@ typedef struct pf_favor_keep {
     float *A;                       /* (L, C): row i, the masked scores of query i in its chunk */
 } pf_favor_keep;
 
+/* Bidirectional queries [0, n): out = (Q~ KV)[:, :dv] / (Q~ KV)[:, dv], in blocks; the features
+ * are made in qf (n, r) with their maxima in qamax (n) when qf is not NULL. */
+PF_INTERNAL pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out,
+                                           const float *Q, const float *KV, int n, int dv,
+                                           float *qf, float *qamax);
+
 /* The causal scan over L rows of one head, in chunks of C from row 0 and feature blocks of
  * pf_favor_block(1, C) rows, continuing from a state: SV ((r + C), dw) holds in its first r
  * rows S = sum_{earlier keys j} k~_j e^(c_j - M) [v_j | 1 | 0] (the other C rows are scratch), *M
@@ -176,7 +196,7 @@ PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, i
                                            const float *V, int L, int klen, int dv,
                                            const pf_favor_keep *keep);
 
-/* ---- the decoding state's steps as transactions (favor_state.c) */
+/* ---- the decoding state's steps as transactions (state.c) */
 
 /* pf_favor_state_step without the commit: out is written and the step staged, or, on failure,
  * the state is as before the call. A staged step must be committed or aborted before the next
@@ -188,7 +208,7 @@ PF_INTERNAL void pf_favor_state_commit(pf_favor_state *st);
 /* Drops the staged step: the state is as before it; nothing when none is staged. */
 PF_INTERNAL void pf_favor_state_abort(pf_favor_state *st);
 
-/* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (fitting: favor_opt.c; binding: features.c) */
+/* ---- FAVOR++ (OPRF) and FAVOR# (SDERF) parameters (fitting: fit.c; binding: features.c) */
 
 /* Storage for one head's OPRF/SDERF parameters, bound into a pf_fmap. */
 typedef struct pf_kernel_ws {
@@ -248,7 +268,7 @@ PF_INTERNAL void pf_favor_sums(double *sums, pf_kernel kernel, const float *Q, i
 PF_INTERNAL pf_status pf_favor_bind_sums(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
                                          const double *sums);
 
-/* What a slice of a longer sequence (attn_favor_parts.c) takes from outside instead of making it
+/* What a slice of a longer sequence (slice.c) takes from outside instead of making it
  * from its own rows, and what it gives out. States are (heads, r, dv+1) with a reference per
  * head (favor.h's S = sum_j k~_j e^(c_j - M) [v_j | 1]); -inf: empty. */
 typedef struct pf_favor_ext {
@@ -262,8 +282,8 @@ typedef struct pf_favor_ext {
     float *dS;          /* backward: only d/dS of this slice's queries (referenced to M) */
 } pf_favor_ext;
 
-/* The forward (attn_favor.c) and backward (attn_favor_bwd.c) of a slice; arguments checked by
- * the caller (attn_favor_parts.c). */
+/* The forward (forward.c) and backward (backward.c) of a slice; arguments checked by
+ * the caller (slice.c). */
 PF_INTERNAL pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K,
                                            const float *V, const pf_shape *shape,
                                            const pf_attn_opts *opts, const pf_favor_opts *favor,
@@ -274,7 +294,7 @@ PF_INTERNAL pf_status pf_favor_backward_ext(float *dQ, float *dK, float *dV, con
                                             const pf_attn_opts *opts, const pf_favor_opts *favor,
                                             const pf_favor_ext *ext);
 
-/* ---- units of work for threads (attn_favor.c, attn_favor_bwd.c) ----------------------------- */
+/* ---- units of work for threads (forward.c, backward.c) ----------------------------- */
 
 /* Cuts L rows into blocks of whole `unit`s, about ceil(target / heads) of them (at least 1, at
  * most one per unit): *len receives the block length; returns the number of blocks. Depends on
@@ -307,7 +327,7 @@ PF_INTERNAL float pf_favor_rebase(double *M, const double *c, int n);
  * reference: S = e^(M - M') S + e^(M2 - M') S2. A reference of -inf is an empty sum. */
 PF_INTERNAL void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n);
 
-/* ---- what a forward keeps for its backward (pf_favor_saved, attn_favor.c) ------------------ */
+/* ---- what a forward keeps for its backward (pf_favor_saved, saved.c) ------------------ */
 
 struct pf_favor_saved {
     pf_shape shape;

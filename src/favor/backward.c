@@ -1,4 +1,4 @@
-/* attn_favor_bwd.c: the backward pass of FAVOR+ attention (SPEC §4), fast and float64 reference.
+/* backward.c: the backward pass of FAVOR+ attention (SPEC §4), fast and float64 reference.
  *
  * Notation per head, with stabilised features (favor.h) q~_i, k~_j and key log factors c_j:
  * key j enters query i's sums as k^_j = k~_j e^(c_j - ref_i) with ref_i = M (bidirectional:
@@ -145,10 +145,6 @@ typedef struct bwd_head {
     int Lq, Lk, klen, dv;
 } bwd_head;
 
-static pf_status worse(pf_status a, pf_status b) {
-    return a > b ? a : b;
-}
-
 /* From the denominators (column dv of o, row stride ldo) and either the numerators (columns
  * 0..dv-1 of o; out NULL) or the forward's out (n, dv), and G (n, dv): dN~ (n, lddn) with
  * dN~_i = [G_i / D_i | -(G_i.out_i) / D_i | 0 ...] (zeros up to lddn). A zero denominator is
@@ -174,7 +170,7 @@ PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int 
             if (pf_nonfinite_f32(g, (size_t)dv) || (oi && pf_nonfinite_f32(oi, (size_t)dv)))
                 return PF_ENONFINITE;
             memset(dst, 0, sizeof(float) * (size_t)lddn);
-            st = worse(st, bad);
+            st = pf_status_worse(st, bad);
             continue;
         }
         const double inv = 1.0 / (double)den;
@@ -401,7 +397,7 @@ static pf_status bidir_queries(bwd_job *j, bwd_ws *ws, int bh, int qb) {
         float *dN = ws->vaug;
         const pf_status sg = grad_of_out(dN, dw, ws->o, dw, ob, Gb, nb, dv);
         if (sg == PF_ENONFINITE) return sg; /* (dout or out not finite) */
-        st = worse(st, sg);
+        st = pf_status_worse(st, sg);
         /* dKV~^T += dN~^T Q~ */
         if (want_dkv) pf_mm(1, 0, dv + 1, r, nb, 1.0f, dN, dw, Qf, r, b0 ? 1.0f : 0.0f, dKVt, r);
         if (!want_dq) continue;
@@ -573,7 +569,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                     pf_mm(0, 0, n, dv1, nk, 1.0f, A, C, ws->vs, dv1, have_state ? 1.0f : 0.0f, O,
                           dv1);
             }
-            st = worse(st, grad_of_out(dN, dv1, O, dv1,
+            st = pf_status_worse(st, grad_of_out(dN, dv1, O, dv1,
                                        hd->out ? hd->out + (size_t)t0 * (size_t)dv : NULL,
                                        hd->G + (size_t)t0 * (size_t)dv, n, dv));
             /* dQ~ = e^(M - P) dN~ S^T + B K~, B_ij = (dN~_i.[v_j|1]_w) e^(P_j - P_i) masked */
@@ -900,9 +896,9 @@ static pf_status causal_dstate(bwd_job *j, bwd_ws *ws, int bh, const bwd_head *h
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         cs->base = r0;
         if (kf) kept_features(j, bh, r0, cs);
-        st = worse(st, causal_features(fm, hd, cs, ws, j->C, r0, r1, kf, NULL, NULL));
+        st = pf_status_worse(st, causal_features(fm, hd, cs, ws, j->C, r0, r1, kf, NULL, NULL));
         if (fatal(st)) break;
-        st = worse(st, causal_forward(fm, hd, cs, ws, j->C, r0, r1, ws->state, M, ws->dstate, 0));
+        st = pf_status_worse(st, causal_forward(fm, hd, cs, ws, j->C, r0, r1, ws->state, M, ws->dstate, 0));
         const float f = (float)exp(M0 - M);
         for (size_t k = 0; k < dv1; k++)
             for (size_t c = 0; c < (size_t)r; c++)
@@ -938,13 +934,13 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         cs.base = r0;
         if (kf) kept_features(j, bh, r0, &cs);
-        st = worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
+        st = pf_status_worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
         if (fatal(st)) break;
         if (nseg > 1) {
             if (M > -INFINITY) memcpy(ws->ckpt + (size_t)u * n, ws->state, sizeof(float) * n);
             ws->ckm[u] = M;
         }
-        st = worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
+        st = pf_status_worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
         M = cs.p[r1 - 1 - r0];
     }
     const int rin = j->ext && j->ext->R; /* a slice's suffix from later slices */
@@ -954,13 +950,13 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
         if (u < nseg - 1) { /* (the last segment's rows are still here) */
             cs.base = r0;
             if (kf) kept_features(j, bh, r0, &cs);
-            st = worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
+            st = pf_status_worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
             if (fatal(st)) break;
-            st = worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->ckpt + (size_t)u * n,
+            st = pf_status_worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->ckpt + (size_t)u * n,
                                           ws->ckm[u], NULL, 0));
             if (fatal(st)) break;
         }
-        st = worse(st,
+        st = pf_status_worse(st,
                    causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
                                   u < nseg - 1 || rin ? ws->dstate : NULL, u > 0,
                                   u > 0 ? ws->ckm[u] : 0.0));
@@ -1322,7 +1318,7 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
             pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
             const pf_status sb = pf_favor_bind(&fm, &kw, favor, Qh, Lq, Kh, klen);
             if (sb != PF_OK) {
-                st = worse(st, sb);
+                st = pf_status_worse(st, sb);
                 continue;
             }
             int bad = 0;
@@ -1333,7 +1329,7 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
                 bad |= pf_fmap_row_f64(&fm, pk + (size_t)j * r, uk + (size_t)j * m,
                                        Kh + (size_t)j * d);
             if (bad) {
-                st = worse(st, PF_ENONFINITE);
+                st = pf_status_worse(st, PF_ENONFINITE);
                 continue;
             }
             /* forward: prefix (causal) or full sums S, out, dN~, dphi(q_i) = S dN~_i */
@@ -1349,7 +1345,7 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
                         num[k] += pq[(size_t)i * r + f] * S[(size_t)f * dv1 + k];
                 double *dn = dN + (size_t)i * dv1;
                 if (!isfinite(num[dv]) || num[dv] == 0) {
-                    st = worse(st, isfinite(num[dv]) ? PF_EDOMAIN : PF_ENONFINITE);
+                    st = pf_status_worse(st, isfinite(num[dv]) ? PF_EDOMAIN : PF_ENONFINITE);
                     for (int k = 0; k < dv1; k++) dn[k] = 0;
                 } else {
                     double go = 0;

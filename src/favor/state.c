@@ -1,8 +1,8 @@
-/* favor_state.c: streaming causal FAVOR+ (SPEC §4, last paragraph): the state of H heads of one
+/* state.c: streaming causal FAVOR+ (SPEC §4, last paragraph): the state of H heads of one
  * sequence, advanced a token or a chunk at a time, for decoding.
  *
  * Per head the state is the causal scan's own: S = sum_j k~_j e^(c_j - M) [v_j | 1] (r x dv+1)
- * referenced to the running key max M (attn_favor.c, pf_favor_causal_rows, does every step), so
+ * referenced to the running key max M (scan.c, pf_favor_causal_rows, does every step), so
  * memory and time per token are O(r dv) per head whatever the position.
  *
  * A step of n tokens is cut at the multiples of the chunk C counted from position 0, exactly

@@ -1,4 +1,4 @@
-/* test_favor_grad.c: the FAVOR+ backward pass (SPEC §4, "Gradients").
+/* test_favor_backward.c: the FAVOR+ backward pass (SPEC §4, "Gradients").
  *
  * - pf_attn_favor_backward and its reference against central finite differences of this file's
  *   own float64 forward (the explicit pairwise formula, its own feature maps), every kernel,
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "favor.h"
+#include "favor/favor.h"
 #include "ref.h"
 
 /* ---- this file's float64 forward ---------------------------------------------------------- */

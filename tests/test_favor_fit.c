@@ -1,4 +1,4 @@
-/* test_favor_opt.c: FAVOR++ (OPRF) and FAVOR# (SDERF), SPEC §2b.
+/* test_favor_fit.c: FAVOR++ (OPRF) and FAVOR# (SDERF), SPEC §2b.
  *
  * Every reference here is this file's own float64 code: the feature maps from the SPEC formulas,
  * A* from the pairwise mean of |q' + k'|^2 (O(Lq Lk d), not the library's O(L d) shortcut), a

@@ -1,9 +1,9 @@
-/* attn_favor_parts.c: FAVOR+ in slices of a sequence (performer.h, "FAVOR+ in slices"), for
+/* slice.c: FAVOR+ in slices of a sequence (performer.h, "FAVOR+ in slices"), for
  * sequence parallelism: what a slice gives out (its fit statistics, its key state, d/dS of its
  * queries) and what it starts from (the combined state of other slices, their d/dS).
  *
- * No second copy of the arithmetic: the forward and backward are attn_favor.c's and
- * attn_favor_bwd.c's drivers, told by a pf_favor_ext to take a head's starting (causal) or total
+ * No second copy of the arithmetic: the forward and backward are forward.c's and
+ * backward.c's drivers, told by a pf_favor_ext to take a head's starting (causal) or total
  * (bidirectional) state from outside instead of making it, or to give their own out; the state
  * is the causal scan's (S referenced to its running maximum), and combining states is
  * pf_favor_combine, the scan blocks' own. So one slice holding a whole sequence runs exactly the

@@ -1,0 +1,472 @@
+/* forward.c: FAVOR+ attention, out = D^-1 phi(Q) (phi(K)^T V) (SPEC §4), forward, and its
+ * float64 reference.
+ *
+ * One (b, h) pair is one unit of work, done by one thread, so the arithmetic (and the result,
+ * bit for bit) does not depend on the thread count. Within a head, rows go in blocks that stay
+ * in cache: a block of inputs becomes stabilised features (features.c) and goes straight into
+ * the products with the state (scan.c), bidirectional or in causal chunks; no L x r matrix is
+ * ever formed. Every product runs in the library's own kernels (pf_mm, blas.c: no packing, and
+ * the same bits for a row whatever the rows beside it).
+ *
+ * Values are augmented with a ones column, [V | 1] (Lk, dv+1), so one product gives numerator
+ * (columns 0..dv-1) and denominator (column dv). */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_common.h"
+#include "favor.h"
+
+/* ---- the driver --------------------------------------------------------------------------- */
+
+/* Work is cut into units that never depend on the thread count, and each unit's arithmetic is
+ * fixed, so any thread may run it (dynamic schedule) and the bits never change:
+ *   bidirectional  per head, key blocks (pf_favor_split) give partial K~^T [V|1] sums, each with
+ *                  its own max; they are combined in block order; then query blocks of
+ *                  FAVOR_BLOCK rows read the combined sum;
+ *   causal         per head, scan blocks (pf_favor_split: several only when B*H is small): the
+ *                  local sum of every block but the last, an in-order prefix combine giving each
+ *                  block its starting state, then each block's chunked scan from that state.
+ * With B*H >= FAVOR_SPLIT a head is one key block and one scan block. */
+typedef struct favor_job {
+    const pf_shape *s;
+    const pf_attn_opts *opts;
+    const pf_favor_opts *favor;
+    const float *Q, *K, *V;
+    float *out;
+    int r, C, nkb, kbl; /* key (or scan) blocks per head and their length */
+    pf_fmap *fm;        /* (heads) */
+    pf_kernel_ws *kw;   /* (heads) */
+    float *part;        /* (heads, nkb, r, dw): partial sums; [h][0] becomes the total */
+    double *pmax;       /* (heads, nkb) */
+    int *hst;           /* (heads): status of the head (phase 0) */
+    int *kst;           /* (heads, nkb): status of each key unit */
+    int *ust;           /* (heads, nqb): status of each query or scan unit */
+    pf_favor_saved *sv; /* what the backward will need, or NULL */
+    const pf_favor_ext *ext; /* a slice's state and sums from outside, or NULL */
+} favor_job;
+
+static size_t head_off(int bh, int L, int w) {
+    return (size_t)bh * (size_t)L * (size_t)w;
+}
+
+/* A slice: head bh's state from outside, (r, dv+1) rows, into slot 0 as (r, dw) rows (the
+ * causal starting state, or the bidirectional total); an empty one (-inf) as zeros. */
+static void ext_state_in(favor_job *j, int bh) {
+    const size_t dv1 = (size_t)j->s->dv + 1, dw = (size_t)pf_favor_dw(j->s->dv);
+    const size_t r = (size_t)j->r;
+    float *P = j->part + (size_t)bh * (size_t)j->nkb * r * dw;
+    const double M = j->ext->M[bh];
+    j->pmax[(size_t)bh * (size_t)j->nkb] = M;
+    memset(P, 0, sizeof(float) * r * dw);
+    if (M == -INFINITY) return;
+    const float *S = j->ext->S + (size_t)bh * r * dv1;
+    for (size_t f = 0; f < r; f++) memcpy(P + f * dw, S + f * dv1, sizeof(float) * dv1);
+}
+
+/* Phase 0: the head's map (OPRF/SDERF parameters) and the padded keys' check. */
+static pf_status job_head(favor_job *j, int bh) {
+    const pf_shape *s = j->s;
+    const int b = bh / s->H, h = bh % s->H;
+    const int klen = pf_attn_key_len(j->opts, b, s->Lk);
+    const float *Kh = j->K + head_off(bh, s->Lk, s->d);
+    const float *Vh = j->V + head_off(bh, s->Lk, s->dv);
+    /* inputs are checked block by block where they are used (while in cache); only the padded
+     * keys, never used, are checked here */
+    const size_t pad = (size_t)(s->Lk - klen);
+    if (pf_nonfinite_f32(Kh + (size_t)klen * (size_t)s->d, pad * (size_t)s->d) ||
+        pf_nonfinite_f32(Vh + (size_t)klen * (size_t)s->dv, pad * (size_t)s->dv))
+        return PF_ENONFINITE;
+    j->fm[bh] = pf_favor_fmap(s, j->opts, j->favor, h);
+    if (j->ext && j->ext->S) ext_state_in(j, bh);
+    if (j->ext && j->ext->sums)
+        return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
+                                  j->ext->sums + (size_t)bh * pf_favor_sums_len(j->favor->kernel,
+                                                                               s->d));
+    return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor,
+                         j->Q ? j->Q + head_off(bh, s->Lq, s->d) : NULL, s->Lq, Kh, klen);
+}
+
+/* Phase 1: the local sum of key block kb of head bh into slot kb (bidirectional) or kb + 1
+ * (causal, scan blocks but the last: slot 0 stays the empty starting state of block 0). */
+static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
+    const pf_shape *s = j->s;
+    const int klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk);
+    const int j0 = kb * j->kbl, slot = kb + (j->opts->causal ? 1 : 0);
+    int n = klen - j0;
+    n = n > j->kbl ? j->kbl : n;
+    float *KVb = j->part + ((size_t)bh * (size_t)j->nkb + (size_t)slot) * (size_t)j->r *
+                               (size_t)pf_favor_dw(s->dv);
+    double *Mb = j->pmax + (size_t)bh * (size_t)j->nkb + (size_t)slot;
+    *Mb = -INFINITY;
+    if (n <= 0) return PF_OK; /* padding only */
+    const float *Kh = j->K + head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d;
+    const float *Vh = j->V + head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv;
+    if (j->sv && !j->opts->causal && bh < j->sv->nkeep) {
+        const size_t o = (size_t)bh * (size_t)s->Lk + (size_t)j0;
+        return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
+                                  j->sv->kf + o * (size_t)j->r, j->sv->kc + o, j->sv->kamax + o);
+    }
+    return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv, NULL, NULL, NULL);
+}
+
+/* Phase 2, in block order: bidirectional, the head's total into slot 0; causal, slot kb
+ * becomes block kb's starting state, start(kb) = start(kb - 1) + local(kb - 1). */
+static void job_combine(favor_job *j, int bh) {
+    const size_t n = (size_t)j->r * (size_t)pf_favor_dw(j->s->dv);
+    float *P = j->part + (size_t)bh * (size_t)j->nkb * n;
+    double *M = j->pmax + (size_t)bh * (size_t)j->nkb;
+    if (!j->opts->causal) {
+        for (int kb = 1; kb < j->nkb; kb++)
+            pf_favor_combine(P, &M[0], P + (size_t)kb * n, M[kb], n);
+        if (j->sv) {
+            memcpy(j->sv->kv + (size_t)bh * n, P, sizeof(float) * n);
+            j->sv->kvm[bh] = M[0];
+        }
+        return;
+    }
+    if (!(j->ext && j->ext->S)) M[0] = -INFINITY; /* (else the slice's starting state) */
+    for (int kb = 1; kb < j->nkb; kb++)
+        pf_favor_combine(P + (size_t)kb * n, &M[kb], P + (size_t)(kb - 1) * n, M[kb - 1], n);
+}
+
+/* Phase 3, bidirectional: queries of block qb (FAVOR_BLOCK rows). */
+static pf_status job_queries(favor_job *j, pf_favor_ws *ws, int bh, int qb) {
+    const pf_shape *s = j->s;
+    const int i0 = qb * FAVOR_BLOCK, n = s->Lq - i0 < FAVOR_BLOCK ? s->Lq - i0 : FAVOR_BLOCK;
+    const size_t nkv = (size_t)j->r * (size_t)pf_favor_dw(s->dv);
+    const float *KV = j->part + (size_t)bh * (size_t)j->nkb * nkv;
+    const float *Qh = j->Q + head_off(bh, s->Lq, s->d) + (size_t)i0 * (size_t)s->d;
+    float *oh = j->out + head_off(bh, s->Lq, s->dv) + (size_t)i0 * (size_t)s->dv;
+    const size_t o = (size_t)bh * (size_t)s->Lq + (size_t)i0;
+    const int keep = j->sv && bh < j->sv->nkeep;
+    return pf_favor_query_block(&j->fm[bh], ws, oh, Qh, KV, n, s->dv,
+                       keep ? j->sv->qf + o * (size_t)j->r : NULL, keep ? j->sv->qamax + o : NULL);
+}
+
+/* Phase 3, causal: scan block sb from its starting state. */
+static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
+    const pf_shape *s = j->s;
+    const int klen = pf_attn_key_len(j->opts, bh / s->H, s->Lk);
+    const int t0 = sb * j->kbl, n = s->Lq - t0 < j->kbl ? s->Lq - t0 : j->kbl;
+    const size_t nkv = (size_t)j->r * (size_t)pf_favor_dw(s->dv);
+    const float *start = j->part + ((size_t)bh * (size_t)j->nkb + (size_t)sb) * nkv;
+    double M = j->pmax[(size_t)bh * (size_t)j->nkb + (size_t)sb];
+    if (M > -INFINITY) memcpy(ws->state, start, sizeof(float) * nkv);
+    const size_t o = (size_t)t0, row = (size_t)bh * (size_t)s->Lq + o; /* (Lq == Lk) */
+    pf_favor_keep keep;
+    const int kept = j->sv && bh < j->sv->nkeep;
+    if (kept)
+        keep = (pf_favor_keep){.qf = j->sv->qf + row * (size_t)j->r,
+                               .qamax = j->sv->qamax + row,
+                               .kf = j->sv->kf + row * (size_t)j->r,
+                               .kamax = j->sv->kamax + row,
+                               .kc = j->sv->kc + row,
+                               .A = j->sv->ka + row * (size_t)j->C};
+    return pf_favor_causal_rows(&j->fm[bh], ws, j->C, ws->state, &M,
+                                j->out + head_off(bh, s->Lq, s->dv) + o * (size_t)s->dv,
+                                j->Q + head_off(bh, s->Lq, s->d) + o * (size_t)s->d,
+                                j->K + head_off(bh, s->Lk, s->d) + o * (size_t)s->d,
+                                j->V + head_off(bh, s->Lk, s->dv) + o * (size_t)s->dv, n, klen - t0,
+                                s->dv, kept ? &keep : NULL);
+}
+
+static int fatal(int st) {
+    return st == PF_ENONFINITE || st == PF_ENOMEM;
+}
+
+/* A slice's own key state: slot 0 of head bh (the combined total), as (r, dv+1) rows; a head
+ * that failed gives an empty state. */
+static void ext_state_out(favor_job *j, int bh, int dead) {
+    const size_t dv1 = (size_t)j->s->dv + 1, dw = (size_t)pf_favor_dw(j->s->dv);
+    const size_t r = (size_t)j->r;
+    float *S = j->ext->Sout + (size_t)bh * r * dv1;
+    if (dead || !j->part || !j->pmax || j->pmax[(size_t)bh * (size_t)j->nkb] == -INFINITY) {
+        memset(S, 0, sizeof(float) * r * dv1);
+        j->ext->Mout[bh] = -INFINITY;
+        return;
+    }
+    const float *P = j->part + (size_t)bh * (size_t)j->nkb * r * dw;
+    for (size_t f = 0; f < r; f++) memcpy(S + f * dv1, P + f * dw, sizeof(float) * dv1);
+    j->ext->Mout[bh] = j->pmax[(size_t)bh * (size_t)j->nkb];
+}
+
+/* The forward, keeping what the backward needs in sv if it is not NULL; *complete is 1 when
+ * every head was computed (none failed outright). Arguments checked. */
+static pf_status favor_run(float *out, const float *Q, const float *K, const float *V,
+                           const pf_shape *shape, const pf_attn_opts *opts,
+                           const pf_favor_opts *favor, pf_favor_saved *sv, int *complete,
+                           const pf_favor_ext *ext) {
+    const pf_shape s = *shape;
+    const int heads = s.B * s.H; /* (pf_attn_check: B H L d fits in size_t) */
+    /* a slice's key state alone: the bidirectional key phases, whatever opts->causal */
+    const int keys_only = ext && ext->Sout, ext_state = ext && ext->S;
+    pf_attn_opts kopts;
+    if (keys_only) {
+        kopts = *opts;
+        kopts.causal = 0;
+        opts = &kopts;
+    }
+    favor_job j = {.s = &s,
+                   .opts = opts,
+                   .favor = favor,
+                   .Q = Q,
+                   .K = K,
+                   .V = V,
+                   .out = out,
+                   .sv = sv,
+                   .ext = ext};
+    *complete = 0;
+    j.r = pf_kernel_width(favor->kernel, favor->m);
+    j.C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
+    if (opts->causal)
+        j.nkb = pf_favor_scan_blocks(s.Lk, heads, j.C, &j.kbl);
+    else if (ext_state) /* the total comes from outside: no key blocks */
+        j.nkb = 1, j.kbl = s.Lk;
+    else
+        j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
+    const int nqb = keys_only      ? 0
+                    : opts->causal ? j.nkb
+                                   : (s.Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
+    const size_t nkv = (size_t)j.r * (size_t)pf_favor_dw(s.dv), H = (size_t)heads;
+    j.fm = malloc(sizeof(pf_fmap) * H);
+    j.kw = calloc(H, sizeof(pf_kernel_ws));
+    j.part = pf_alloc(H * (size_t)j.nkb * nkv, sizeof(float));
+    j.pmax = malloc(sizeof(double) * H * (size_t)j.nkb);
+    j.hst = calloc(H, sizeof(int));
+    j.kst = calloc(H * (size_t)j.nkb, sizeof(int));
+    j.ust = calloc(H * (size_t)(nqb > 0 ? nqb : 1), sizeof(int));
+    int worst = PF_OK;
+    if (!j.fm || !j.kw || !j.part || !j.pmax || !j.hst || !j.kst || !j.ust) worst = PF_ENOMEM;
+    for (int bh = 0; bh < heads && worst == PF_OK; bh++)
+        if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
+    const int nk1 = opts->causal ? j.nkb - 1 : (ext_state ? 0 : j.nkb); /* key units per head */
+    /* no more threads than units of work in any phase: each idle one would only cost its
+     * scratch (and, where threads cannot be made, a libgomp exit) */
+    int64_t most = (int64_t)heads * (nk1 > nqb ? (nk1 > 1 ? nk1 : 1) : (nqb > 1 ? nqb : 1));
+    int nt = pf_threads(opts->threads);
+    if (nt > most) nt = (int)most;
+    if (worst == PF_OK) {
+        int nomem = 0;
+#pragma omp parallel num_threads(nt)
+        {
+            pf_favor_ws ws;
+            if (pf_favor_ws_alloc(&ws, pf_favor_block(opts->causal, j.C), j.C, j.r, s.dv) != 0) {
+#pragma omp atomic write
+                nomem = 1;
+            }
+#pragma omp barrier
+            if (!nomem) {
+#pragma omp for schedule(dynamic, 1)
+                for (int bh = 0; bh < heads; bh++) j.hst[bh] = (int)job_head(&j, bh);
+#pragma omp for schedule(dynamic, 1)
+                for (int u = 0; u < heads * nk1; u++) {
+                    const int bh = u / nk1, kb = u % nk1;
+                    if (j.hst[bh] != PF_OK) continue;
+                    j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] = (int)job_keys(&j, &ws, bh, kb);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int bh = 0; bh < heads; bh++) {
+                    for (int kb = 0; kb < nk1; kb++) {
+                        const int u = j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb];
+                        if (u > j.hst[bh]) j.hst[bh] = u;
+                    }
+                    if (j.hst[bh] == PF_OK) job_combine(&j, bh);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int u = 0; u < heads * nqb; u++) {
+                    const int bh = u / nqb, qb = u % nqb;
+                    if (j.hst[bh] != PF_OK) continue;
+                    j.ust[u] = (int)(opts->causal ? job_scan(&j, &ws, bh, qb)
+                                                  : job_queries(&j, &ws, bh, qb));
+                }
+            }
+            pf_favor_ws_free(&ws);
+        }
+        if (nomem) worst = PF_ENOMEM;
+        /* statuses in a fixed order; a head that failed outright is zeroed */
+        for (int bh = 0; bh < heads && worst != PF_ENOMEM; bh++) {
+            /* a failed setup or key block leaves the head unwritten; a query or scan unit's
+             * NaN leaves part of it */
+            int hs = j.hst[bh], dead = hs != PF_OK;
+            for (int u = 0; u < nqb; u++) {
+                const int us = j.ust[(size_t)bh * (size_t)nqb + (size_t)u];
+                hs = us > hs ? us : hs;
+                dead |= fatal(us);
+            }
+            if (dead && out)
+                memset(out + head_off(bh, s.Lq, s.dv), 0,
+                       sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
+            if (keys_only) ext_state_out(&j, bh, dead);
+            if (hs > worst) worst = hs;
+            *complete += dead;
+        }
+        *complete = worst != PF_ENOMEM && *complete == 0;
+    }
+    if (worst == PF_ENOMEM && out)
+        memset(out, 0, sizeof(float) * H * (size_t)s.Lq * (size_t)s.dv);
+    if (worst == PF_ENOMEM && keys_only)
+        for (int bh = 0; bh < heads; bh++) ext_state_out(&j, bh, 1);
+    if (j.kw)
+        for (int bh = 0; bh < heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
+    free(j.fm);
+    free(j.kw);
+    pf_free(j.part);
+    free(j.pmax);
+    free(j.hst);
+    free(j.kst);
+    free(j.ust);
+    return (pf_status)worst;
+}
+
+pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K, const float *V,
+                               const pf_shape *shape, const pf_attn_opts *opts,
+                               const pf_favor_opts *favor, const pf_favor_ext *ext) {
+    int complete;
+    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, ext);
+}
+
+pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
+                        const pf_shape *shape, const pf_attn_opts *opts,
+                        const pf_favor_opts *favor) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
+    int complete;
+    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, NULL);
+}
+
+
+/* The forward that also fills `saved` for pf_attn_favor_backward_saved (saved.c). */
+pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const float *V,
+                             const pf_shape *shape, const pf_attn_opts *opts,
+                             const pf_favor_opts *favor, pf_favor_saved *saved) {
+    if (!out || !Q || !K || !V || !saved) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
+    st = pf_favor_saved_match(saved, shape, opts, favor, 0);
+    if (st != PF_OK) return st;
+    int complete;
+    saved->filled = 0;
+    st = favor_run(out, Q, K, V, shape, opts, favor, saved, &complete, NULL);
+    saved->filled = complete;
+    return st;
+}
+
+/* ---- the float64 reference ---------------------------------------------------------------- */
+
+/* out (dv) = num[0..dv) / num[dv], checked like pf_favor_readout. */
+static pf_status readout_f64(float *out, const double *num, int dv) {
+    const double den = num[dv];
+    pf_status bad = PF_OK;
+    if (!isfinite(den))
+        bad = PF_ENONFINITE;
+    else if (den == 0.0)
+        bad = PF_EDOMAIN;
+    for (int k = 0; k < dv && bad == PF_OK; k++) {
+        double q = num[k] / den;
+        if (!isfinite(q)) bad = PF_ENONFINITE;
+        out[k] = (float)q;
+    }
+    if (bad != PF_OK) memset(out, 0, sizeof(float) * (size_t)dv);
+    return bad;
+}
+
+pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const float *V,
+                            const pf_shape *shape, const pf_attn_opts *opts,
+                            const pf_favor_opts *favor) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
+                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
+    const pf_shape s = *shape;
+    const pf_attn_sizes n = pf_attn_sizes_of(&s);
+    if (pf_nonfinite_f32(Q, n.q) || pf_nonfinite_f32(K, n.k) || pf_nonfinite_f32(V, n.v))
+        return PF_ENONFINITE;
+    const int r = pf_kernel_width(favor->kernel, favor->m), dv = s.dv, dv1 = s.dv + 1;
+    double *phiK = malloc(sizeof(double) * (size_t)s.Lk * (size_t)r);
+    double *phiq = malloc(sizeof(double) * (size_t)r);
+    double *u = malloc(sizeof(double) * (size_t)favor->m);
+    double *KV = malloc(sizeof(double) * (size_t)r * (size_t)dv1);
+    double *num = malloc(sizeof(double) * (size_t)dv1);
+    pf_kernel_ws kw;
+    const int kw_ok = pf_kernel_ws_alloc(&kw, favor->kernel, favor->m, s.d) == 0;
+    if (!kw_ok) memset(&kw, 0, sizeof kw);
+    if (!phiK || !phiq || !u || !KV || !num || !kw_ok) {
+        st = PF_ENOMEM;
+        goto done;
+    }
+    for (int b = 0; b < s.B; b++) {
+        const int klen = pf_attn_key_len(opts, b, s.Lk);
+        for (int h = 0; h < s.H; h++) {
+            const size_t bh = (size_t)b * (size_t)s.H + (size_t)h;
+            const float *Qh = Q + bh * (size_t)s.Lq * (size_t)s.d;
+            const float *Kh = K + bh * (size_t)s.Lk * (size_t)s.d;
+            const float *Vh = V + bh * (size_t)s.Lk * (size_t)dv;
+            float *Oh = out + bh * (size_t)s.Lq * (size_t)dv;
+            pf_fmap fm = pf_favor_fmap(&s, opts, favor, h);
+            const pf_status sb = pf_favor_bind(&fm, &kw, favor, Qh, s.Lq, Kh, klen);
+            int bad = sb != PF_OK;
+            for (int j = 0; j < klen && !bad; j++)
+                bad |= pf_fmap_row_f64(&fm, phiK + (size_t)j * r, u, Kh + (size_t)j * s.d);
+            if (bad) {
+                st = pf_status_worse(st, sb != PF_OK ? sb : PF_ENONFINITE);
+                memset(Oh, 0, sizeof(float) * (size_t)s.Lq * (size_t)dv);
+                continue;
+            }
+            /* KV = sum_j phi(k_j) [v_j | 1]^T: all keys (bidirectional) or, causal, the prefix
+             * j <= i, grown one key per query */
+            memset(KV, 0, sizeof(double) * (size_t)r * (size_t)dv1);
+            const int kend = opts->causal ? 0 : klen;
+            for (int j = 0; j < kend; j++) {
+                const double *pk = phiK + (size_t)j * r;
+                const float *v = Vh + (size_t)j * dv;
+                for (int f = 0; f < r; f++) {
+                    double *row = KV + (size_t)f * dv1;
+                    for (int k = 0; k < dv; k++) row[k] += pk[f] * (double)v[k];
+                    row[dv] += pk[f];
+                }
+            }
+            for (int i = 0; i < s.Lq; i++) {
+                if (opts->causal && i < klen) {
+                    const double *pk = phiK + (size_t)i * r;
+                    const float *v = Vh + (size_t)i * dv;
+                    for (int f = 0; f < r; f++) {
+                        double *row = KV + (size_t)f * dv1;
+                        for (int k = 0; k < dv; k++) row[k] += pk[f] * (double)v[k];
+                        row[dv] += pk[f];
+                    }
+                }
+                if (pf_fmap_row_f64(&fm, phiq, u, Qh + (size_t)i * s.d)) {
+                    st = pf_status_worse(st, PF_ENONFINITE);
+                    memset(Oh + (size_t)i * dv, 0, sizeof(float) * (size_t)dv);
+                    continue;
+                }
+                for (int k = 0; k < dv1; k++) num[k] = 0;
+                for (int f = 0; f < r; f++) {
+                    const double *row = KV + (size_t)f * dv1;
+                    for (int k = 0; k < dv1; k++) num[k] += phiq[f] * row[k];
+                }
+                st = pf_status_worse(st, readout_f64(Oh + (size_t)i * dv, num, dv));
+            }
+        }
+    }
+done:
+    free(phiK);
+    free(phiq);
+    free(u);
+    free(KV);
+    free(num);
+    pf_kernel_ws_free(&kw);
+    return st;
+}
+
