@@ -10,6 +10,25 @@
 
 #define PF_INTERNAL __attribute__((visibility("hidden")))
 
+/* One allocation carved into pieces, by a layout function run twice: with base NULL to count the
+ * bytes, then to place the pieces. The piece of count items of size bytes at *off (then moved
+ * past it, rounded up to whole 64-byte lines, as pf_alloc aligns the base); NULL while counting.
+ * A size that overflows leaves *off at SIZE_MAX, which no allocation can have. */
+static inline void *pf_carve(char *base, size_t *off, size_t count, size_t size) {
+    if (*off == SIZE_MAX || (size && count > (SIZE_MAX - 64) / size)) {
+        *off = SIZE_MAX;
+        return NULL;
+    }
+    const size_t bytes = (count * size + 63) / 64 * 64;
+    if (bytes > SIZE_MAX - 64 - *off) {
+        *off = SIZE_MAX;
+        return NULL;
+    }
+    void *piece = base ? base + *off : NULL;
+    *off += bytes;
+    return piece;
+}
+
 /* The worse of two statuses: the larger, by the order performer.h states for pf_status (OpenMP
  * max-reductions over statuses and the MPI layer's MPI_MAXLOC rely on the same order). */
 static inline pf_status pf_status_worse(pf_status a, pf_status b) {

@@ -35,6 +35,7 @@ const char *pf_version(void) {
 void *pf_alloc(size_t count, size_t size) {
     if (size && count > SIZE_MAX / size) return NULL;
     size_t bytes = count * size;
+    if (bytes > SIZE_MAX - 63) return NULL;
     bytes = (bytes + 63) / 64 * 64;
     if (bytes == 0) bytes = 64;
     void *p = NULL;

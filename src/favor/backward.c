@@ -977,6 +977,231 @@ static int segment_rows(int L, int NB, size_t row, int seg) {
     return seg < L ? seg : L;
 }
 
+/* How a backward is cut into units of work (bwd_plan_make). Bidirectional: key and query blocks
+ * as the forward cut them (so KV~ and D get its bits), heads in groups of G whose K~ made here
+ * fits BWD_BUDGET (every head at once when the forward kept them all). Causal: a head is one unit,
+ * walked by one thread in segments of seg rows with a checkpoint before each when its rows do not
+ * fit BWD_STORE (segment_rows); when few long heads made the forward cut scan blocks (nsb > 1),
+ * the blocks are the units and the heads go one at a time (bwd_causal_split). No more threads
+ * than units in any phase. */
+typedef struct bwd_plan {
+    int heads, causal, all_kept;
+    int G;                /* heads per group */
+    size_t GG, GK;        /* bidirectional: heads of a group with sums here, with K~ made here */
+    int NB;               /* rows per block of the passes */
+    int fseg, sseg, nseg; /* a thread's rows of features and of the scan, the most segments */
+    int nt;               /* threads */
+} bwd_plan;
+
+static bwd_plan bwd_plan_make(bwd_job *j, int seg) {
+    const pf_shape *s = j->s;
+    const pf_favor_opts *favor = j->favor;
+    bwd_plan p = {.heads = s->B * s->H, .causal = j->opts->causal};
+    const int heads = p.heads, causal = p.causal;
+    p.all_kept = j->sv && j->sv->nkeep == heads; /* (then nothing is recomputed) */
+    j->r = pf_kernel_width(favor->kernel, favor->m);
+    j->dw = pf_favor_dw(s->dv);
+    j->C = causal ? pf_favor_chunk(favor, s->Lq) : 0;
+    j->nkb = pf_favor_bidir_blocks(s->Lk, heads, &j->kbl);
+    j->nqb = pf_favor_bidir_blocks(s->Lq, heads, &j->qbl);
+    const size_t per = (size_t)s->Lk * (size_t)j->r;
+    int G = causal || p.all_kept ? heads
+                                 : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
+    p.G = G > heads ? heads : (G < 1 ? 1 : G);
+    p.GG = causal ? 0 : (size_t)p.G;
+    p.GK = p.all_kept ? 0 : p.GG;
+    j->nsb = causal && !j->dstate ? pf_favor_scan_blocks(s->Lq, heads, j->C, &j->sbl) : 1;
+    /* causal: the bytes a thread keeps per row of a head (the scan's dN~, A', B, P, and unless
+     * the forward kept them the features Q~, K~ with their maxima and key log factors) */
+    const size_t scan_row = 4 * ((size_t)s->dv + 1 + 2 * (size_t)j->C) + 8;
+    const size_t feat_row = scan_row + 4 * (2 * (size_t)j->r + 2) + 8;
+    const int any_kept = j->sv && j->sv->nkeep > 0;
+    p.NB = causal ? pf_favor_block(1, j->C) : BWD_BLOCK;
+    j->seg = causal ? segment_rows(s->Lq, p.NB, feat_row, seg) : s->Lq;
+    j->segk = causal ? segment_rows(s->Lq, p.NB, scan_row, seg) : s->Lq;
+    /* (segk >= seg: a kept head holds less a row) */
+    p.fseg = p.all_kept ? 0 : j->seg;
+    p.sseg = any_kept ? j->segk : j->seg;
+    const int shortest = p.all_kept ? j->segk : j->seg;
+    p.nseg = (s->Lq + shortest - 1) / shortest;
+    int64_t units = j->nkb > j->nqb ? j->nkb : j->nqb;
+    if (j->nsb > units) units = j->nsb;
+    const int64_t most = (int64_t)heads * (units > 1 ? units : 1);
+    const int want = pf_threads(j->opts->threads);
+    p.nt = want < most ? want : (int)most;
+    return p;
+}
+
+/* Places the job's buffers in one allocation at base (NULL: only counts them); returns the bytes
+ * it needs, and in *zeroed those of its first pieces, which start zeroed. */
+static size_t bwd_layout(bwd_job *j, const bwd_plan *p, char *base, size_t *zeroed) {
+    const pf_shape *s = j->s;
+    const size_t H = (size_t)p->heads, nkv = (size_t)j->r * (size_t)j->dw;
+    const size_t per = (size_t)s->Lk * (size_t)j->r, Lk = (size_t)s->Lk;
+    size_t off = 0;
+    j->kw = pf_carve(base, &off, H, sizeof(pf_kernel_ws));
+    j->hst = pf_carve(base, &off, H, sizeof(int));
+    j->dead = pf_carve(base, &off, H, sizeof(int));
+    j->kst = pf_carve(base, &off, H * (size_t)j->nkb, sizeof(int));
+    j->qst = pf_carve(base, &off, H * (size_t)j->nqb, sizeof(int));
+    const size_t nsb = j->nsb > 1 ? (size_t)j->nsb : 0;
+    j->cst = pf_carve(base, &off, nsb, sizeof(int));
+    *zeroed = off;
+    j->fm = pf_carve(base, &off, H, sizeof(pf_fmap));
+    j->kf = pf_carve(base, &off, p->GK * per, sizeof(float));
+    j->kc = pf_carve(base, &off, p->GK * Lk, sizeof(double));
+    j->kamax = pf_carve(base, &off, p->GK * Lk, sizeof(float));
+    j->part = pf_carve(base, &off, p->GK * (size_t)j->nkb * nkv, sizeof(float));
+    j->pmax = pf_carve(base, &off, p->GK * (size_t)j->nkb, sizeof(double));
+    j->dpart = pf_carve(base, &off, p->GG * (size_t)j->nqb * nkv, sizeof(float));
+    if (nsb) { /* causal in scan blocks: one head's rows, and the blocks' states */
+        const size_t L = (size_t)s->Lq, R = (size_t)j->r, dv1 = (size_t)s->dv + 1;
+        const size_t CC = (size_t)j->C, LR = p->all_kept ? 0 : L * R;
+        causal_store *cs = &j->cs;
+        cs->qst = pf_carve(base, &off, LR, sizeof(float));
+        cs->kst = pf_carve(base, &off, LR, sizeof(float));
+        cs->dnst = pf_carve(base, &off, L * dv1, sizeof(float));
+        cs->ast = pf_carve(base, &off, L * CC, sizeof(float));
+        cs->bst = pf_carve(base, &off, L * CC, sizeof(float));
+        cs->qamax = pf_carve(base, &off, L, sizeof(float));
+        cs->kamax = pf_carve(base, &off, L, sizeof(float));
+        j->ls = pf_carve(base, &off, nsb * dv1 * R, sizeof(float));
+        j->rs = pf_carve(base, &off, nsb * dv1 * R, sizeof(float));
+        cs->kc = pf_carve(base, &off, L, sizeof(double));
+        cs->p = pf_carve(base, &off, L, sizeof(double));
+        j->lm = pf_carve(base, &off, nsb, sizeof(double));
+    }
+    return off;
+}
+
+/* A thread's scratch: its rows of a whole head only when a head is one unit (causal, nsb 1);
+ * the forward's key-block scratch where bidirectional keys are made here. 0, or -1. */
+static int bwd_thread_ws(const bwd_job *j, const bwd_plan *p, bwd_ws *ws, pf_favor_ws *fws) {
+    const int keep = p->causal && j->nsb == 1;
+    memset(fws, 0, sizeof *fws);
+    if (bwd_ws_alloc(ws, keep ? p->fseg : 0, keep ? p->sseg : 0, keep ? p->nseg : 0, p->NB, j->C,
+                     j->r, j->s->dv) != 0)
+        return -1;
+    if (!p->causal && !p->all_kept &&
+        pf_favor_ws_alloc(fws, pf_favor_block(0, 0), 0, j->r, j->s->dv) != 0)
+        return -1;
+    return 0;
+}
+
+/* Each thread of the region runs the group's phases below together (their `omp for`s share the
+ * work). Causal, a head a unit: */
+static void bwd_group_causal(bwd_job *j, bwd_ws *ws, int g0, int g1) {
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = g0; bh < g1; bh++)
+        if (!j->dead[bh]) merge(j, bh, (int)bwd_causal_unit(j, ws, bh));
+}
+
+/* Causal, a head's scan blocks the units: one head at a time. */
+static void bwd_group_causal_blocks(bwd_job *j, bwd_ws *ws, int g0, int g1) {
+    for (int bh = g0; bh < g1; bh++)
+        if (!j->dead[bh]) bwd_causal_split(j, ws, bh);
+}
+
+/* Bidirectional: K~ and KV~ of the heads the forward did not keep (a slice: K~ only, KV~ is
+ * given), then the query blocks (dQ, and the partial dKV~ combined per head), then the key
+ * blocks again (dK, dV); a slice asking for d/dS alone stops after the queries. */
+static void bwd_group_bidir(bwd_job *j, const bwd_plan *p, bwd_ws *ws, pf_favor_ws *fws, int g0,
+                            int g1) {
+    const int ng = g1 - g0;
+    const size_t nkb = (size_t)j->nkb, nqb = (size_t)j->nqb;
+    if (!p->all_kept && !j->dstate) {
+#pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < ng * j->nkb; u++) {
+            const int bh = g0 + u / j->nkb, kb = u % j->nkb;
+            if (!j->dead[bh] && !kept(j, bh))
+                j->kst[(size_t)bh * nkb + (size_t)kb] = (int)bidir_keys(j, fws, bh, kb);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = g0; bh < g1; bh++) {
+            if (kept(j, bh)) continue;
+            for (int kb = 0; kb < j->nkb && !j->dead[bh]; kb++)
+                merge(j, bh, j->kst[(size_t)bh * nkb + (size_t)kb]);
+            if (!j->dead[bh] && !j->ext) bidir_combine_kv(j, bh);
+        }
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int u = 0; u < ng * j->nqb; u++) {
+        const int bh = g0 + u / j->nqb, qb = u % j->nqb;
+        if (!j->dead[bh]) j->qst[(size_t)bh * nqb + (size_t)qb] = (int)bidir_queries(j, ws, bh, qb);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = g0; bh < g1; bh++) {
+        for (int qb = 0; qb < j->nqb && !j->dead[bh]; qb++)
+            merge(j, bh, j->qst[(size_t)bh * nqb + (size_t)qb]);
+        if (!j->dead[bh] && (!j->ext || j->dstate)) bidir_combine_dkv(j, bh);
+        if (j->dstate) ext_dstate_out(j, bh, j->dead[bh]);
+    }
+    if (j->dstate) return;
+#pragma omp for schedule(dynamic, 1)
+    for (int u = 0; u < ng * j->nkb; u++) {
+        const int bh = g0 + u / j->nkb, kb = u % j->nkb;
+        if (!j->dead[bh]) j->kst[(size_t)bh * nkb + (size_t)kb] = (int)bidir_keys_again(j, ws, bh, kb);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = g0; bh < g1; bh++)
+        for (int kb = 0; kb < j->nkb && !j->dead[bh]; kb++)
+            merge(j, bh, j->kst[(size_t)bh * nkb + (size_t)kb]);
+}
+
+/* The parallel region: per group of heads, their setup and then the plan's schedule. Returns 1
+ * when a thread's scratch could not be had. */
+static int bwd_parallel(bwd_job *j, const bwd_plan *p) {
+    int nomem = 0;
+#pragma omp parallel num_threads(p->nt)
+    {
+        bwd_ws ws;
+        pf_favor_ws fws;
+        if (bwd_thread_ws(j, p, &ws, &fws) != 0) {
+#pragma omp atomic write
+            nomem = 1;
+        }
+#pragma omp barrier
+        for (int g0 = 0; g0 < p->heads && !nomem; g0 += p->G) {
+            const int g1 = g0 + p->G < p->heads ? g0 + p->G : p->heads;
+#pragma omp single
+            j->g0 = g0;
+#pragma omp for schedule(dynamic, 1)
+            for (int bh = g0; bh < g1; bh++) {
+                j->hst[bh] = (int)bwd_head_setup(j, bh);
+                j->dead[bh] = j->hst[bh] != PF_OK;
+            }
+            if (p->causal && j->nsb == 1)
+                bwd_group_causal(j, &ws, g0, g1);
+            else if (p->causal)
+                bwd_group_causal_blocks(j, &ws, g0, g1);
+            else
+                bwd_group_bidir(j, p, &ws, &fws, g0, g1);
+        }
+        pf_free(ws.mem);
+        pf_favor_ws_free(&fws);
+    }
+    return nomem;
+}
+
+/* The heads' statuses into the call's: a dead head's gradients zeroed (a slice's d/dS emptied).
+ * Returns the worst. */
+static pf_status bwd_heads_end(bwd_job *j, const bwd_plan *p) {
+    const pf_shape *s = j->s;
+    int worst = PF_OK;
+    const size_t nq = (size_t)s->Lq * (size_t)s->d, nk = (size_t)s->Lk * (size_t)s->d;
+    const size_t nv = (size_t)s->Lk * (size_t)s->dv;
+    for (int bh = 0; bh < p->heads; bh++) {
+        if (j->dead[bh] && !j->dstate) {
+            memset(j->dQ + hoff(bh, s->Lq, s->d), 0, sizeof(float) * nq);
+            memset(j->dK + hoff(bh, s->Lk, s->d), 0, sizeof(float) * nk);
+            memset(j->dV + hoff(bh, s->Lk, s->dv), 0, sizeof(float) * nv);
+        }
+        if (j->dead[bh] && j->dstate) ext_dstate_out(j, bh, 1);
+        if (j->hst[bh] > worst) worst = j->hst[bh];
+    }
+    return (pf_status)worst;
+}
+
 /* The backward, from the forward's features in sv, or recomputing them (sv NULL); causal heads
  * in segments of seg rows (0: chosen here); arguments checked. */
 static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
@@ -984,206 +1209,25 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                          const pf_attn_opts *opts, const pf_favor_opts *favor,
                          const pf_favor_saved *sv, int seg, const pf_favor_ext *ext) {
     const pf_shape s = *shape;
-    const int heads = s.B * s.H, causal = opts->causal;
-    const int all_kept = sv && sv->nkeep == heads; /* (then nothing is recomputed) */
-    const pf_attn_sizes ns = pf_attn_sizes_of(&s);
-    bwd_job j = {.s = &s,
-                 .opts = opts,
-                 .favor = favor,
-                 .Q = Q,
-                 .K = K,
-                 .V = V,
-                 .G = dout,
-                 .out = out,
-                 .dQ = dQ,
-                 .dK = dK,
-                 .dV = dV,
-                 .sv = sv,
-                 .ext = ext,
+    bwd_job j = {.s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .G = dout,
+                 .out = out, .dQ = dQ, .dK = dK, .dV = dV, .sv = sv, .ext = ext,
                  .dstate = ext && ext->dS};
-    j.r = pf_kernel_width(favor->kernel, favor->m);
-    j.dw = pf_favor_dw(s.dv);
-    j.C = causal ? pf_favor_chunk(favor, s.Lq) : 0;
-    /* the forward's key blocks (so KV~ and D have its bits); query blocks cut alike */
-    j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
-    j.nqb = pf_favor_bidir_blocks(s.Lq, heads, &j.qbl);
-    /* heads per group: their kept K~ within the budget */
-    const size_t per = (size_t)s.Lk * (size_t)j.r;
-    int G = causal || all_kept ? heads
-                               : (int)(per >= (size_t)BWD_BUDGET ? 1 : (size_t)BWD_BUDGET / per);
-    G = G > heads ? heads : (G < 1 ? 1 : G);
-    /* (GK: heads whose keys are kept here, none when the forward's are given for all) */
-    const size_t H = (size_t)heads, GG = causal ? 0 : (size_t)G, GK = all_kept ? 0 : GG;
-    const size_t nkv = (size_t)j.r * (size_t)j.dw;
-    j.fm = malloc(sizeof(pf_fmap) * H);
-    j.kw = calloc(H, sizeof(pf_kernel_ws));
-    j.hst = calloc(H, sizeof(int));
-    j.dead = calloc(H, sizeof(int));
-    j.kst = calloc(H * (size_t)j.nkb, sizeof(int));
-    j.qst = calloc(H * (size_t)j.nqb, sizeof(int));
-    j.kf = pf_alloc(GK * per, sizeof(float));
-    j.kc = pf_alloc(GK * (size_t)s.Lk, sizeof(double));
-    j.kamax = pf_alloc(GK * (size_t)s.Lk, sizeof(float));
-    j.part = pf_alloc(GK * (size_t)j.nkb * nkv, sizeof(float));
-    j.pmax = pf_alloc(GK * (size_t)j.nkb, sizeof(double));
-    j.dpart = pf_alloc(GG * (size_t)j.nqb * nkv, sizeof(float));
-    /* causal: scan blocks as the forward's; with several, one head's rows kept at a time */
-    j.nsb = causal && !j.dstate ? pf_favor_scan_blocks(s.Lq, heads, j.C, &j.sbl) : 1;
-    /* causal: the rows a thread keeps per row of a head (the scan's dN~, A', B, P, and unless
-     * the forward kept them the features Q~, K~ with their maxima and key log factors) */
-    const size_t scan_row = 4 * ((size_t)s.dv + 1 + 2 * (size_t)j.C) + 8;
-    const size_t feat_row = scan_row + 4 * (2 * (size_t)j.r + 2) + 8;
-    const int NBc = causal ? pf_favor_block(1, j.C) : BWD_BLOCK, any_kept = sv && sv->nkeep > 0;
-    j.seg = causal ? segment_rows(s.Lq, NBc, feat_row, seg) : s.Lq;
-    j.segk = causal ? segment_rows(s.Lq, NBc, scan_row, seg) : s.Lq;
-    /* a thread's rows (segk >= seg: a kept head holds less a row): the features of a segment of
-     * the heads made here, the scan's of the longest segment; checkpoints for the most segments */
-    const int fseg = all_kept ? 0 : j.seg;
-    const int sseg = any_kept ? j.segk : j.seg;
-    const int shortest = all_kept ? j.segk : j.seg, nseg = (s.Lq + shortest - 1) / shortest;
-    float *cmem = NULL;
-    double *cmemd = NULL;
-    if (j.nsb > 1) {
-        const size_t L = (size_t)s.Lq, R = (size_t)j.r, dv1 = (size_t)s.dv + 1, CC = (size_t)j.C;
-        const size_t nst = (size_t)j.nsb * dv1 * R, LR = all_kept ? 0 : L * R;
-        cmem = pf_alloc(2 * LR + L * dv1 + 2 * L * CC + 2 * L + 2 * nst, sizeof(float));
-        cmemd = pf_alloc(2 * L + (size_t)j.nsb, sizeof(double));
-        j.cst = calloc((size_t)j.nsb, sizeof(int));
-        if (cmem && cmemd) {
-            float *f = cmem;
-            j.cs.qst = f, f += LR;
-            j.cs.kst = f, f += LR;
-            j.cs.dnst = f, f += L * dv1;
-            j.cs.ast = f, f += L * CC;
-            j.cs.bst = f, f += L * CC;
-            j.cs.qamax = f, f += L;
-            j.cs.kamax = f, f += L;
-            j.ls = f, f += nst;
-            j.rs = f;
-            j.cs.kc = cmemd;
-            j.cs.p = cmemd + L;
-            j.lm = cmemd + 2 * L;
-        }
+    const bwd_plan p = bwd_plan_make(&j, seg);
+    size_t zeroed;
+    char *arena = pf_alloc(bwd_layout(&j, &p, NULL, &zeroed), 1);
+    pf_status worst = arena ? PF_OK : PF_ENOMEM;
+    if (arena) {
+        bwd_layout(&j, &p, arena, &zeroed);
+        memset(arena, 0, zeroed);
+        for (int bh = 0; bh < p.heads && worst == PF_OK; bh++)
+            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0)
+                worst = PF_ENOMEM;
     }
-    int worst = PF_OK;
-    if (j.nsb > 1 && (!cmem || !cmemd || !j.cst)) worst = PF_ENOMEM;
-    if (!j.fm || !j.kw || !j.hst || !j.dead || !j.kst || !j.qst || (!causal && !j.dpart) ||
-        (!causal && (!j.kf || !j.kc || !j.kamax || !j.part || !j.pmax || !j.dpart)))
-        worst = PF_ENOMEM;
-    for (int bh = 0; bh < heads && worst == PF_OK; bh++)
-        if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
-    /* no more threads than units of work in any phase (as the forward) */
-    int64_t units = j.nkb > j.nqb ? j.nkb : j.nqb;
-    if (j.nsb > units) units = j.nsb;
-    const int64_t most = (int64_t)heads * (units > 1 ? units : 1);
-    const int nt = pf_threads(opts->threads) < most ? pf_threads(opts->threads) : (int)most;
-    if (worst == PF_OK) {
-        int nomem = 0;
-#pragma omp parallel num_threads(nt)
-        {
-            bwd_ws ws;
-            pf_favor_ws fws;
-            memset(&fws, 0, sizeof fws);
-            /* (the rows of a whole head only when a head is one unit) */
-            const int keep = causal && j.nsb == 1;
-            int ok = bwd_ws_alloc(&ws, keep ? fseg : 0, keep ? sseg : 0, keep ? nseg : 0,
-                                  causal ? NBc : BWD_BLOCK, j.C, j.r, s.dv) == 0;
-            if (!causal && !all_kept &&
-                pf_favor_ws_alloc(&fws, pf_favor_block(0, 0), 0, j.r, s.dv) != 0)
-                ok = 0;
-            if (!ok) {
-#pragma omp atomic write
-                nomem = 1;
-            }
-#pragma omp barrier
-            for (int g0 = 0; g0 < heads && !nomem; g0 += G) {
-                const int g1 = g0 + G < heads ? g0 + G : heads, ng = g1 - g0;
-#pragma omp single
-                j.g0 = g0;
-#pragma omp for schedule(dynamic, 1)
-                for (int bh = g0; bh < g1; bh++) {
-                    j.hst[bh] = (int)bwd_head_setup(&j, bh);
-                    j.dead[bh] = j.hst[bh] != PF_OK;
-                }
-                if (causal && j.nsb == 1) {
-#pragma omp for schedule(dynamic, 1)
-                    for (int bh = g0; bh < g1; bh++)
-                        if (!j.dead[bh]) merge(&j, bh, (int)bwd_causal_unit(&j, &ws, bh));
-                    continue;
-                }
-                if (causal) {
-                    for (int bh = g0; bh < g1; bh++)
-                        if (!j.dead[bh]) bwd_causal_split(&j, &ws, bh);
-                    continue;
-                }
-                if (!all_kept && !j.dstate) {
-                    /* the heads whose features were not kept: K~ and KV~ made here (a slice: K~
-                     * only, KV~ is given) */
-#pragma omp for schedule(dynamic, 1)
-                    for (int u = 0; u < ng * j.nkb; u++) {
-                        const int bh = g0 + u / j.nkb, kb = u % j.nkb;
-                        if (!j.dead[bh] && !kept(&j, bh))
-                            j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
-                                (int)bidir_keys(&j, &fws, bh, kb);
-                    }
-#pragma omp for schedule(dynamic, 1)
-                    for (int bh = g0; bh < g1; bh++) {
-                        if (kept(&j, bh)) continue;
-                        for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
-                            merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
-                        if (!j.dead[bh] && !ext) bidir_combine_kv(&j, bh);
-                    }
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < ng * j.nqb; u++) {
-                    const int bh = g0 + u / j.nqb, qb = u % j.nqb;
-                    if (!j.dead[bh])
-                        j.qst[(size_t)bh * (size_t)j.nqb + (size_t)qb] =
-                            (int)bidir_queries(&j, &ws, bh, qb);
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int bh = g0; bh < g1; bh++) {
-                    for (int qb = 0; qb < j.nqb && !j.dead[bh]; qb++)
-                        merge(&j, bh, j.qst[(size_t)bh * (size_t)j.nqb + (size_t)qb]);
-                    if (!j.dead[bh] && (!ext || j.dstate)) bidir_combine_dkv(&j, bh);
-                    if (j.dstate) ext_dstate_out(&j, bh, j.dead[bh]);
-                }
-                if (j.dstate) continue;
-#pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < ng * j.nkb; u++) {
-                    const int bh = g0 + u / j.nkb, kb = u % j.nkb;
-                    if (!j.dead[bh])
-                        j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] =
-                            (int)bidir_keys_again(&j, &ws, bh, kb);
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int bh = g0; bh < g1; bh++)
-                    for (int kb = 0; kb < j.nkb && !j.dead[bh]; kb++)
-                        merge(&j, bh, j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb]);
-            }
-            pf_free(ws.mem);
-            pf_favor_ws_free(&fws);
-        }
-        if (nomem) worst = PF_ENOMEM;
-        for (int bh = 0; bh < heads && worst != PF_ENOMEM; bh++) {
-            int hs = j.hst[bh], dead = j.dead[bh];
-            const size_t nq = (size_t)s.Lq * (size_t)s.d, nk = (size_t)s.Lk * (size_t)s.d;
-            const size_t nv = (size_t)s.Lk * (size_t)s.dv;
-            float *dq = dQ ? dQ + hoff(bh, s.Lq, s.d) : NULL;
-            float *dk = dK ? dK + hoff(bh, s.Lk, s.d) : NULL;
-            float *dvh = dV ? dV + hoff(bh, s.Lk, s.dv) : NULL;
-            if (dead && !j.dstate) {
-                memset(dq, 0, sizeof(float) * nq);
-                memset(dk, 0, sizeof(float) * nk);
-                memset(dvh, 0, sizeof(float) * nv);
-            }
-            if (dead && j.dstate) ext_dstate_out(&j, bh, 1);
-            if (hs > worst) worst = hs;
-        }
-    }
+    if (worst == PF_OK) worst = bwd_parallel(&j, &p) ? PF_ENOMEM : bwd_heads_end(&j, &p);
     /* The passes check an input only as they reach it, and a head that fails stops there: so
      * that a NaN or Inf anywhere in the inputs is always PF_ENONFINITE, as in the reference,
      * a failure of another kind looks at them all (only then, at the cost of one read). */
+    const pf_attn_sizes ns = pf_attn_sizes_of(&s);
     if (worst == PF_EDOMAIN &&
         (pf_nonfinite_f32(Q, ns.q) || pf_nonfinite_f32(K, ns.k) || pf_nonfinite_f32(V, ns.v) ||
          pf_nonfinite_f32(dout, ns.out) || (out && pf_nonfinite_f32(out, ns.out))))
@@ -1194,25 +1238,11 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
         memset(dV, 0, sizeof(float) * ns.v);
     }
     if (worst == PF_ENOMEM && j.dstate)
-        memset(ext->dS, 0, sizeof(float) * (size_t)heads * (size_t)j.r * ((size_t)s.dv + 1));
-    if (j.kw)
-        for (int bh = 0; bh < heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
-    free(j.fm);
-    free(j.kw);
-    free(j.hst);
-    free(j.dead);
-    free(j.kst);
-    free(j.qst);
-    pf_free(j.kf);
-    pf_free(j.kc);
-    pf_free(j.kamax);
-    pf_free(j.part);
-    pf_free(j.pmax);
-    pf_free(j.dpart);
-    pf_free(cmem);
-    pf_free(cmemd);
-    free(j.cst);
-    return (pf_status)worst;
+        memset(ext->dS, 0, sizeof(float) * (size_t)p.heads * (size_t)j.r * ((size_t)s.dv + 1));
+    if (arena)
+        for (int bh = 0; bh < p.heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
+    pf_free(arena);
+    return worst;
 }
 
 pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *dout, const float *Q,
