@@ -424,7 +424,7 @@ static void print_hard(const row *rows, int n, const demo_cfg *c) {
     const double sd = sqrt((double)c->d);
     printf("\n"
            "sigma = %g, the hard case (|q'|^2 = %.3g, not %.3g): the same draws of Q and K times "
-           "%g,\n"
+           "%.3g,\n"
            "the same V and W%s:\n",
            HARD_SIGMA, HARD_SIGMA * HARD_SIGMA * sd, c->sigma * c->sigma * sd,
            HARD_SIGMA / c->sigma, worse ? "; FAVOR+ does worse than answering 0 here" : "");
