@@ -11,7 +11,11 @@
 # - the same CSV at 1 and 2 threads (the library's results do not depend on the thread count);
 # - one plot: a PNG is written (when /usr/bin/python3 has matplotlib); without the plotting
 #   script the tool says so and still writes the CSV, exit 0;
-# - bad experiment names and flags: a clear message, exit 2, and no output folder or file.
+# - bad experiment names and flags: a clear message, exit 2, and no output folder or file;
+# - the first screen: `--all` prints first a panel where the estimators work (sigma = 0.5), says
+#   what the "answer 0" column is before it, labels every sigma >= 1 panel (and row) as the hard
+#   case, keeps the CSV's rows in the experiment's order, and leaves the other files in the
+#   output folder as they were.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
 TEST=test_approx; . "$(dirname "$0")/lib.sh"
@@ -98,6 +102,50 @@ cp "$P" "$T/alone/bin/performer"
 if [ $rc -ne 0 ]; then fail "no script: exit $rc"
 elif ! grep -q "plot_approx.py not found" "$T/stderr"; then fail "no script: $(cat "$T/stderr")"
 else csv_ok "$T/alone/run/o/length.csv" 18 3; fi
+
+# ---- the first screen: where the estimators work first, the hard case labelled ----------------
+mkdir -p "$T/first/sub"
+printf 'kept\n' >"$T/first/notes.txt"
+printf 'an earlier plot\n' >"$T/first/ortho.png"
+printf 'nested\n' >"$T/first/sub/x.csv"
+cp -R "$T/first" "$T/first.before"
+"$P" approx --all --quick --no-plot --out "$T/first" >"$T/stdout" 2>"$T/stderr"; rc=$?
+[ $rc -eq 0 ] && pass || fail "first screen: exit $rc: $(tail -n 3 "$T/stderr")"
+# the first table: its title, what "answer 0" is, then the sigma = 0.5 panel
+first=$(grep -m 1 -n '^  [A-Za-z]' "$T/stdout")
+case $first in
+    *"  L=128 sigma=0.5") pass ;;
+    *) fail "first screen: the first panel is '$first', expected L=128 sigma=0.5" ;;
+esac
+zero=$(grep -m 1 -n '^answer 0: the MSE of answering 0' "$T/stdout" | cut -d: -f1)
+[ -n "$zero" ] && [ "$zero" -lt "${first%%:*}" ] && pass ||
+    fail "first screen: no explanation of 'answer 0' before the first panel: $(head -n 5 "$T/stdout")"
+grep -q '^ortho: ' "$T/stdout" && [ "$(grep -m 1 -v '^$' "$T/stdout")" = \
+    "$(grep -m 1 '^ortho: ' "$T/stdout")" ] && pass || fail "first screen: ortho is not first"
+# every panel of inputs with sigma >= 1 is labelled the hard case, no other one is
+bad=$(grep -E '^  (L=[0-9]+ )?sigma=(1|1\.5)( |$)' "$T/stdout" |
+    grep -v '  (hard case: sigma >= 1, ')
+[ -z "$bad" ] && pass || fail "first screen: sigma >= 1 panels not labelled the hard case: $bad"
+grep -E '^  (L=[0-9]+ )?sigma=0\.5' "$T/stdout" | grep -q 'hard case' &&
+    fail "first screen: a sigma = 0.5 panel labelled the hard case" || pass
+grep -q '^  unstructured  (hard case: ' "$T/stdout" && pass ||
+    fail "first screen: estimators' unstructured panel (sigma = 1.12) not labelled"
+n=$(grep -c '^  -- from here on sigma >= 1, the hard case' "$T/stdout")
+[ "$n" -eq 4 ] && pass || fail "first screen: $n hard-case lines in maps and kernel, expected 4"
+# in the tables the hard panels come last; in the CSV the rows keep the experiment's order
+order=$(grep -E '^  (L=[0-9]+ )?sigma=' "$T/stdout" | sed -n '1,3p' | sed 's/  (hard.*//' | tr -d ' ' |
+    paste -sd, -)
+[ "$order" = "L=128sigma=0.5,L=128sigma=1,L=256sigma=1" ] && pass ||
+    fail "first screen: ortho's panels in the order $order"
+[ "$(sed -n '2p' "$T/first/ortho.csv" | cut -d, -f1)" = "L=128 sigma=1" ] && pass ||
+    fail "first screen: ortho.csv's rows were reordered: $(sed -n '2p' "$T/first/ortho.csv")"
+for f in notes.txt ortho.png sub/x.csv; do
+    cmp -s "$T/first/$f" "$T/first.before/$f" && pass || fail "first screen: $f changed"
+done
+new=$(cd "$T/first" && find . -type f | sort | grep -v -x -e ./notes.txt -e ./ortho.png \
+    -e ./sub/x.csv | paste -sd' ' -)
+[ "$new" = "./estimators.csv ./kernel.csv ./length.csv ./maps.csv ./norms.csv ./ortho.csv" ] &&
+    pass || fail "first screen: files written: $new"
 
 # ---- refusals: exit 2, a clear message, nothing created ---------------------------------------
 refuse() { # refuse "what" want-exit keyword args...

@@ -18,9 +18,14 @@
 # - bad inputs: a clear message (keyword checked), a non-zero exit, and no output file;
 # - --help mentions every flag; demo --quick prints a table, and then FAVOR+'s error on the
 #   queries, keys and values of the trained model shipped in data/: one row per layer and one of
-#   N(0,1) inputs of the same shape, every number finite, each layer's mean error below the
-#   random inputs' at every m, its queries' and keys' effective rank far below theirs (~60); a missing or bad --checkpoint or --text fails at once (exit 1, before
-#   any timing), a performer with no data/ beside it leaves the part out with a note (exit 0).
+#   N(0,1) inputs of the same shape (labelled the hard case), every number finite, each layer's
+#   mean error below the random inputs' at every m, its queries' and keys' effective rank far
+#   below theirs (~60); a missing or bad --checkpoint or --text fails at once (exit 1, before
+#   any timing), a performer with no data/ beside it leaves the part out with a note (exit 0);
+# - demo's first screen: what err is (1.0 = answering 0) before any table, then the table at
+#   sigma = 0.5 ("a setting where FAVOR+ works"), then the hard case, sigma = 1, labelled in its
+#   caption, with larger errors on the same draws; --sigma 1 labels the one table the hard case;
+#   no file is written or changed in the folder it runs in.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
 TEST=test_tool; . "$(dirname "$0")/lib.sh"
@@ -618,14 +623,14 @@ assert "demo-kjv.safetensors" in text and "demo-kjv-val.txt" in text, "not the s
 num = r"([0-9.]+|nan|inf|-nan|-inf)"
 rows = {}
 for line in text.splitlines():
-    m = re.match(r"^  (layer \d+|N\(0,1\), same shape)" + " +%s" % num * 4 +
+    m = re.match(r"^  (layer \d+|N\(0,1\) \(hard case\))" + " +%s" % num * 4 +
                  "".join(r" +%s ± %s" % (num, num) for _ in range(3)) + "$", line)
     if m:
         rows[m.group(1)] = [float(x) for x in m.groups()[1:]]
-assert list(rows) == ["layer 1", "layer 2", "layer 3", "layer 4", "N(0,1), same shape"], rows
+assert list(rows) == ["layer 1", "layer 2", "layer 3", "layer 4", "N(0,1) (hard case)"], rows
 for name, v in rows.items():
     assert all(math.isfinite(x) for x in v), (name, v)
-rnd = rows.pop("N(0,1), same shape")
+rnd = rows.pop("N(0,1) (hard case)")
 assert 7 < rnd[0] < 9 and 7 < rnd[1] < 9, rnd  # |q'|^2 = |q|^2/sqrt(64) = 8 on average
 assert 50 < rnd[2] < 64 and 50 < rnd[3] < 64, rnd  # 64/(1 + 64/n) for n = 512 or 1024 rows
 for name, v in rows.items():
@@ -641,6 +646,65 @@ fi
 "$P" demo --quick --heads 2 --d 16 --features 32 --no-checkpoint >"$T/demo2" 2>"$T/err"; rc=$?
 [ $rc -eq 0 ] && ! grep -q "trained model" "$T/demo2" && pass ||
     fail "demo --no-checkpoint: exit $rc, $(grep "trained" "$T/demo2")"
+# ---- demo's first screen: the setting where FAVOR+ works first, the hard case labelled --------
+cat >"$T/first.py" <<'EOF'
+import math, re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+sigma = float(sys.argv[2])
+lines = text.splitlines()
+num = r"([0-9]+\.[0-9]+)"
+def table(i):  # the rows of the table whose header is line i: {L: [numbers]}
+    rows = {}
+    for line in lines[i + 1:]:
+        m = re.match(r"^ +(\d+) +(.*)$", line)
+        if not m:
+            break
+        rows[int(m.group(1))] = [float(x) for x in m.group(2).replace("x", "").split()]
+    return rows
+caps = [i for i, l in enumerate(lines) if l.startswith("sigma = ")]
+heads = [i for i, l in enumerate(lines) if re.match(r"^ +L +", l)]
+err = [i for i, l in enumerate(lines) if "where 1.0 is the error of answering 0" in l]
+assert err and err[0] < heads[0], "err and 'answering 0' not explained before the first table"
+if sigma < 1:
+    assert len(caps) == 2 and len(heads) == 2, (caps, heads)
+    assert lines[caps[0]] == "sigma = 0.5 (|q'|^2 = 1), a setting where FAVOR+ works:", lines[caps[0]]
+    assert heads[0] == caps[0] + 1 and "FAVOR+ err  FAVOR++ err" in lines[heads[0]], lines[heads[0]]
+    assert lines[caps[1]].startswith("sigma = 1, the hard case (|q'|^2 = 4, not 1): the same draws"), \
+        lines[caps[1]]
+    assert heads[1] in (caps[1] + 1, caps[1] + 2), (caps, heads)
+    assert lines[heads[1]].split() == ["L", "FAVOR+", "err", "FAVOR++", "err"], lines[heads[1]]
+    main, hard = table(heads[0]), table(heads[1])
+    assert sorted(main) == sorted(hard) == [512, 1024, 2048, 4096], (main, hard)
+    for L in main:  # the same draws, twice the scale: larger errors, both estimators
+        e, h = main[L][-2:], hard[L]
+        assert all(math.isfinite(x) for x in e + h), (L, e, h)
+        assert h[0] > e[0] and h[1] > e[1], (L, e, h)
+else:
+    assert len(caps) == 1 and len(heads) == 1, (caps, heads)
+    assert lines[caps[0]].startswith("sigma = 1, the hard case (|q'|^2 = 4; "), lines[caps[0]]
+    assert heads[0] == caps[0] + 1, (caps, heads)
+print("ok")
+EOF
+mkdir -p "$T/dfirst/sub"
+printf 'kept\n' >"$T/dfirst/notes.txt"
+printf 'nested\n' >"$T/dfirst/sub/x.csv"
+cp -R "$T/dfirst" "$T/dfirst.before"
+for sigma in 0.5 1; do
+    if [ "$sigma" = 0.5 ]; then flag=""; else flag="--sigma 1"; fi
+    # shellcheck disable=SC2086
+    (cd "$T/dfirst" && "$P" demo --quick --heads 2 --d 16 --features 32 --no-checkpoint $flag \
+        >"$T/dfirst.out" 2>"$T/dfirst.err"); rc=$?
+    if [ $rc -ne 0 ]; then fail "demo first screen ($flag): exit $rc: $(tail -n 3 "$T/dfirst.err")"
+    else
+        $PY "$T/first.py" "$T/dfirst.out" $sigma >"$T/first.log" 2>&1 && pass ||
+            { fail "demo first screen (sigma $sigma): $(tail -n 1 "$T/first.log")"; cat "$T/dfirst.out"; }
+    fi
+done
+for f in notes.txt sub/x.csv; do
+    cmp -s "$T/dfirst/$f" "$T/dfirst.before/$f" && pass || fail "demo: $f changed"
+done
+[ "$(cd "$T/dfirst" && find . | sort | paste -sd' ' -)" = ". ./notes.txt ./sub ./sub/x.csv" ] &&
+    pass || fail "demo wrote files: $(cd "$T/dfirst" && find . | paste -sd' ' -)"
 # a bad --checkpoint or --text fails before the timings
 printf 'not a checkpoint' >"$T/bad.safetensors"
 printf 'In the' >"$T/short.txt"

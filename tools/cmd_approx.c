@@ -15,7 +15,12 @@
  * exactly 0) is redone one draw at a time, so only the failing draws are lost (and counted).
  *
  * Per experiment: DIR/NAME.csv (atomic: a temporary file, then renamed) with one row per
- * (panel, series, x), DIR/NAME.png drawn by scripts/plot_approx.py, and a table on stdout. */
+ * (panel, series, x), DIR/NAME.png drawn by scripts/plot_approx.py, and a table on stdout.
+ *
+ * The hard case: on N(0, sigma^2) inputs with sigma >= 1 the positive features' variance, which
+ * grows like exp(|q'+k'|^2), puts most estimates above the error of answering 0 (trig's up to
+ * 1e9 times it). Those rows are marked (row.hard), and the table shows a newcomer first the
+ * panels where the estimators work and labels the hard ones; the CSV keeps its rows and order. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -64,6 +69,10 @@ void cmd_approx_help(void) {
            "  --threads N     threads, 0 = OpenMP's default; results do not depend on it [0]\n"
            "  --no-plot       write the CSV files and tables only                 [off]\n"
            "\n"
+           "Each table shows first the panels where the estimators work and labels the hard\n"
+           "case: inputs N(0, sigma^2) with sigma >= 1, where the positive features' variance,\n"
+           "like exp(|q'+k'|^2), puts most estimates above the error of answering 0 (the\n"
+           "\"answer 0\" column). The CSV files keep every row in the experiment's order.\n"
            "CSV columns: panel, series, xvar, x, draws, failed, mse_mean, mse_std, mse_median,\n"
            "zero_mse (failed: draws whose estimate was not finite, left out of the statistics;\n"
            "zero_mse: the error of answering 0, i.e. the mean square of the exact output, or\n"
@@ -87,6 +96,7 @@ typedef struct row {
     double x;
     int draws, failed;
     double mean, sd, median, zero_mse;
+    int hard; /* inputs of the hard case (the table labels it; not in the CSV) */
 } row;
 
 /* An experiment's state while it runs. */
@@ -95,6 +105,8 @@ typedef struct lab {
     const char *name;
     char title[160];    /* the table's and the plot's title (the script adds draws and band) */
     const char *metric; /* what mse_* measure: the table's caption and the plot's y label */
+    const char *zero;   /* what the "answer 0" column is, for the table's caption */
+    int hard;           /* the rows added now are the hard case (add_row marks them) */
     row *rows;
     int n, cap;
     int step, steps; /* progress: (panel, series) pairs done and planned */
@@ -322,7 +334,8 @@ static void add_row(lab *lb, const row *r) {
         lb->rows = p;
         lb->cap = cap;
     }
-    lb->rows[lb->n++] = *r;
+    lb->rows[lb->n] = *r;
+    lb->rows[lb->n++].hard = lb->hard;
 }
 
 /* One point: the method with size n (m, S or C) on every draw (head) of in; appends a row. */
@@ -623,9 +636,7 @@ static void exp_ortho(lab *lb) {
     double xs[8];
     int nx = m_list(lb, sizes, xs);
     snprintf(lb->title, sizeof(lb->title),
-             "ortho: iid vs orthogonal W, d = %d, Q, K, V ~ N(0, "
-             "sigma^2)",
-             d);
+             "ortho: iid vs orthogonal W, d = %d, Q, K ~ N(0, sigma^2), V ~ N(0, 1)", d);
     lb->steps = 3 * 4;
     for (int p = 0; p < 3 && !lb->fatal; p++) {
         inputs in;
@@ -638,6 +649,7 @@ static void exp_ortho(lab *lb) {
         fill_normal(in.V, (size_t)Ls[p] * d, 1.0, 3);
         char panel[48];
         snprintf(panel, sizeof(panel), "L=%d sigma=%g", Ls[p], sig[p]);
+        lb->hard = sig[p] >= 1;
         if (inputs_finish(lb, &in) == 0) {
             for (int s = 0; s < 4; s++) eval_series(lb, &in, ms[s], panel, "m", sizes, xs, nx);
         }
@@ -648,7 +660,11 @@ static void exp_ortho(lab *lb) {
 static void maps_or_kernel(lab *lb, int kernel_level) {
     const int d = 16, H = draws_of(lb, 15);
     const int L = lb->cfg->quick ? 128 : 1024, m = lb->cfg->quick ? 16 : 128;
-    if (kernel_level) lb->metric = "relative MSE of the kernel values";
+    if (kernel_level) {
+        lb->metric = "relative MSE of the kernel values";
+        lb->zero = "answer 0: the relative MSE of answering 0, which is 1; above it, an estimate "
+                   "is worse than none";
+    }
     if (kernel_level)
         snprintf(lb->title, sizeof(lb->title),
                  "kernel: relative MSE of exp(s q.k) estimates over %d pairs, d = %d, m = %d", L, d,
@@ -693,6 +709,7 @@ static void maps_or_kernel(lab *lb, int kernel_level) {
                     return;
                 }
             }
+            lb->hard = sig[i] >= 1;
             if (inputs_finish(lb, &in) == 0) {
                 for (int s = 0; s < 5 && !lb->fatal; s++) {
                     if (!avail[s]) continue;
@@ -758,6 +775,7 @@ static void exp_norms(lab *lb) {
         fill_normal(in.V, (size_t)L * d, 1.0, 3);
         char panel[48];
         snprintf(panel, sizeof(panel), "sigma=%g", sig[p]);
+        lb->hard = sig[p] >= 1;
         if (inputs_finish(lb, &in) == 0) {
             for (int s = 0; s < 3; s++) eval_series(lb, &in, ms[s], panel, "m", sizes, xs, nx);
         }
@@ -792,6 +810,7 @@ static void exp_estimators(lab *lb) {
             oom(lb);
             return;
         }
+        lb->hard = p == 1;
         if (p == 0) {
             if (fill_clustered(&in, 8, 1.0, 0.5)) {
                 inputs_free(&in);
@@ -801,7 +820,8 @@ static void exp_estimators(lab *lb) {
                 }
             }
         } else {
-            /* the same overall scale as the clustered inputs: E|x|^2 = d (1 + 0.25) */
+            /* the same overall scale as the clustered inputs: E|x|^2 = d (1 + 0.25): isotropic
+             * with sigma = 1.12, the hard case */
             fill_normal(in.Q, (size_t)L * d, sqrt(1.25), 1);
             fill_normal(in.K, (size_t)L * d, sqrt(1.25), 2);
             fill_normal(in.V, (size_t)L * d, 1.0, 3);
@@ -829,6 +849,7 @@ static void exp_length(lab *lb) {
     for (int p = 0; p < 2 && !lb->fatal; p++) {
         char panel[48];
         snprintf(panel, sizeof(panel), "sigma=%g", sig[p]);
+        lb->hard = sig[p] >= 1;
         double t[3] = {0};
         for (int i = 0; i < nx && !lb->fatal; i++) {
             inputs in;
@@ -888,47 +909,71 @@ static int write_csv(const lab *lb, FILE *f) {
     return bad ? -1 : 0;
 }
 
-/* The table: per panel, x down and series across, mean MSE (and the failed draws, if any). */
+/* Why the hard case is hard, in its labels. */
+#define HARD_WHY "the features' variance grows like exp(|q'+k'|^2)"
+
+/* One panel of the table: x down and series across, mean MSE (and the failed draws, if any),
+ * rows [i, end); the hard case labelled, on the panel's heading if it is all hard, else on a
+ * line before its first hard row. */
+static void print_panel(const lab *lb, int i, int end) {
+    /* series in order of appearance; x values of the first series */
+    const char *series[8];
+    int ns = 0, all_hard = 1;
+    for (int k = i; k < end; k++) {
+        all_hard &= lb->rows[k].hard;
+        int seen = 0;
+        for (int s = 0; s < ns; s++) seen |= strcmp(series[s], lb->rows[k].series) == 0;
+        if (!seen && ns < 8) series[ns++] = lb->rows[k].series;
+    }
+    if (all_hard)
+        printf("  %s  (hard case: sigma >= 1, %s)\n", lb->rows[i].panel, HARD_WHY);
+    else
+        printf("  %s\n", lb->rows[i].panel);
+    printf("  %8s", lb->rows[i].xvar);
+    for (int s = 0; s < ns; s++) printf(" %15s", series[s]);
+    printf(" %10s\n", "answer 0");
+    int labelled = all_hard;
+    for (int k = i; k < end && strcmp(lb->rows[k].series, series[0]) == 0; k++) {
+        double x = lb->rows[k].x;
+        if (lb->rows[k].hard && !labelled) {
+            printf("  -- from here on sigma >= 1, the hard case: %s\n", HARD_WHY);
+            labelled = 1;
+        }
+        printf("  %8g", x);
+        for (int s = 0; s < ns; s++) {
+            const row *hit = NULL;
+            for (int j = i; j < end; j++) {
+                if (strcmp(lb->rows[j].series, series[s]) == 0 && lb->rows[j].x == x)
+                    hit = &lb->rows[j];
+            }
+            char cell[40] = "-";
+            if (hit && hit->failed)
+                snprintf(cell, sizeof(cell), "%.3g (%d bad)", hit->mean, hit->failed);
+            else if (hit)
+                snprintf(cell, sizeof(cell), "%.3g", hit->mean);
+            printf(" %15s", cell);
+        }
+        printf(" %10.3g\n", lb->rows[k].zero_mse);
+    }
+}
+
+/* The table: the title, what the numbers are, then the panels: first those where the
+ * estimators work (some row not the hard case), then those that are all the hard case, each
+ * group in the CSV's order. */
 static void print_table(const lab *lb, double secs) {
     printf("\n%s  [%.1f s]\n", lb->title, secs);
     if (lb->n == 0) return;
-    printf("%s, mean over %d draws\n", lb->metric, lb->rows[0].draws);
-    int i = 0;
-    while (i < lb->n) {
-        const char *panel = lb->rows[i].panel;
-        int end = i;
-        while (end < lb->n && strcmp(lb->rows[end].panel, panel) == 0) end++;
-        /* series in order of appearance; x values of the first series */
-        const char *series[8];
-        int ns = 0;
-        for (int k = i; k < end && ns < 8; k++) {
-            int seen = 0;
-            for (int s = 0; s < ns; s++) seen |= strcmp(series[s], lb->rows[k].series) == 0;
-            if (!seen) series[ns++] = lb->rows[k].series;
+    printf("%s, mean over %d draws;\n%s\n", lb->metric, lb->rows[0].draws, lb->zero);
+    for (int pass = 0; pass < 2; pass++) {
+        int i = 0;
+        while (i < lb->n) {
+            const char *panel = lb->rows[i].panel;
+            int end = i, all_hard = 1;
+            while (end < lb->n && strcmp(lb->rows[end].panel, panel) == 0)
+                all_hard &= lb->rows[end++].hard;
+            if (all_hard == pass) print_panel(lb, i, end);
+            i = end;
         }
-        printf("  %s\n", panel);
-        printf("  %8s", lb->rows[i].xvar);
-        for (int s = 0; s < ns; s++) printf(" %15s", series[s]);
-        printf(" %10s\n", "answer 0");
-        for (int k = i; k < end && strcmp(lb->rows[k].series, series[0]) == 0; k++) {
-            double x = lb->rows[k].x;
-            printf("  %8g", x);
-            for (int s = 0; s < ns; s++) {
-                const row *hit = NULL;
-                for (int j = i; j < end; j++) {
-                    if (strcmp(lb->rows[j].series, series[s]) == 0 && lb->rows[j].x == x)
-                        hit = &lb->rows[j];
-                }
-                char cell[40] = "-";
-                if (hit && hit->failed)
-                    snprintf(cell, sizeof(cell), "%.3g (%d bad)", hit->mean, hit->failed);
-                else if (hit)
-                    snprintf(cell, sizeof(cell), "%.3g", hit->mean);
-                printf(" %15s", cell);
-            }
-            printf(" %10.3g\n", lb->rows[k].zero_mse);
-        }
-        i = end;
     }
     fflush(stdout);
 }
@@ -1068,6 +1113,8 @@ int cmd_approx(int argc, char **argv) {
         lb.cfg = &c;
         lb.name = ex->name;
         lb.metric = "MSE against exact attention";
+        lb.zero = "answer 0: the MSE of answering 0 (exact's mean square); above it, an estimate "
+                  "is worse than none";
         lb.t0 = tool_now_ms();
         ex->run(&lb);
         double secs = (tool_now_ms() - lb.t0) / 1e3;
