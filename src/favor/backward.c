@@ -782,15 +782,11 @@ static bwd_head head_of(const bwd_job *j, int bh) {
     return hd;
 }
 
-static int fatal(int st) {
-    return st == PF_ENONFINITE || st == PF_ENOMEM;
-}
-
 /* A unit's status u into its head's: the worse one; a fatal one (or any failure of the setup)
  * marks the head dead: its remaining units are skipped and its gradients zeroed at the end. */
 static void merge(bwd_job *j, int bh, int u) {
     if (u > j->hst[bh]) j->hst[bh] = u;
-    if (fatal(u)) j->dead[bh] = 1;
+    if (pf_favor_fatal(u)) j->dead[bh] = 1;
 }
 
 /* The forward's features of head bh from row base on into cs (causal: Lq == Lk). */
@@ -892,12 +888,12 @@ static pf_status causal_dstate(bwd_job *j, bwd_ws *ws, int bh, const bwd_head *h
     if (M0 == -INFINITY) return PF_OK;
     pf_status st = PF_OK;
     double M = M0;
-    for (int u = 0; u < nseg && !fatal(st); u++) {
+    for (int u = 0; u < nseg && !pf_favor_fatal(st); u++) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         cs->base = r0;
         if (kf) kept_features(j, bh, r0, cs);
         st = pf_status_worse(st, causal_features(fm, hd, cs, ws, j->C, r0, r1, kf, NULL, NULL));
-        if (fatal(st)) break;
+        if (pf_favor_fatal(st)) break;
         st = pf_status_worse(st, causal_forward(fm, hd, cs, ws, j->C, r0, r1, ws->state, M, ws->dstate, 0));
         const float f = (float)exp(M0 - M);
         for (size_t k = 0; k < dv1; k++)
@@ -905,7 +901,7 @@ static pf_status causal_dstate(bwd_job *j, bwd_ws *ws, int bh, const bwd_head *h
                 dS[c * dv1 + k] += f * ws->dstate[k * (size_t)r + c];
         M = cs->p[r1 - 1 - r0];
     }
-    if (fatal(st)) memset(dS, 0, sizeof(float) * n);
+    if (pf_favor_fatal(st)) memset(dS, 0, sizeof(float) * n);
     return st;
 }
 
@@ -930,12 +926,12 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
         if (M > -INFINITY) to_t(ws->state, j->ext->S + (size_t)bh * n, j->r, dv);
     }
     if (j->dstate) return causal_dstate(j, ws, bh, &hd, &cs, S, nseg, M);
-    for (int u = 0; u < nseg && !fatal(st); u++) {
+    for (int u = 0; u < nseg && !pf_favor_fatal(st); u++) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         cs.base = r0;
         if (kf) kept_features(j, bh, r0, &cs);
         st = pf_status_worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
-        if (fatal(st)) break;
+        if (pf_favor_fatal(st)) break;
         if (nseg > 1) {
             if (M > -INFINITY) memcpy(ws->ckpt + (size_t)u * n, ws->state, sizeof(float) * n);
             ws->ckm[u] = M;
@@ -945,16 +941,16 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     }
     const int rin = j->ext && j->ext->R; /* a slice's suffix from later slices */
     if (rin) to_t(ws->dstate, j->ext->R + (size_t)bh * n, j->r, dv);
-    for (int u = nseg - 1; u >= 0 && !fatal(st); u--) {
+    for (int u = nseg - 1; u >= 0 && !pf_favor_fatal(st); u--) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         if (u < nseg - 1) { /* (the last segment's rows are still here) */
             cs.base = r0;
             if (kf) kept_features(j, bh, r0, &cs);
             st = pf_status_worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
-            if (fatal(st)) break;
+            if (pf_favor_fatal(st)) break;
             st = pf_status_worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->ckpt + (size_t)u * n,
                                           ws->ckm[u], NULL, 0));
-            if (fatal(st)) break;
+            if (pf_favor_fatal(st)) break;
         }
         st = pf_status_worse(st,
                    causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,

@@ -294,6 +294,12 @@ PF_INTERNAL pf_status pf_favor_backward_ext(float *dQ, float *dK, float *dV, con
                                             const pf_attn_opts *opts, const pf_favor_opts *favor,
                                             const pf_favor_ext *ext);
 
+/* A unit's status that ends its head's work (its output is zeroed): a non-finite input or
+ * result, or no memory. Other failures (a zero denominator) leave the rest of the head to run. */
+static inline int pf_favor_fatal(int st) {
+    return st == PF_ENONFINITE || st == PF_ENOMEM;
+}
+
 /* ---- units of work for threads (forward.c, backward.c) ----------------------------- */
 
 /* Cuts L rows into blocks of whole `unit`s, about ceil(target / heads) of them (at least 1, at

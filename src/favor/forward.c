@@ -172,10 +172,6 @@ static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
                                 s->dv, kept ? &keep : NULL);
 }
 
-static int fatal(int st) {
-    return st == PF_ENONFINITE || st == PF_ENOMEM;
-}
-
 /* A slice's own key state: slot 0 of head bh (the combined total), as (r, dv+1) rows; a head
  * that failed gives an empty state. */
 static void ext_state_out(favor_job *j, int bh, int dead) {
@@ -192,6 +188,122 @@ static void ext_state_out(favor_job *j, int bh, int dead) {
     j->ext->Mout[bh] = j->pmax[(size_t)bh * (size_t)j->nkb];
 }
 
+/* How a forward is cut (favor_plan_make): key units per head (bidirectional key blocks, or the
+ * causal scan blocks whose local sums precede the prefix), then query units (bidirectional
+ * blocks of FAVOR_BLOCK rows, or the causal scan blocks); a slice's key state alone has no query
+ * units, a slice given its total no key units. No more threads than units in any phase: each
+ * idle one would only cost its scratch (and, where threads cannot be made, a libgomp exit). */
+typedef struct favor_plan {
+    int heads;
+    int nk1, nqb; /* key and query units per head */
+    int nt;       /* threads */
+} favor_plan;
+
+static favor_plan favor_plan_make(favor_job *j, int keys_only, int ext_state) {
+    const pf_shape *s = j->s;
+    const int causal = j->opts->causal;
+    favor_plan p = {.heads = s->B * s->H}; /* (pf_attn_check: B H L d fits in size_t) */
+    j->r = pf_kernel_width(j->favor->kernel, j->favor->m);
+    j->C = causal ? pf_favor_chunk(j->favor, s->Lq) : 0;
+    if (causal)
+        j->nkb = pf_favor_scan_blocks(s->Lk, p.heads, j->C, &j->kbl);
+    else if (ext_state) /* the total comes from outside: no key blocks */
+        j->nkb = 1, j->kbl = s->Lk;
+    else
+        j->nkb = pf_favor_bidir_blocks(s->Lk, p.heads, &j->kbl);
+    p.nqb = keys_only ? 0 : causal ? j->nkb : (s->Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
+    p.nk1 = causal ? j->nkb - 1 : (ext_state ? 0 : j->nkb);
+    const int64_t most = (int64_t)p.heads * (p.nk1 > p.nqb ? (p.nk1 > 1 ? p.nk1 : 1)
+                                                           : (p.nqb > 1 ? p.nqb : 1));
+    const int want = pf_threads(j->opts->threads);
+    p.nt = want > most ? (int)most : want;
+    return p;
+}
+
+/* Places the job's buffers in one allocation at base (NULL: only counts); returns the bytes, and
+ * in *zeroed those of the first pieces, which start zeroed. */
+static size_t favor_layout(favor_job *j, const favor_plan *p, char *base, size_t *zeroed) {
+    const size_t H = (size_t)p->heads, nkv = (size_t)j->r * (size_t)pf_favor_dw(j->s->dv);
+    size_t off = 0;
+    j->kw = pf_carve(base, &off, H, sizeof(pf_kernel_ws));
+    j->hst = pf_carve(base, &off, H, sizeof(int));
+    j->kst = pf_carve(base, &off, H * (size_t)j->nkb, sizeof(int));
+    j->ust = pf_carve(base, &off, H * (size_t)(p->nqb > 0 ? p->nqb : 1), sizeof(int));
+    *zeroed = off;
+    j->fm = pf_carve(base, &off, H, sizeof(pf_fmap));
+    j->part = pf_carve(base, &off, H * (size_t)j->nkb * nkv, sizeof(float));
+    j->pmax = pf_carve(base, &off, H * (size_t)j->nkb, sizeof(double));
+    return off;
+}
+
+/* The parallel region: every head's setup, its key units and their combination, then its
+ * query (or scan) units. Returns 1 when a thread's scratch could not be had. */
+static int favor_parallel(favor_job *j, const favor_plan *p) {
+    const int heads = p->heads, nk1 = p->nk1, nqb = p->nqb, causal = j->opts->causal;
+    const size_t nkb = (size_t)j->nkb;
+    int nomem = 0;
+#pragma omp parallel num_threads(p->nt)
+    {
+        pf_favor_ws ws;
+        if (pf_favor_ws_alloc(&ws, pf_favor_block(causal, j->C), j->C, j->r, j->s->dv) != 0) {
+#pragma omp atomic write
+            nomem = 1;
+        }
+#pragma omp barrier
+        if (!nomem) {
+#pragma omp for schedule(dynamic, 1)
+            for (int bh = 0; bh < heads; bh++) j->hst[bh] = (int)job_head(j, bh);
+#pragma omp for schedule(dynamic, 1)
+            for (int u = 0; u < heads * nk1; u++) {
+                const int bh = u / nk1, kb = u % nk1;
+                if (j->hst[bh] != PF_OK) continue;
+                j->kst[(size_t)bh * nkb + (size_t)kb] = (int)job_keys(j, &ws, bh, kb);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int bh = 0; bh < heads; bh++) {
+                for (int kb = 0; kb < nk1; kb++) {
+                    const int u = j->kst[(size_t)bh * nkb + (size_t)kb];
+                    if (u > j->hst[bh]) j->hst[bh] = u;
+                }
+                if (j->hst[bh] == PF_OK) job_combine(j, bh);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int u = 0; u < heads * nqb; u++) {
+                const int bh = u / nqb, qb = u % nqb;
+                if (j->hst[bh] != PF_OK) continue;
+                j->ust[u] = (int)(causal ? job_scan(j, &ws, bh, qb) : job_queries(j, &ws, bh, qb));
+            }
+        }
+        pf_favor_ws_free(&ws);
+    }
+    return nomem;
+}
+
+/* The heads' statuses in a fixed order into the call's; a head that failed outright is zeroed
+ * (a failed setup or key block leaves it unwritten, a query or scan unit's NaN part of it).
+ * *dead_heads counts them. */
+static pf_status favor_heads_end(favor_job *j, const favor_plan *p, int keys_only,
+                                 int *dead_heads) {
+    const pf_shape *s = j->s;
+    int worst = PF_OK;
+    *dead_heads = 0;
+    for (int bh = 0; bh < p->heads; bh++) {
+        int hs = j->hst[bh], dead = hs != PF_OK;
+        for (int u = 0; u < p->nqb; u++) {
+            const int us = j->ust[(size_t)bh * (size_t)p->nqb + (size_t)u];
+            hs = us > hs ? us : hs;
+            dead |= pf_favor_fatal(us);
+        }
+        if (dead && j->out)
+            memset(j->out + head_off(bh, s->Lq, s->dv), 0,
+                   sizeof(float) * (size_t)s->Lq * (size_t)s->dv);
+        if (keys_only) ext_state_out(j, bh, dead);
+        if (hs > worst) worst = hs;
+        *dead_heads += dead;
+    }
+    return (pf_status)worst;
+}
+
 /* The forward, keeping what the backward needs in sv if it is not NULL; *complete is 1 when
  * every head was computed (none failed outright). Arguments checked. */
 static pf_status favor_run(float *out, const float *Q, const float *K, const float *V,
@@ -199,7 +311,6 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
                            const pf_favor_opts *favor, pf_favor_saved *sv, int *complete,
                            const pf_favor_ext *ext) {
     const pf_shape s = *shape;
-    const int heads = s.B * s.H; /* (pf_attn_check: B H L d fits in size_t) */
     /* a slice's key state alone: the bidirectional key phases, whatever opts->causal */
     const int keys_only = ext && ext->Sout, ext_state = ext && ext->S;
     pf_attn_opts kopts;
@@ -208,116 +319,34 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
         kopts.causal = 0;
         opts = &kopts;
     }
-    favor_job j = {.s = &s,
-                   .opts = opts,
-                   .favor = favor,
-                   .Q = Q,
-                   .K = K,
-                   .V = V,
-                   .out = out,
-                   .sv = sv,
-                   .ext = ext};
+    favor_job j = {.s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .out = out,
+                   .sv = sv, .ext = ext};
     *complete = 0;
-    j.r = pf_kernel_width(favor->kernel, favor->m);
-    j.C = opts->causal ? pf_favor_chunk(favor, s.Lq) : 0;
-    if (opts->causal)
-        j.nkb = pf_favor_scan_blocks(s.Lk, heads, j.C, &j.kbl);
-    else if (ext_state) /* the total comes from outside: no key blocks */
-        j.nkb = 1, j.kbl = s.Lk;
-    else
-        j.nkb = pf_favor_bidir_blocks(s.Lk, heads, &j.kbl);
-    const int nqb = keys_only      ? 0
-                    : opts->causal ? j.nkb
-                                   : (s.Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
-    const size_t nkv = (size_t)j.r * (size_t)pf_favor_dw(s.dv), H = (size_t)heads;
-    j.fm = malloc(sizeof(pf_fmap) * H);
-    j.kw = calloc(H, sizeof(pf_kernel_ws));
-    j.part = pf_alloc(H * (size_t)j.nkb * nkv, sizeof(float));
-    j.pmax = malloc(sizeof(double) * H * (size_t)j.nkb);
-    j.hst = calloc(H, sizeof(int));
-    j.kst = calloc(H * (size_t)j.nkb, sizeof(int));
-    j.ust = calloc(H * (size_t)(nqb > 0 ? nqb : 1), sizeof(int));
-    int worst = PF_OK;
-    if (!j.fm || !j.kw || !j.part || !j.pmax || !j.hst || !j.kst || !j.ust) worst = PF_ENOMEM;
-    for (int bh = 0; bh < heads && worst == PF_OK; bh++)
-        if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
-    const int nk1 = opts->causal ? j.nkb - 1 : (ext_state ? 0 : j.nkb); /* key units per head */
-    /* no more threads than units of work in any phase: each idle one would only cost its
-     * scratch (and, where threads cannot be made, a libgomp exit) */
-    int64_t most = (int64_t)heads * (nk1 > nqb ? (nk1 > 1 ? nk1 : 1) : (nqb > 1 ? nqb : 1));
-    int nt = pf_threads(opts->threads);
-    if (nt > most) nt = (int)most;
+    const favor_plan p = favor_plan_make(&j, keys_only, ext_state);
+    size_t zeroed;
+    char *arena = pf_alloc(favor_layout(&j, &p, NULL, &zeroed), 1);
+    pf_status worst = arena ? PF_OK : PF_ENOMEM;
+    if (arena) {
+        favor_layout(&j, &p, arena, &zeroed);
+        memset(arena, 0, zeroed);
+        for (int bh = 0; bh < p.heads && worst == PF_OK; bh++)
+            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0)
+                worst = PF_ENOMEM;
+    }
+    if (worst == PF_OK && favor_parallel(&j, &p)) worst = PF_ENOMEM;
     if (worst == PF_OK) {
-        int nomem = 0;
-#pragma omp parallel num_threads(nt)
-        {
-            pf_favor_ws ws;
-            if (pf_favor_ws_alloc(&ws, pf_favor_block(opts->causal, j.C), j.C, j.r, s.dv) != 0) {
-#pragma omp atomic write
-                nomem = 1;
-            }
-#pragma omp barrier
-            if (!nomem) {
-#pragma omp for schedule(dynamic, 1)
-                for (int bh = 0; bh < heads; bh++) j.hst[bh] = (int)job_head(&j, bh);
-#pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < heads * nk1; u++) {
-                    const int bh = u / nk1, kb = u % nk1;
-                    if (j.hst[bh] != PF_OK) continue;
-                    j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb] = (int)job_keys(&j, &ws, bh, kb);
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int bh = 0; bh < heads; bh++) {
-                    for (int kb = 0; kb < nk1; kb++) {
-                        const int u = j.kst[(size_t)bh * (size_t)j.nkb + (size_t)kb];
-                        if (u > j.hst[bh]) j.hst[bh] = u;
-                    }
-                    if (j.hst[bh] == PF_OK) job_combine(&j, bh);
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int u = 0; u < heads * nqb; u++) {
-                    const int bh = u / nqb, qb = u % nqb;
-                    if (j.hst[bh] != PF_OK) continue;
-                    j.ust[u] = (int)(opts->causal ? job_scan(&j, &ws, bh, qb)
-                                                  : job_queries(&j, &ws, bh, qb));
-                }
-            }
-            pf_favor_ws_free(&ws);
-        }
-        if (nomem) worst = PF_ENOMEM;
-        /* statuses in a fixed order; a head that failed outright is zeroed */
-        for (int bh = 0; bh < heads && worst != PF_ENOMEM; bh++) {
-            /* a failed setup or key block leaves the head unwritten; a query or scan unit's
-             * NaN leaves part of it */
-            int hs = j.hst[bh], dead = hs != PF_OK;
-            for (int u = 0; u < nqb; u++) {
-                const int us = j.ust[(size_t)bh * (size_t)nqb + (size_t)u];
-                hs = us > hs ? us : hs;
-                dead |= fatal(us);
-            }
-            if (dead && out)
-                memset(out + head_off(bh, s.Lq, s.dv), 0,
-                       sizeof(float) * (size_t)s.Lq * (size_t)s.dv);
-            if (keys_only) ext_state_out(&j, bh, dead);
-            if (hs > worst) worst = hs;
-            *complete += dead;
-        }
-        *complete = worst != PF_ENOMEM && *complete == 0;
+        int dead_heads;
+        worst = favor_heads_end(&j, &p, keys_only, &dead_heads);
+        *complete = dead_heads == 0;
     }
     if (worst == PF_ENOMEM && out)
-        memset(out, 0, sizeof(float) * H * (size_t)s.Lq * (size_t)s.dv);
+        memset(out, 0, sizeof(float) * (size_t)p.heads * (size_t)s.Lq * (size_t)s.dv);
     if (worst == PF_ENOMEM && keys_only)
-        for (int bh = 0; bh < heads; bh++) ext_state_out(&j, bh, 1);
-    if (j.kw)
-        for (int bh = 0; bh < heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
-    free(j.fm);
-    free(j.kw);
-    pf_free(j.part);
-    free(j.pmax);
-    free(j.hst);
-    free(j.kst);
-    free(j.ust);
-    return (pf_status)worst;
+        for (int bh = 0; bh < p.heads; bh++) ext_state_out(&j, bh, 1);
+    if (arena)
+        for (int bh = 0; bh < p.heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
+    pf_free(arena);
+    return worst;
 }
 
 pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K, const float *V,
