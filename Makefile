@@ -104,7 +104,7 @@ $(TOOL): $(TOOL_OBJ) $(STATIC)
 	$(CC) -o $@ $(TOOL_OBJ) $(STATIC) $(LDLIBS)
 
 # Tests link the static library, so they can reach the internal references in src/*.h.
-$(BUILD)/tests/%: tests/%.c tests/check.h tests/ref.h $(STATIC)
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests -o $@ $< $(STATIC) $(LDLIBS)
 

@@ -37,26 +37,12 @@ static int thread_id(void) {
 #endif
 }
 
-static int imin(int a, int b) {
-    return a < b ? a : b;
-}
-
 /* Number of keys of [j0, j0 + n) visible to query i: keys j < lim(i) are visible, with
  * lim(i) = min(kl, i + 1) when causal, else kl. */
 static int visible(int i, int kl, int causal, int j0, int n) {
-    int lim = causal ? imin(kl, i + 1) : kl;
+    int lim = causal ? pf_imin(kl, i + 1) : kl;
     int c = lim - j0;
     return c < 0 ? 0 : (c > n ? n : c);
-}
-
-/* Records a failure of a parallel loop (the first one to arrive; any is an error). */
-static void set_status(pf_status *st, pf_status s) {
-#ifdef _OPENMP
-#pragma omp critical(pf_attn_exact_status)
-#endif
-    {
-        if (*st == PF_OK) *st = s;
-    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -71,7 +57,7 @@ static pf_status forward_block(float *out, float *lse, const float *Q, const flo
                                float s, float *S, float *acc, float *M, double *l) {
     const pf_simd_table *simd = pf_simd();
     /* Keys past the block's last query are invisible to all of its rows when causal. */
-    int kend = causal ? imin(kl, i0 + bq) : kl;
+    int kend = causal ? pf_imin(kl, i0 + bq) : kl;
     for (int r = 0; r < bq; r++) {
         M[r] = -INFINITY;
         l[r] = 0.0;
@@ -79,7 +65,7 @@ static pf_status forward_block(float *out, float *lse, const float *Q, const flo
     memset(acc, 0, sizeof(float) * (size_t)bq * (size_t)dv);
 
     for (int j0 = 0; j0 < kend; j0 += BK) {
-        int bk = imin(BK, kend - j0);
+        int bk = pf_imin(BK, kend - j0);
         /* S = s Q_blk K_blk^T  (bq,bk) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, d, s, Q + (size_t)i0 * d, d,
                     K + (size_t)j0 * d, d, 0.0f, S, BK);
@@ -166,7 +152,7 @@ pf_status pf_attn_exact(float *out, float *lse, const float *Q, const float *K, 
         int qb = nqb - 1 - (int)(t % nqb);
         int64_t bh = t / nqb;
         int b = (int)(bh / H);
-        int i0 = qb * BQ, bq = imin(BQ, Lq - i0);
+        int i0 = qb * BQ, bq = pf_imin(BQ, Lq - i0);
         float *S = scratch + (size_t)thread_id() * per;
         float *acc = S + (size_t)BQ * BK;
         float *M = acc + acc_n;
@@ -175,7 +161,7 @@ pf_status pf_attn_exact(float *out, float *lse, const float *Q, const float *K, 
         pf_status sb = forward_block(out + (size_t)bh * Lq * dv, lse_h, Q + (size_t)bh * Lq * d,
                                      K + (size_t)bh * Lk * d, V + (size_t)bh * Lk * dv, i0, bq,
                                      pf_attn_key_len(opts, b, Lk), causal, d, dv, s, S, acc, M, l);
-        if (sb != PF_OK) set_status(&st, sb);
+        if (sb != PF_OK) pf_status_record(&st, sb);
     }
     pf_free(scratch);
     return st;
@@ -294,9 +280,9 @@ static void backward_q_block(float *dQ, float *D, const float *dO, const float *
     }
     float *dQb = dQ + (size_t)i0 * d;
     memset(dQb, 0, sizeof(float) * (size_t)bq * d);
-    int kend = causal ? imin(kl, i0 + bq) : kl;
+    int kend = causal ? pf_imin(kl, i0 + bq) : kl;
     for (int j0 = 0; j0 < kend; j0 += BK) {
-        int bk = imin(BK, kend - j0);
+        int bk = pf_imin(BK, kend - j0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, bk, d, s, Q + (size_t)i0 * d, d,
                     K + (size_t)j0 * d, d, 0.0f, P, BK);
         prob_tile(P, lse, i0, bq, j0, bk, kl, causal);
@@ -318,11 +304,11 @@ static void backward_k_block(float *dK, float *dV, const float *D, const float *
     float *dKb = dK + (size_t)j0 * d, *dVb = dV + (size_t)j0 * dv;
     memset(dKb, 0, sizeof(float) * (size_t)bk * d);
     memset(dVb, 0, sizeof(float) * (size_t)bk * dv);
-    int nv = imin(bk, kl - j0); /* valid keys in the block; the rest stay zero */
+    int nv = pf_imin(bk, kl - j0); /* valid keys in the block; the rest stay zero */
     if (nv <= 0) return;
     /* Causal: key j is seen by queries i >= j only. */
     for (int i0 = causal ? j0 : 0; i0 < Lq; i0 += BQ) {
-        int bq = imin(BQ, Lq - i0);
+        int bq = pf_imin(BQ, Lq - i0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, nv, d, s, Q + (size_t)i0 * d, d,
                     K + (size_t)j0 * d, d, 0.0f, P, BK);
         prob_tile(P, lse, i0, bq, j0, nv, kl, causal);
@@ -388,7 +374,7 @@ pf_status pf_attn_exact_backward(float *dQ, float *dK, float *dV, const float *d
             backward_q_block(
                 dQ + (size_t)bh * Lq * d, D + (size_t)bh * Lq, dout + (size_t)bh * Lq * dv,
                 Q + (size_t)bh * Lq * d, K + (size_t)bh * Lk * d, V + (size_t)bh * Lk * dv,
-                out + (size_t)bh * Lq * dv, lse + (size_t)bh * Lq, i0, imin(BQ, Lq - i0),
+                out + (size_t)bh * Lq * dv, lse + (size_t)bh * Lq, i0, pf_imin(BQ, Lq - i0),
                 pf_attn_key_len(opts, b, Lk), causal, d, dv, s, P, dP);
         }
         /* (implicit barrier: D is complete) */
@@ -403,7 +389,7 @@ pf_status pf_attn_exact_backward(float *dQ, float *dK, float *dV, const float *d
             backward_k_block(dK + (size_t)bh * Lk * d, dV + (size_t)bh * Lk * dv,
                              D + (size_t)bh * Lq, dout + (size_t)bh * Lq * dv,
                              Q + (size_t)bh * Lq * d, K + (size_t)bh * Lk * d,
-                             V + (size_t)bh * Lk * dv, lse + (size_t)bh * Lq, j0, imin(BK, Lk - j0),
+                             V + (size_t)bh * Lk * dv, lse + (size_t)bh * Lq, j0, pf_imin(BK, Lk - j0),
                              Lq, pf_attn_key_len(opts, b, Lk), causal, d, dv, s, P, dP);
         }
     }

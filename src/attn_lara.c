@@ -51,19 +51,6 @@
 /* RB samples per batched key pass; QB queries per batched query pass. */
 enum { RB = 128, QB = 64 };
 
-static int imin(int a, int b) {
-    return a < b ? a : b;
-}
-
-static void set_status(pf_status *st, pf_status s) {
-#ifdef _OPENMP
-#pragma omp critical(pf_attn_lara_status)
-#endif
-    {
-        if (*st == PF_OK) *st = s;
-    }
-}
-
 /* The start of chunk c of C over [0, n): floor(c n / C). */
 static int chunk_start(int c, int C, int n) {
     return (int)((int64_t)c * n / C);
@@ -85,7 +72,7 @@ static pf_status lara_check(const float *out, const float *Q, const float *K, co
     if (sp->deterministic && sp->samples != 1) return PF_EINVAL;
     /* Every chunk of queries and of valid keys must be non-empty. */
     int kmin = shape->Lk;
-    for (int b = 0; b < shape->B; b++) kmin = imin(kmin, pf_attn_key_len(opts, b, shape->Lk));
+    for (int b = 0; b < shape->B; b++) kmin = pf_imin(kmin, pf_attn_key_len(opts, b, shape->Lk));
     if (sp->proposals < 1 || sp->proposals > shape->Lq || sp->proposals > kmin) return PF_EINVAL;
     /* C S must be an sgemm dimension, and a proposal's S d normals must fit its 2^32 Philox
      * blocks (two normals per block). */
@@ -198,7 +185,7 @@ static pf_status lara_head(float *out, const float *Q, const float *K, const flo
 
     /* Per sample: kv_cs, l_cs and beta_cs, RB samples at a time. */
     for (int r0 = 0; r0 < CS; r0 += RB) {
-        int n = imin(RB, CS - r0);
+        int n = pf_imin(RB, CS - r0);
         const float *om = w->Om + (size_t)r0 * d;
         float *kv = w->KV + (size_t)r0 * dv;
         double l[RB];
@@ -233,7 +220,7 @@ static pf_status lara_head(float *out, const float *Q, const float *K, const flo
 
     /* Per query: out_i = softmax_cs(w.q'_i + beta_cs) KV, QB queries at a time. */
     for (int i0 = 0; i0 < Lq; i0 += QB) {
-        int bq = imin(QB, Lq - i0);
+        int bq = pf_imin(QB, Lq - i0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, CS, d, rs, Q + (size_t)i0 * d, d,
                     w->Om, d, 0.0f, w->Wt, CS);
         double z[QB];
@@ -281,7 +268,7 @@ pf_status pf_attn_lara(float *out, const float *Q, const float *K, const float *
         pf_blas_pin();
         lara_scratch w;
         int ok = lscratch_alloc(&w, Lk, d, dv, C, C * S);
-        if (!ok) set_status(&st, PF_ENOMEM);
+        if (!ok) pf_status_record(&st, PF_ENOMEM);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -292,7 +279,7 @@ pf_status pf_attn_lara(float *out, const float *Q, const float *K, const float *
                                      K + (size_t)bh * Lk * d, V + (size_t)bh * Lk * dv, Lq,
                                      pf_attn_key_len(opts, b, Lk), d, dv, s, C, S, det, seed,
                                      (uint64_t)bh, &w);
-            if (sh != PF_OK) set_status(&st, sh);
+            if (sh != PF_OK) pf_status_record(&st, sh);
         }
         if (ok) lscratch_free(&w);
     }

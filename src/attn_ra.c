@@ -42,20 +42,6 @@ pf_sampling_opts pf_sampling_opts_default(void) {
     return o;
 }
 
-static int imin(int a, int b) {
-    return a < b ? a : b;
-}
-
-/* Records a failure of the parallel loop (the first to arrive; any is an error). */
-static void set_status(pf_status *st, pf_status s) {
-#ifdef _OPENMP
-#pragma omp critical(pf_attn_ra_status)
-#endif
-    {
-        if (*st == PF_OK) *st = s;
-    }
-}
-
 /* Per-thread scratch. */
 typedef struct ra_scratch {
     float *P;    /* (QB, Lk) exp(s q.k - max) of the block's queries */
@@ -233,7 +219,7 @@ pf_status pf_attn_ra(float *out, const float *Q, const float *K, const float *V,
         pf_blas_pin();
         ra_scratch w;
         int ok = scratch_alloc(&w, Lk, d, dv);
-        if (!ok) set_status(&st, PF_ENOMEM);
+        if (!ok) pf_status_record(&st, PF_ENOMEM);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -244,9 +230,9 @@ pf_status pf_attn_ra(float *out, const float *Q, const float *K, const float *V,
             int i0 = (int)(t % nqb) * QB;
             pf_status sb =
                 ra_block(out + (size_t)bh * Lq * dv, Q + (size_t)bh * Lq * d,
-                         K + (size_t)bh * Lk * d, V + (size_t)bh * Lk * dv, i0, imin(QB, Lq - i0),
+                         K + (size_t)bh * Lk * d, V + (size_t)bh * Lk * dv, i0, pf_imin(QB, Lq - i0),
                          pf_attn_key_len(opts, b, Lk), d, dv, s, S, seed, (uint64_t)bh, &w);
-            if (sb != PF_OK) set_status(&st, sb);
+            if (sb != PF_OK) pf_status_record(&st, sb);
         }
         if (ok) scratch_free(&w);
     }

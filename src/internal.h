@@ -10,6 +10,21 @@
 
 #define PF_INTERNAL __attribute__((visibility("hidden")))
 
+static inline int pf_imin(int a, int b) {
+    return a < b ? a : b;
+}
+
+/* Records the status s of one iteration of a parallel loop in *st: the worse of the two (so the
+ * call's status does not depend on which thread arrives first). Needs a critical section. */
+static inline void pf_status_record(pf_status *st, pf_status s) {
+#ifdef _OPENMP
+#pragma omp critical(pf_status_record)
+#endif
+    {
+        if (s > *st) *st = s;
+    }
+}
+
 /* One allocation carved into pieces, by a layout function run twice: with base NULL to count the
  * bytes, then to place the pieces. The piece of count items of size bytes at *off (then moved
  * past it, rounded up to whole 64-byte lines, as pf_alloc aligns the base); NULL while counting.

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "favor_problem.h"
 #include "favor/favor.h"
 #include "ref.h"
 
@@ -67,46 +68,6 @@ static void fd_grad(double *g, double *x, size_t n, const double *Q, const doubl
         x[e] = keep;
         g[e] = (lp - lm) / (2 * h);
     }
-}
-
-typedef struct problem {
-    pf_shape s;
-    float *Q, *K, *V, *G, *W;
-    float *dQ, *dK, *dV, *rQ, *rK, *rV; /* fast and reference gradients */
-    size_t nq, nk, nv, no;
-} problem;
-
-static problem problem_make(int B, int H, int Lq, int Lk, int d, int dv, int m, uint64_t seed) {
-    problem p;
-    p.s = (pf_shape){B, H, Lq, Lk, d, dv};
-    p.nq = (size_t)B * H * Lq * d;
-    p.nk = (size_t)B * H * Lk * d;
-    p.nv = (size_t)B * H * Lk * dv;
-    p.no = (size_t)B * H * Lq * dv;
-    p.Q = xmalloc(sizeof(float) * p.nq);
-    p.K = xmalloc(sizeof(float) * p.nk);
-    p.V = xmalloc(sizeof(float) * p.nv);
-    p.G = xmalloc(sizeof(float) * p.no);
-    p.W = xmalloc(sizeof(float) * H * m * d);
-    p.dQ = xmalloc(sizeof(float) * p.nq);
-    p.dK = xmalloc(sizeof(float) * p.nk);
-    p.dV = xmalloc(sizeof(float) * p.nv);
-    p.rQ = xmalloc(sizeof(float) * p.nq);
-    p.rK = xmalloc(sizeof(float) * p.nk);
-    p.rV = xmalloc(sizeof(float) * p.nv);
-    fill_normal(p.Q, p.nq, 1, seed, 0);
-    fill_normal(p.K, p.nk, 1, seed, 1);
-    fill_normal(p.V, p.nv, 1, seed, 2);
-    fill_normal(p.G, p.no, 1, seed, 3);
-    for (int h = 0; h < H; h++)
-        pf_projection_draw(p.W + (size_t)h * m * d, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
-                           100 + h);
-    return p;
-}
-
-static void problem_free(problem *p) {
-    float *all[11] = {p->Q, p->K, p->V, p->G, p->W, p->dQ, p->dK, p->dV, p->rQ, p->rK, p->rV};
-    for (int i = 0; i < 11; i++) free(all[i]);
 }
 
 /* The fast gradients' buffers filled with 1e30 (a backward must overwrite, not accumulate). */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "favor_problem.h"
 #include "ref.h"
 
 /* ---- this file's float64 code ------------------------------------------------------------- */
@@ -546,46 +547,6 @@ static void test_sderf_beats_oprf(void) {
 }
 
 /* ---- 4. attention ------------------------------------------------------------------------- */
-
-typedef struct problem {
-    pf_shape s;
-    float *Q, *K, *V, *W, *out, *out2;
-    double *ref;
-    size_t nq, nk, nv, no;
-} problem;
-
-static problem problem_make(int B, int H, int Lq, int Lk, int d, int dv, int m, uint64_t seed) {
-    problem p;
-    p.s = (pf_shape){B, H, Lq, Lk, d, dv};
-    p.nq = (size_t)B * H * Lq * d;
-    p.nk = (size_t)B * H * Lk * d;
-    p.nv = (size_t)B * H * Lk * dv;
-    p.no = (size_t)B * H * Lq * dv;
-    p.Q = xmalloc(sizeof(float) * p.nq);
-    p.K = xmalloc(sizeof(float) * p.nk);
-    p.V = xmalloc(sizeof(float) * p.nv);
-    p.W = xmalloc(sizeof(float) * H * m * d);
-    p.out = xmalloc(sizeof(float) * p.no);
-    p.out2 = xmalloc(sizeof(float) * p.no);
-    p.ref = xmalloc(sizeof(double) * p.no);
-    fill_normal(p.Q, p.nq, 1, seed, 0);
-    fill_normal(p.K, p.nk, 1, seed, 1);
-    fill_normal(p.V, p.nv, 1, seed, 2);
-    for (int h = 0; h < H; h++)
-        pf_projection_draw(p.W + (size_t)h * m * d, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
-                           100 + h);
-    return p;
-}
-
-static void problem_free(problem *p) {
-    free(p->Q);
-    free(p->K);
-    free(p->V);
-    free(p->W);
-    free(p->out);
-    free(p->out2);
-    free(p->ref);
-}
 
 /* The parameters a head uses: OPRF's given A or this file's A* from the pairwise mean over the
  * head's queries and valid keys; SDERF's from pf_sderf_params (tested above) on the same rows.

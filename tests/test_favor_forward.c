@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "favor_problem.h"
 #include "ref.h"
 
 /* ---- this file's float64 code ------------------------------------------------------------- */
@@ -81,47 +82,6 @@ static void exact_f64(double *out, const float *Q, const float *K, const float *
     free(w);
 }
 
-typedef struct problem {
-    pf_shape s;
-    float *Q, *K, *V, *W, *out, *out2;
-    double *ref;
-    size_t nq, nk, nv, no;
-} problem;
-
-static problem problem_make(int B, int H, int Lq, int Lk, int d, int dv, int m, int w_heads,
-                            uint64_t seed) {
-    problem p;
-    p.s = (pf_shape){B, H, Lq, Lk, d, dv};
-    p.nq = (size_t)B * H * Lq * d;
-    p.nk = (size_t)B * H * Lk * d;
-    p.nv = (size_t)B * H * Lk * dv;
-    p.no = (size_t)B * H * Lq * dv;
-    p.Q = xmalloc(sizeof(float) * p.nq);
-    p.K = xmalloc(sizeof(float) * p.nk);
-    p.V = xmalloc(sizeof(float) * p.nv);
-    p.W = xmalloc(sizeof(float) * w_heads * m * d);
-    p.out = xmalloc(sizeof(float) * p.no);
-    p.out2 = xmalloc(sizeof(float) * p.no);
-    p.ref = xmalloc(sizeof(double) * p.no);
-    fill_normal(p.Q, p.nq, 1, seed, 0);
-    fill_normal(p.K, p.nk, 1, seed, 1);
-    fill_normal(p.V, p.nv, 1, seed, 2);
-    for (int h = 0; h < w_heads; h++)
-        pf_projection_draw(p.W + (size_t)h * m * d, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, seed,
-                           100 + h);
-    return p;
-}
-
-static void problem_free(problem *p) {
-    free(p->Q);
-    free(p->K);
-    free(p->V);
-    free(p->W);
-    free(p->out);
-    free(p->out2);
-    free(p->ref);
-}
-
 static pf_favor_opts favor_of(const problem *p, pf_kernel kernel, int m, int w_per_head) {
     pf_favor_opts f = pf_favor_opts_default();
     f.kernel = kernel;
@@ -144,7 +104,7 @@ static void test_vs_f64(void) {
                 const int L = lens[li], d = 16, dv = 24, m = 32, B = 2, H = 3;
                 const int Lk = causal ? L : (li == 1 ? 200 : L + 5); /* Lq != Lk */
                 const int wph = (li + k) % 2;
-                problem p = problem_make(B, H, L, Lk, d, dv, m, wph ? H : 1, 21 + li);
+                problem p = problem_make_w(B, H, L, Lk, d, dv, m, wph ? H : 1, 21 + li);
                 set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
                 set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
                 pf_attn_opts o = pf_attn_opts_default();
@@ -185,7 +145,7 @@ static void test_vs_f64(void) {
 static void test_large_norms(void) {
     const int B = 1, H = 2, L = 150, d = 16, dv = 16, m = 64;
     for (int keys = 0; keys < 2; keys++) {
-        problem p = problem_make(B, H, L, L, d, dv, m, H, 31);
+        problem p = problem_make_w(B, H, L, L, d, dv, m, H, 31);
         set_row_norms(p.Q, p.nq / d, d, 30.0, 30.0);
         set_row_norms(p.K, p.nk / d, d, keys ? 1.0 : 30.0, 30.0);
         if (keys == 0) {
@@ -244,7 +204,7 @@ static void test_large_norms(void) {
  * regime (the ratio drops to 2.7 at |q'| = 1.5). */
 static void test_approaches_exact(void) {
     const int B = 1, H = 2, L = 256, d = 16, dv = 16;
-    problem p = problem_make(B, H, L, L, d, dv, 4096, 1, 41);
+    problem p = problem_make_w(B, H, L, L, d, dv, 4096, 1, 41);
     for (size_t i = 0; i < p.nq; i++) p.Q[i] *= 0.5f;
     for (size_t i = 0; i < p.nk; i++) p.K[i] *= 0.5f;
     double *exact = xmalloc(sizeof(double) * p.no);
@@ -275,7 +235,7 @@ static void test_threads_few_heads(void) {
     const int lens[2] = {3000, 1500}, Bs[2] = {1, 3};
     for (int c = 0; c < 2; c++) {
         const int L = lens[c], B = Bs[c], d = 16, dv = 16, m = 32;
-        problem p = problem_make(B, 1, L, L, d, dv, m, 1, 55 + c);
+        problem p = problem_make_w(B, 1, L, L, d, dv, m, 1, 55 + c);
         set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0);
         set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
         int32_t klen[3] = {L - 3, L, 900};
@@ -309,7 +269,7 @@ static void test_threads_few_heads(void) {
 
 /* f. threads 1 and 2 give the same bits. */
 static void test_threads(void) {
-    problem p = problem_make(2, 3, 300, 300, 32, 16, 64, 3, 51);
+    problem p = problem_make_w(2, 3, 300, 300, 32, 16, 64, 3, 51);
     int32_t klen[2] = {300, 211};
     for (int causal = 0; causal < 2; causal++) {
         for (int k = 0; k < 4; k++) {
@@ -332,7 +292,7 @@ static void test_threads(void) {
  * positions <= t, bit for bit. Padding is truncation. */
 static void test_causality_and_padding(void) {
     const int B = 1, H = 2, L = 150, d = 16, dv = 8, m = 32;
-    problem p = problem_make(B, H, L, L, d, dv, m, H, 61);
+    problem p = problem_make_w(B, H, L, L, d, dv, m, H, 61);
     float *K2 = xmalloc(sizeof(float) * p.nk), *V2 = xmalloc(sizeof(float) * p.nv);
     const int ts[4] = {0, 40, 63, 100}; /* inside a chunk, at its end, in a later one */
     for (int k = 0; k < 4; k++) {
@@ -365,7 +325,7 @@ static void test_causality_and_padding(void) {
      * key, as the bidirectional result over the klen keys does. */
     const int klen = 97;
     int32_t kl[1] = {klen};
-    problem t = problem_make(B, H, L, klen, d, dv, m, H, 61);
+    problem t = problem_make_w(B, H, L, klen, d, dv, m, H, 61);
     set_row_norms(p.Q, p.nq / d, d, 0.5, 2.0); /* well conditioned for trig */
     set_row_norms(p.K, p.nk / d, d, 0.5, 2.0);
     for (int h = 0; h < H; h++) {
@@ -437,7 +397,7 @@ static int has_nan(const float *x, size_t n) {
 
 /* h. every error path. */
 static void test_errors(void) {
-    problem p = problem_make(2, 2, 20, 20, 8, 8, 16, 2, 71);
+    problem p = problem_make_w(2, 2, 20, 20, 8, 8, 16, 2, 71);
     pf_attn_opts o = pf_attn_opts_default();
     pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 16, 1);
     const pf_shape s = p.s;

@@ -161,11 +161,7 @@ PF_CLONES static pf_status grad_of_out(float *dn, int lddn, const float *o, int 
         const float *oi = out ? out + (size_t)i * (size_t)dv : NULL;
         float *dst = dn + (size_t)i * (size_t)lddn;
         const float den = row[dv];
-        pf_status bad = PF_OK;
-        if (!isfinite(den))
-            bad = PF_ENONFINITE;
-        else if (den == 0.0f)
-            bad = PF_EDOMAIN;
+        const pf_status bad = pf_favor_den_status(den);
         if (bad != PF_OK) {
             if (pf_nonfinite_f32(g, (size_t)dv) || (oi && pf_nonfinite_f32(oi, (size_t)dv)))
                 return PF_ENONFINITE;

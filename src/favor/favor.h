@@ -11,6 +11,8 @@
 #ifndef PF_FAVOR_H
 #define PF_FAVOR_H
 
+#include <math.h>
+
 #include "internal.h"
 
 /* Sizes of the row blocks and splits (setup.c, scan.c, forward.c, backward.c) */
@@ -293,6 +295,13 @@ PF_INTERNAL pf_status pf_favor_backward_ext(float *dQ, float *dK, float *dV, con
                                             const float *out, const pf_shape *shape,
                                             const pf_attn_opts *opts, const pf_favor_opts *favor,
                                             const pf_favor_ext *ext);
+
+/* How a row's attention denominator fails: PF_ENONFINITE when it is not finite, PF_EDOMAIN when
+ * it is 0 (no feature of the query meets a key's), else PF_OK. The readout and the backward's
+ * dN~ classify their rows by this one rule (the float64 references keep their own). */
+static inline pf_status pf_favor_den_status(float den) {
+    return !isfinite(den) ? PF_ENONFINITE : den == 0.0f ? PF_EDOMAIN : PF_OK;
+}
 
 /* A unit's status that ends its head's work (its output is zeroed): a non-finite input or
  * result, or no memory. Other failures (a zero denominator) leave the rest of the head to run. */

@@ -61,12 +61,8 @@ PF_CLONES pf_status pf_favor_readout(float *out, const float *o, int n, int dv) 
         const float *row = o + (size_t)i * (size_t)dw;
         float *dst = out + (size_t)i * (size_t)dv;
         const float den = row[dv];
-        pf_status bad = PF_OK;
-        if (!isfinite(den))
-            bad = PF_ENONFINITE;
-        else if (den == 0.0f)
-            bad = PF_EDOMAIN;
-        else if (!isfinite(1.0f / den) || pf_nonfinite_f32(dst, (size_t)dv))
+        pf_status bad = pf_favor_den_status(den);
+        if (bad == PF_OK && (!isfinite(1.0f / den) || pf_nonfinite_f32(dst, (size_t)dv)))
             bad = PF_ENONFINITE;
         if (bad != PF_OK) {
             memset(dst, 0, sizeof(float) * (size_t)dv);

@@ -25,10 +25,6 @@ static int nblocks(int n, int block) {
     return (n + block - 1) / block;
 }
 
-static int imin(int a, int b) {
-    return a < b ? a : b;
-}
-
 /* Rows per sgemm block of a linear layer's products (a function of N only): 512 once that
  * leaves 8 blocks or more, else 128. Each call packs the whole weight, so wider blocks pack it
  * less often (at 128 rows that packing was 3% of a training step). */
@@ -69,7 +65,7 @@ void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t
     int nb = nblocks(C, CHAN_BLOCK);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int cb = 0; cb < nb; cb++) {
-        int c0 = cb * CHAN_BLOCK, c1 = imin(C, c0 + CHAN_BLOCK);
+        int c0 = cb * CHAN_BLOCK, c1 = pf_imin(C, c0 + CHAN_BLOCK);
         for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
             const float *d = dout + bt * C;
             float *g = dwte + (size_t)inp[bt] * C;
@@ -148,7 +144,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
     double *part = malloc(sizeof(double) * 2 * (size_t)C * (size_t)nb);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int rb = 0; rb < nb; rb++) {
-        const int r1 = imin(N, (rb + 1) * LN_ROWS);
+        const int r1 = pf_imin(N, (rb + 1) * LN_ROWS);
         double *pw = part ? part + (size_t)rb * 2 * C : NULL, *pb = pw ? pw + C : NULL;
         if (pw)
             for (int c = 0; c < 2 * C; c++) pw[c] = 0;
@@ -177,7 +173,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
         }
     }
     for (int c0 = 0; c0 < C; c0 += SUM_CHUNK) {
-        const int n = imin(C - c0, SUM_CHUNK);
+        const int n = pf_imin(C - c0, SUM_CHUNK);
         double aw[SUM_CHUNK] = {0}, ab[SUM_CHUNK] = {0}, tw[SUM_CHUNK], tb[SUM_CHUNK];
         for (int rb = 0; rb < nb; rb++) {
             const double *pw = tw, *pb = tb;
@@ -186,7 +182,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                 pb = pw + C;
             } else {
                 for (int c = 0; c < n; c++) tw[c] = tb[c] = 0;
-                for (int i = rb * LN_ROWS; i < imin(N, (rb + 1) * LN_ROWS); i++)
+                for (int i = rb * LN_ROWS; i < pf_imin(N, (rb + 1) * LN_ROWS); i++)
                     layernorm_param_row(tw, tb, inp + (size_t)i * C + c0,
                                         dout + (size_t)i * C + c0, mean[i], rstd[i], n);
             }
@@ -218,7 +214,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int rb = 0; rb < nb; rb++) {
         pf_blas_pin();
-        int r0 = rb * rows_per, rows = imin(N, r0 + rows_per) - r0;
+        int r0 = rb * rows_per, rows = pf_imin(N, r0 + rows_per) - r0;
         float *o = out + (size_t)r0 * OC;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, C, 1.0f,
                     inp + (size_t)r0 * C, C, weight, C, 0.0f, o, OC);
@@ -275,7 +271,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
         if (dinp) {
 #pragma omp for schedule(static) nowait
             for (int rb = 0; rb < nrb; rb++) {
-                int r0 = rb * rows, n = imin(N, r0 + rows) - r0;
+                int r0 = rb * rows, n = pf_imin(N, r0 + rows) - r0;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f,
                             dout + (size_t)r0 * OC, OC, weight, C, 0.0f, dinp + (size_t)r0 * C,
                             C);
@@ -284,7 +280,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
         }
 #pragma omp for schedule(static)
         for (int b = 0; b < nb; b++) {
-            int k0 = b * w, n = imin(dim, k0 + w) - k0;
+            int k0 = b * w, n = pf_imin(dim, k0 + w) - k0;
             if (split_oc)
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, C, N, 1.0f, dout + k0, OC,
                             inp, C, 1.0f, dweight + (size_t)k0 * C, C);
@@ -295,7 +291,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     }
     if (dbias) {
         for (int j0 = 0; j0 < OC; j0 += SUM_CHUNK) {
-            const int n = imin(OC - j0, SUM_CHUNK);
+            const int n = pf_imin(OC - j0, SUM_CHUNK);
             double acc[SUM_CHUNK] = {0}, tmp[SUM_CHUNK];
             for (int rb = 0; rb < nrb; rb++) {
                 const double *p = tmp;
@@ -303,7 +299,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
                     p = part + (size_t)rb * OC + j0;
                 else
                     column_sums(tmp, dout + (size_t)rb * rows * OC + j0,
-                                imin(N, (rb + 1) * rows) - rb * rows, OC, n);
+                                pf_imin(N, (rb + 1) * rows) - rb * rows, OC, n);
 #pragma omp simd
                 for (int j = 0; j < n; j++) acc[j] += p[j];
             }

@@ -1,5 +1,14 @@
 /* simd.h: the kernel tables of each instruction set (see pf_simd_table in internal.h).
  *
+ * Which kernels are templates and which are written per instruction set, and why: a kernel whose
+ * arithmetic is the same sequence of vector operations at any width -- the register-tile products
+ * (gemm_tmpl.h) and the decoding pass (decode_tmpl.h) -- is written once over a few macros
+ * (VF, VW, v_fma, masked loads) that simd_avx2.c and simd_avx512.c define, so both paths give
+ * the bits the template's order gives and a fix lands in both. A kernel whose best form differs
+ * by instruction set -- exp (2^n by two halves on AVX2, by vscalefps on AVX-512), sincos, the
+ * row maxima -- is written out in each file against the shared constants below, and the tests
+ * hold every path to the same bits (exp) or bounds (sincos).
+ *
  * exp in the vector paths: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), exp(r)
  * by a degree-6 polynomial (the Cephes expf coefficients), and 2^n applied so that results from
  * 2^-149 (subnormal) to FLT_MAX are formed without overflow in between and rounded once: in two
