@@ -61,7 +61,7 @@ static inline problem problem_make(int B, int H, int Lq, int Lk, int d, int dv, 
 
 static inline void problem_free(problem *p) {
     float *all[14] = {p->Q,  p->K,  p->V,  p->G,  p->W,  p->out, p->out2,
-                      p->dQ, p->dK, p->dV, p->rQ, p->rK, p->rV, NULL};
+                      p->dQ, p->dK, p->dV, p->rQ, p->rK, p->rV,  NULL};
     for (int i = 0; all[i]; i++) free(all[i]);
     free(p->ref);
 }

@@ -439,7 +439,10 @@ static pf_status bidir_keys_again(bwd_job *j, bwd_ws *ws, int bh, int kb) {
         float *dVb = j->dV + hoff(bh, s->Lk, dv) + row * (size_t)dv;
         pf_favor_weighted_values(ws->vaug, dw, j->V + hoff(bh, s->Lk, dv) + row * (size_t)dv, dv, c,
                                  NULL, M, nb);
+        /* dK~ = [V|1]_w dKV~^T: dk^_j = R [v_j|1], the key rows weighted by e^(c_j - M) */
         pf_mm(0, 0, nb, r, dv + 1, 1.0f, ws->vaug, dw, dKVt, r, 0.0f, ws->dblk, r);
+        /* dV = K~ dKV~[:, :dv]: dv_j = sum_i (q~_i.k^_j) dn_i, before the weights e^(c_j - M) below
+         */
         pf_mm(0, 0, nb, dv, r, 1.0f, Kb, r, dKV, dv, 0.0f, dVb, dv);
         for (int i = 0; i < nb; i++) {
             const float w = ws->vaug[(size_t)i * (size_t)dw + (size_t)dv];
@@ -488,6 +491,7 @@ static pf_status causal_features(const pf_fmap *fm, const bwd_head *hd, const ca
             const float beta = pf_favor_rebase(&M, c, nkb);
             pf_favor_weighted_values(ws->vaug, dv1, hd->V + (size_t)b0 * (size_t)dv, dv, c, NULL, M,
                                      nkb);
+            /* L^T = beta L^T + [V|1]_w^T K~: the block's keys into its local state, rebased to M */
             pf_mm(1, 0, dv1, r, nkb, 1.0f, ws->vaug, dv1, cs->kst + (size_t)lb * (size_t)r, r, beta,
                   LT, r);
         }
@@ -542,9 +546,12 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
             const int w = hd->out ? 1 : dv1, c0 = hd->out ? dv : 0;
             if (have_state) {
                 if (hd->out)
+                    /* inter-chunk D_i = q~_i.z, z = S^T[dv] (the forward's out given: denominators
+                     * alone) */
                     pf_mm(0, 1, n, 1, r, 1.0f, Qc, r, ST + (size_t)dv * (size_t)r, r, 0.0f, O + dv,
                           dv1);
                 else
+                    /* inter-chunk [n_i | D_i] = q~_i S; both then times e^(M - P_i) */
                     pf_mm(0, 1, n, dv1, r, 1.0f, Qc, r, ST, r, 0.0f, O, dv1);
                 scale_rows(O + c0, dv1, n, w, NULL, M, P);
             }
@@ -554,28 +561,33 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                         memcpy(A + (size_t)i * (size_t)C, cs->akept + (size_t)(lt + i) * (size_t)C,
                                sizeof(float) * (size_t)nk);
                 } else {
+                    /* intra-chunk A = Q~ K~^T, then masked (j <= i) and scaled by e^(P_j - P_i) */
                     pf_mm(0, 1, n, nk, r, 1.0f, Qc, r, Kc, r, 0.0f, A, C);
                     mask_chunk(A, C, n, nk, P);
                 }
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, P, 0.0, nk);
-                if (hd->out)
+                if (hd->out) /* intra-chunk D += A [1]_w, the key weights e^(c_j - P_j) */
                     pf_mm(0, 0, n, 1, nk, 1.0f, A, C, ws->vs + dv, dv1, have_state ? 1.0f : 0.0f,
                           O + dv, dv1);
                 else
+                    /* intra-chunk [n | D] += A [V|1]_w */
                     pf_mm(0, 0, n, dv1, nk, 1.0f, A, C, ws->vs, dv1, have_state ? 1.0f : 0.0f, O,
                           dv1);
             }
             st = pf_status_worse(st, grad_of_out(dN, dv1, O, dv1,
-                                       hd->out ? hd->out + (size_t)t0 * (size_t)dv : NULL,
-                                       hd->G + (size_t)t0 * (size_t)dv, n, dv));
+                                                 hd->out ? hd->out + (size_t)t0 * (size_t)dv : NULL,
+                                                 hd->G + (size_t)t0 * (size_t)dv, n, dv));
             /* dQ~ = e^(M - P) dN~ S^T + B K~, B_ij = (dN~_i.[v_j|1]_w) e^(P_j - P_i) masked */
             if (have_state && dq) {
+                /* inter-chunk dQ~ = dN~ S^T, then times e^(M - P_i) */
                 pf_mm(0, 0, n, r, dv1, 1.0f, dN, dv1, ST, r, 0.0f, dQc, r);
                 scale_rows(dQc, r, n, r, NULL, M, P);
             }
             if (nk > 0) {
+                /* B = dN~ [V|1]_w^T, then masked and scaled like A */
                 pf_mm(0, 1, n, nk, dv1, 1.0f, dN, dv1, ws->vs, dv1, 0.0f, Bm, C);
                 mask_chunk(Bm, C, n, nk, P);
+                /* intra-chunk dQ~ += B K~: dq~_i += sum_{j <= i} B_ij k~_j */
                 if (dq) pf_mm(0, 0, n, r, nk, 1.0f, Bm, C, Kc, r, have_state ? 1.0f : 0.0f, dQc, r);
                 /* keep A' = A diag(e^(c_j - P_j)) for dV in the reverse scan */
                 for (int i = 0; i < n; i++) {
@@ -586,6 +598,8 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                 const double Mn = P[n - 1];
                 const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, NULL, Mn, nk);
+                /* S^T = beta S^T + [V|1]_w^T K~: the chunk's keys into the prefix state, rebased to
+                 * P_last */
                 pf_mm(1, 0, dv1, r, nk, 1.0f, ws->vs, dv1, Kc, r, beta, ST, r);
                 M = Mn;
             }
@@ -648,14 +662,19 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
                 float *dVc = hd->dV + (size_t)t0 * (size_t)dv;
                 if (have_r) {
                     pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, NULL, Mc, nk);
+                    /* dK~_c = [V|1]_w R^T: dk^_j = R_j [v_j|1] from the queries of later chunks */
                     pf_mm(0, 0, nk, r, dv1, 1.0f, ws->vs, dv1, RT, r, 0.0f, dKc, r);
+                    /* dV_c = K~_c R[:, :dv]^T: dv_j = sum_{i later} (q~_i.k^_j) dn_i, weighted
+                     * below */
                     pf_mm(0, 1, nk, dv, r, 1.0f, Kc, r, RT, r, 0.0f, dVc, dv);
                     for (int j = 0; j < nk; j++) {
                         const float w = ws->vs[(size_t)j * (size_t)dv1 + dv];
                         for (int k = 0; k < dv; k++) dVc[(size_t)j * (size_t)dv + k] *= w;
                     }
                 }
+                /* dK~_c += B^T Q~_c: dk^_j += sum_{i >= j in the chunk} B_ij q~_i */
                 pf_mm(1, 0, nk, r, n, 1.0f, Bm, C, Qc, r, have_r ? 1.0f : 0.0f, dKc, r);
+                /* dV_c += A'^T dN~[:, :dv]: dv_j += sum_{i >= j in the chunk} A'_ij dn_i */
                 pf_mm(1, 0, nk, dv, n, 1.0f, A, C, dN, dv1, have_r ? 1.0f : 0.0f, dVc, dv);
             }
             if (t0 > r0 || fold) {
@@ -670,6 +689,8 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
                     for (int k = 0; k < dv1; k++) dst[k] = f * src[k];
                 }
                 const float beta = have_r ? (float)exp(Mp - Mc) : 0.0f;
+                /* R^T = beta R^T + dN~_w^T Q~_c: the chunk's queries into the suffix state, rebased
+                 * to M_c */
                 pf_mm(1, 0, dv1, r, n, 1.0f, ws->dnw, dv1, Qc, r, beta, RT, r);
                 have_r = 1;
             }
@@ -753,8 +774,8 @@ static pf_status bwd_head_setup(bwd_job *j, int bh) {
     if (j->ext && !j->opts->causal) ext_bidir_in(j, bh);
     if (j->ext && j->ext->sums)
         return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
-                                  j->ext->sums + (size_t)bh * pf_favor_sums_len(j->favor->kernel,
-                                                                               s->d));
+                                  j->ext->sums +
+                                      (size_t)bh * pf_favor_sums_len(j->favor->kernel, s->d));
     return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor, j->Q + hoff(bh, s->Lq, s->d), s->Lq, Kh,
                          klen);
 }
@@ -860,7 +881,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
-        const float *Rn = u < nsb - 1 ? j->rs + (size_t)(u + 1) * n
+        const float *Rn = u < nsb - 1           ? j->rs + (size_t)(u + 1) * n
                           : j->ext && j->ext->R ? j->rs
                                                 : NULL;
         j->cst[u] = (int)causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1, Rn, 0, 0.0);
@@ -890,7 +911,8 @@ static pf_status causal_dstate(bwd_job *j, bwd_ws *ws, int bh, const bwd_head *h
         if (kf) kept_features(j, bh, r0, cs);
         st = pf_status_worse(st, causal_features(fm, hd, cs, ws, j->C, r0, r1, kf, NULL, NULL));
         if (pf_favor_fatal(st)) break;
-        st = pf_status_worse(st, causal_forward(fm, hd, cs, ws, j->C, r0, r1, ws->state, M, ws->dstate, 0));
+        st = pf_status_worse(
+            st, causal_forward(fm, hd, cs, ws, j->C, r0, r1, ws->state, M, ws->dstate, 0));
         const float f = (float)exp(M0 - M);
         for (size_t k = 0; k < dv1; k++)
             for (size_t c = 0; c < (size_t)r; c++)
@@ -932,7 +954,8 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
             if (M > -INFINITY) memcpy(ws->ckpt + (size_t)u * n, ws->state, sizeof(float) * n);
             ws->ckm[u] = M;
         }
-        st = pf_status_worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
+        st = pf_status_worse(st,
+                             causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
         M = cs.p[r1 - 1 - r0];
     }
     const int rin = j->ext && j->ext->R; /* a slice's suffix from later slices */
@@ -942,16 +965,16 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
         if (u < nseg - 1) { /* (the last segment's rows are still here) */
             cs.base = r0;
             if (kf) kept_features(j, bh, r0, &cs);
-            st = pf_status_worse(st, causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
+            st = pf_status_worse(st,
+                                 causal_features(fm, &hd, &cs, ws, j->C, r0, r1, kf, NULL, NULL));
             if (pf_favor_fatal(st)) break;
-            st = pf_status_worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->ckpt + (size_t)u * n,
-                                          ws->ckm[u], NULL, 0));
+            st = pf_status_worse(st, causal_forward(fm, &hd, &cs, ws, j->C, r0, r1,
+                                                    ws->ckpt + (size_t)u * n, ws->ckm[u], NULL, 0));
             if (pf_favor_fatal(st)) break;
         }
-        st = pf_status_worse(st,
-                   causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
-                                  u < nseg - 1 || rin ? ws->dstate : NULL, u > 0,
-                                  u > 0 ? ws->ckm[u] : 0.0));
+        st = pf_status_worse(st, causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1,
+                                                u < nseg - 1 || rin ? ws->dstate : NULL, u > 0,
+                                                u > 0 ? ws->ckm[u] : 0.0));
     }
     return st;
 }
@@ -1132,7 +1155,8 @@ static void bwd_group_bidir(bwd_job *j, const bwd_plan *p, bwd_ws *ws, pf_favor_
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < ng * j->nkb; u++) {
         const int bh = g0 + u / j->nkb, kb = u % j->nkb;
-        if (!j->dead[bh]) j->kst[(size_t)bh * nkb + (size_t)kb] = (int)bidir_keys_again(j, ws, bh, kb);
+        if (!j->dead[bh])
+            j->kst[(size_t)bh * nkb + (size_t)kb] = (int)bidir_keys_again(j, ws, bh, kb);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int bh = g0; bh < g1; bh++)
@@ -1201,8 +1225,19 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
                          const pf_attn_opts *opts, const pf_favor_opts *favor,
                          const pf_favor_saved *sv, int seg, const pf_favor_ext *ext) {
     const pf_shape s = *shape;
-    bwd_job j = {.s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .G = dout,
-                 .out = out, .dQ = dQ, .dK = dK, .dV = dV, .sv = sv, .ext = ext,
+    bwd_job j = {.s = &s,
+                 .opts = opts,
+                 .favor = favor,
+                 .Q = Q,
+                 .K = K,
+                 .V = V,
+                 .G = dout,
+                 .out = out,
+                 .dQ = dQ,
+                 .dK = dK,
+                 .dV = dV,
+                 .sv = sv,
+                 .ext = ext,
                  .dstate = ext && ext->dS};
     const bwd_plan p = bwd_plan_make(&j, seg);
     size_t zeroed;
@@ -1212,8 +1247,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
         bwd_layout(&j, &p, arena, &zeroed);
         memset(arena, 0, zeroed);
         for (int bh = 0; bh < p.heads && worst == PF_OK; bh++)
-            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0)
-                worst = PF_ENOMEM;
+            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
     }
     if (worst == PF_OK) worst = bwd_parallel(&j, &p) ? PF_ENOMEM : bwd_heads_end(&j, &p);
     /* The passes check an input only as they reach it, and a head that fails stops there: so
@@ -1245,7 +1279,8 @@ pf_status pf_attn_favor_backward(float *dQ, float *dK, float *dV, const float *d
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
     if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, out, NULL, favor->W,
-                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m *
+                                (size_t)shape->d))
         return PF_EINVAL;
     return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, NULL, 0, NULL);
 }
@@ -1260,7 +1295,8 @@ pf_status pf_attn_favor_backward_saved(float *dQ, float *dK, float *dV, const fl
     if (st == PF_OK) st = pf_favor_saved_match(saved, shape, opts, favor, 1);
     if (st != PF_OK) return st;
     if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, out, NULL, favor->W,
-                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m *
+                                (size_t)shape->d))
         return PF_EINVAL;
     return bwd_run(dQ, dK, dV, dout, Q, K, V, out, shape, opts, favor, saved, 0, NULL);
 }
@@ -1306,8 +1342,9 @@ pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, const floa
     if (!dQ || !dK || !dV || !dout || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, NULL, NULL, favor->W,
-                            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+    if (pf_attn_alias_check(
+            shape, opts, NULL, NULL, dQ, dK, dV, Q, K, V, dout, NULL, NULL, favor->W,
+            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
         return PF_EINVAL;
     const pf_shape s = *shape;
     const pf_attn_sizes ns = pf_attn_sizes_of(&s);

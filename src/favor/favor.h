@@ -145,9 +145,8 @@ PF_INTERNAL int pf_favor_weighted_values(float *dst, int dw, const float *V, int
 /* The causal chunk's two weightings of [V | 1] in one pass over V: dst1 row j
  * e^(c_j - ref1_j) [v_j | 1], dst2 row j e^(c_j - ref2) [v_j | 1], each with the arithmetic of
  * pf_favor_weighted_values (V is checked by the caller). */
-PF_INTERNAL void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const float *V,
-                                           int dv, const double *c, const double *ref1,
-                                           double ref2, int n);
+PF_INTERNAL void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const float *V, int dv,
+                                           const double *c, const double *ref1, double ref2, int n);
 
 /* Per-thread scratch of the forward (setup.c): blocks of nb rows; C = 0 for bidirectional,
  * else the causal chunk. */
@@ -279,9 +278,9 @@ typedef struct pf_favor_ext {
     const double *M;    /* (heads) */
     float *Sout;        /* forward: the slice's own key state instead of outputs, or NULL */
     double *Mout;
-    const float *R;     /* backward: d/dS from later slices (causal, referenced to the state
-                           after this slice) or from every slice (bidirectional), or NULL */
-    float *dS;          /* backward: only d/dS of this slice's queries (referenced to M) */
+    const float *R; /* backward: d/dS from later slices (causal, referenced to the state
+                       after this slice) or from every slice (bidirectional), or NULL */
+    float *dS;      /* backward: only d/dS of this slice's queries (referenced to M) */
 } pf_favor_ext;
 
 /* The forward (forward.c) and backward (backward.c) of a slice; arguments checked by
@@ -364,7 +363,6 @@ struct pf_favor_saved {
     double *kvm; /* bidirectional: (B H) its reference */
     size_t bytes;
 };
-
 
 /* pf_attn_favor_backward (saved NULL) or pf_attn_favor_backward_saved, with a causal head's
  * scan cut into segments of seg rows (rounded up to whole feature blocks; 0: the library's

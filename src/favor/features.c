@@ -183,7 +183,6 @@ pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float 
     return PF_OK;
 }
 
-
 pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale, float eps) {
     pf_fmap f;
     f.kernel = kernel;
@@ -211,7 +210,6 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
     f.sderf_B = NULL;
     return f;
 }
-
 
 /* p[0..n) += add */
 static void add_const(float *p, int n, float add) {
@@ -518,9 +516,11 @@ pf_status pf_features_ex(float *phi, float *logscale, const float *X, int n, int
     {
         const size_t f = sizeof(float);
         const pf_span outs[2] = {{phi, (size_t)n * (size_t)r * f}, {logscale, (size_t)n * f}};
-        const pf_span ins[4] = {{X, (size_t)n * (size_t)d * f}, {W, (size_t)m * (size_t)d * f},
-                                {params ? params->sderf_A : NULL, kernel == PF_KERNEL_SDERF ? dd * f : 0},
-                                {params ? params->sderf_B : NULL, kernel == PF_KERNEL_SDERF ? dd * f : 0}};
+        const pf_span ins[4] = {
+            {X, (size_t)n * (size_t)d * f},
+            {W, (size_t)m * (size_t)d * f},
+            {params ? params->sderf_A : NULL, kernel == PF_KERNEL_SDERF ? dd * f : 0},
+            {params ? params->sderf_B : NULL, kernel == PF_KERNEL_SDERF ? dd * f : 0}};
         if (pf_aliased(outs, 2, ins, 4)) return PF_EINVAL;
     }
     if (pf_nonfinite_f32(X, (size_t)n * (size_t)d) || pf_nonfinite_f32(W, (size_t)m * (size_t)d))

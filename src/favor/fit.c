@@ -93,8 +93,10 @@ static pf_status sderf_from_sums(pf_kernel_ws *kw, double *log_d, const float *M
             const double mqi = mq[i] / nq, mqj = mq[j] / nq, mki = mk[i] / nk, mkj = mk[j] / nk;
             const size_t ij = (size_t)i * D + (size_t)j, ji = (size_t)j * D + (size_t)i;
             /* symmetrised: sgemm need not return an exactly symmetric Q^T Q */
-            const double qij = Mqf ? (double)Mqf[ij] : Mqd[ij], qji = Mqf ? (double)Mqf[ji] : Mqd[ji];
-            const double kij = Mkf ? (double)Mkf[ij] : Mkd[ij], kji = Mkf ? (double)Mkf[ji] : Mkd[ji];
+            const double qij = Mqf ? (double)Mqf[ij] : Mqd[ij],
+                         qji = Mqf ? (double)Mqf[ji] : Mqd[ji];
+            const double kij = Mkf ? (double)Mkf[ij] : Mkd[ij],
+                         kji = Mkf ? (double)Mkf[ji] : Mkd[ji];
             const double a = 0.5 * (qij + qji) / nq;
             const double b = 0.5 * (kij + kji) / nk;
             const double v = s * (a + b + mqi * mkj + mki * mqj);

@@ -35,15 +35,15 @@ typedef struct favor_job {
     const pf_favor_opts *favor;
     const float *Q, *K, *V;
     float *out;
-    int r, C, nkb, kbl; /* key (or scan) blocks per head and their length */
-    pf_fmap *fm;        /* (heads) */
-    pf_kernel_ws *kw;   /* (heads) */
-    float *part;        /* (heads, nkb, r, dw): partial sums; [h][0] becomes the total */
-    double *pmax;       /* (heads, nkb) */
-    int *hst;           /* (heads): status of the head (phase 0) */
-    int *kst;           /* (heads, nkb): status of each key unit */
-    int *ust;           /* (heads, nqb): status of each query or scan unit */
-    pf_favor_saved *sv; /* what the backward will need, or NULL */
+    int r, C, nkb, kbl;      /* key (or scan) blocks per head and their length */
+    pf_fmap *fm;             /* (heads) */
+    pf_kernel_ws *kw;        /* (heads) */
+    float *part;             /* (heads, nkb, r, dw): partial sums; [h][0] becomes the total */
+    double *pmax;            /* (heads, nkb) */
+    int *hst;                /* (heads): status of the head (phase 0) */
+    int *kst;                /* (heads, nkb): status of each key unit */
+    int *ust;                /* (heads, nqb): status of each query or scan unit */
+    pf_favor_saved *sv;      /* what the backward will need, or NULL */
     const pf_favor_ext *ext; /* a slice's state and sums from outside, or NULL */
 } favor_job;
 
@@ -82,8 +82,8 @@ static pf_status job_head(favor_job *j, int bh) {
     if (j->ext && j->ext->S) ext_state_in(j, bh);
     if (j->ext && j->ext->sums)
         return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
-                                  j->ext->sums + (size_t)bh * pf_favor_sums_len(j->favor->kernel,
-                                                                               s->d));
+                                  j->ext->sums +
+                                      (size_t)bh * pf_favor_sums_len(j->favor->kernel, s->d));
     return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor,
                          j->Q ? j->Q + head_off(bh, s->Lq, s->d) : NULL, s->Lq, Kh, klen);
 }
@@ -142,7 +142,8 @@ static pf_status job_queries(favor_job *j, pf_favor_ws *ws, int bh, int qb) {
     const size_t o = (size_t)bh * (size_t)s->Lq + (size_t)i0;
     const int keep = j->sv && bh < j->sv->nkeep;
     return pf_favor_query_block(&j->fm[bh], ws, oh, Qh, KV, n, s->dv,
-                       keep ? j->sv->qf + o * (size_t)j->r : NULL, keep ? j->sv->qamax + o : NULL);
+                                keep ? j->sv->qf + o * (size_t)j->r : NULL,
+                                keep ? j->sv->qamax + o : NULL);
 }
 
 /* Phase 3, causal: scan block sb from its starting state. */
@@ -213,8 +214,8 @@ static favor_plan favor_plan_make(favor_job *j, int keys_only, int ext_state) {
         j->nkb = pf_favor_bidir_blocks(s->Lk, p.heads, &j->kbl);
     p.nqb = keys_only ? 0 : causal ? j->nkb : (s->Lq + FAVOR_BLOCK - 1) / FAVOR_BLOCK;
     p.nk1 = causal ? j->nkb - 1 : (ext_state ? 0 : j->nkb);
-    const int64_t most = (int64_t)p.heads * (p.nk1 > p.nqb ? (p.nk1 > 1 ? p.nk1 : 1)
-                                                           : (p.nqb > 1 ? p.nqb : 1));
+    const int64_t most =
+        (int64_t)p.heads * (p.nk1 > p.nqb ? (p.nk1 > 1 ? p.nk1 : 1) : (p.nqb > 1 ? p.nqb : 1));
     const int want = pf_threads(j->opts->threads);
     p.nt = want > most ? (int)most : want;
     return p;
@@ -319,8 +320,15 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
         kopts.causal = 0;
         opts = &kopts;
     }
-    favor_job j = {.s = &s, .opts = opts, .favor = favor, .Q = Q, .K = K, .V = V, .out = out,
-                   .sv = sv, .ext = ext};
+    favor_job j = {.s = &s,
+                   .opts = opts,
+                   .favor = favor,
+                   .Q = Q,
+                   .K = K,
+                   .V = V,
+                   .out = out,
+                   .sv = sv,
+                   .ext = ext};
     *complete = 0;
     const favor_plan p = favor_plan_make(&j, keys_only, ext_state);
     size_t zeroed;
@@ -330,8 +338,7 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
         favor_layout(&j, &p, arena, &zeroed);
         memset(arena, 0, zeroed);
         for (int bh = 0; bh < p.heads && worst == PF_OK; bh++)
-            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0)
-                worst = PF_ENOMEM;
+            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
     }
     if (worst == PF_OK && favor_parallel(&j, &p)) worst = PF_ENOMEM;
     if (worst == PF_OK) {
@@ -362,13 +369,13 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     if (!out || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
-                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+    if (pf_attn_alias_check(
+            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
+            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
         return PF_EINVAL;
     int complete;
     return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, NULL);
 }
-
 
 /* The forward that also fills `saved` for pf_attn_favor_backward_saved (saved.c). */
 pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const float *V,
@@ -377,8 +384,9 @@ pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const f
     if (!out || !Q || !K || !V || !saved) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
-                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+    if (pf_attn_alias_check(
+            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
+            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
         return PF_EINVAL;
     st = pf_favor_saved_match(saved, shape, opts, favor, 0);
     if (st != PF_OK) return st;
@@ -414,8 +422,9 @@ pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const fl
     if (!out || !Q || !K || !V) return PF_EINVAL;
     pf_status st = pf_favor_check(shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
-                            favor->W, (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+    if (pf_attn_alias_check(
+            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
+            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
         return PF_EINVAL;
     const pf_shape s = *shape;
     const pf_attn_sizes n = pf_attn_sizes_of(&s);
@@ -498,4 +507,3 @@ done:
     pf_kernel_ws_free(&kw);
     return st;
 }
-

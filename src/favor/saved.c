@@ -115,4 +115,3 @@ int pf_favor_saved_heads(const pf_favor_saved *saved) {
 void pf_favor_saved_clear(pf_favor_saved *saved) {
     if (saved) saved->filled = 0;
 }
-

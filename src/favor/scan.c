@@ -179,9 +179,8 @@ pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, c
 /* The causal chunk's two weightings of [V | 1] in one pass over V: dst1 row j
  * e^(c_j - ref1_j) [v_j | 1], dst2 row j e^(c_j - ref2) [v_j | 1] (the arithmetic of
  * pf_favor_weighted_values for each; V is checked by the caller). */
-PF_CLONES void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const float *V,
-                                         int dv, const double *c, const double *ref1,
-                                         double ref2, int n) {
+PF_CLONES void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const float *V, int dv,
+                                         const double *c, const double *ref1, double ref2, int n) {
     for (int j = 0; j < n; j++) {
         const float w1 = (float)exp(c[j] - ref1[j]);
         const float w2 = c[j] - ref1[j] == c[j] - ref2 ? w1 : (float)exp(c[j] - ref2);
@@ -314,4 +313,3 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
     *Mp = M;
     return st;
 }
-

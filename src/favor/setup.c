@@ -108,4 +108,3 @@ int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv) {
 void pf_favor_ws_free(pf_favor_ws *ws) {
     if (ws) pf_free(ws->mem);
 }
-

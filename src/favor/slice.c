@@ -34,15 +34,19 @@ static int slice_aliased(const pf_span *outs, int nout, const pf_shape *shape,
                          const float *S, const double *M, const float *R, const double *sums) {
     const pf_attn_sizes n = pf_attn_sizes_of(shape);
     const size_t heads = (size_t)shape->B * (size_t)shape->H, f = sizeof(float);
-    const size_t ns = heads * (size_t)pf_kernel_width(favor->kernel, favor->m) *
-                      ((size_t)shape->dv + 1);
-    const size_t wn = (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m *
-                      (size_t)shape->d;
-    const pf_span ins[11] = {{Q, n.q * f},        {K, n.k * f},
-                             {V, n.v * f},        {dout, n.out * f},
-                             {out, n.out * f},    {S, ns * f},
+    const size_t ns =
+        heads * (size_t)pf_kernel_width(favor->kernel, favor->m) * ((size_t)shape->dv + 1);
+    const size_t wn =
+        (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d;
+    const pf_span ins[11] = {{Q, n.q * f},
+                             {K, n.k * f},
+                             {V, n.v * f},
+                             {dout, n.out * f},
+                             {out, n.out * f},
+                             {S, ns * f},
                              {M, heads * sizeof(double)},
-                             {R, ns * f},         {favor->W, wn * f},
+                             {R, ns * f},
+                             {favor->W, wn * f},
                              {sums, heads * pf_favor_slice_sums_len(shape, favor) * sizeof(double)},
                              {opts->key_len, sizeof(int32_t) * (size_t)shape->B}};
     return pf_aliased(outs, nout, ins, 11);
@@ -96,8 +100,8 @@ pf_status pf_favor_slice_sums(double *sums, const float *Q, const float *K, cons
     const size_t len = pf_favor_slice_sums_len(shape, favor);
     if (len == 0) return PF_EINVAL;
     {
-        const pf_span outs[1] = {{sums, (size_t)shape->B * (size_t)shape->H * len *
-                                            sizeof(double)}};
+        const pf_span outs[1] = {
+            {sums, (size_t)shape->B * (size_t)shape->H * len * sizeof(double)}};
         if (slice_aliased(outs, 1, shape, opts, favor, Q, K, NULL, NULL, NULL, NULL, NULL, NULL,
                           NULL))
             return PF_EINVAL;
@@ -145,10 +149,9 @@ pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float 
     if (st != PF_OK) return st;
     {
         const size_t heads = (size_t)shape->B * (size_t)shape->H;
-        const pf_span outs[2] = {
-            {S, heads * (size_t)pf_kernel_width(favor->kernel, favor->m) *
-                    ((size_t)shape->dv + 1) * sizeof(float)},
-            {M, heads * sizeof(double)}};
+        const pf_span outs[2] = {{S, heads * (size_t)pf_kernel_width(favor->kernel, favor->m) *
+                                         ((size_t)shape->dv + 1) * sizeof(float)},
+                                 {M, heads * sizeof(double)}};
         if (slice_aliased(outs, 2, shape, opts, favor, NULL, K, V, NULL, NULL, NULL, NULL, NULL,
                           sums))
             return PF_EINVAL;
@@ -158,8 +161,7 @@ pf_status pf_favor_slice_state(float *S, double *M, const float *K, const float 
     if (st != PF_OK) {
         /* the contract: a failure empties every head, not only the one that failed */
         const size_t heads = (size_t)shape->B * (size_t)shape->H;
-        const size_t n = (size_t)pf_kernel_width(favor->kernel, favor->m) *
-                         ((size_t)shape->dv + 1);
+        const size_t n = (size_t)pf_kernel_width(favor->kernel, favor->m) * ((size_t)shape->dv + 1);
         memset(S, 0, sizeof(float) * heads * n);
         for (size_t h = 0; h < heads; h++) M[h] = -INFINITY;
     }
@@ -178,7 +180,8 @@ pf_status pf_favor_slice_combine(float *S, double *M, const float *S2, const dou
     if (!S || !M || !S2 || !M2 || heads < 1 || r < 1 || dv < 1) return PF_EINVAL;
     if (!refs_ok(M, heads, 0) || !refs_ok(M2, heads, 0)) return PF_EINVAL;
     const size_t n = (size_t)r * ((size_t)dv + 1);
-    for (size_t h = 0; h < (size_t)heads; h++) pf_favor_combine(S + h * n, &M[h], S2 + h * n, M2[h], n);
+    for (size_t h = 0; h < (size_t)heads; h++)
+        pf_favor_combine(S + h * n, &M[h], S2 + h * n, M2[h], n);
     return PF_OK;
 }
 
@@ -251,8 +254,8 @@ pf_status pf_favor_slice_backward(float *dQ, float *dK, float *dV, const float *
     if (!opts->causal && !R) return PF_EINVAL;
     {
         const pf_attn_sizes ns = pf_attn_sizes_of(shape);
-        const pf_span outs[3] = {{dQ, ns.q * sizeof(float)}, {dK, ns.k * sizeof(float)},
-                                 {dV, ns.v * sizeof(float)}};
+        const pf_span outs[3] = {
+            {dQ, ns.q * sizeof(float)}, {dK, ns.k * sizeof(float)}, {dV, ns.v * sizeof(float)}};
         if (slice_aliased(outs, 3, shape, opts, favor, Q, K, V, dout, out, S, M, R, sums))
             return PF_EINVAL;
     }

@@ -73,8 +73,8 @@ struct pf_favor_state {
     /* a staged step: 0 none, 1 one token, n > 1 tokens (S and M copied into bak, bakM first
      * when the position was not 0) */
     int staged;
-    float *bak;    /* (H, r, dw), allocated at the first step of several tokens */
-    double *bakM;  /* (H) */
+    float *bak;   /* (H, r, dw), allocated at the first step of several tokens */
+    double *bakM; /* (H) */
 };
 
 void pf_favor_state_free(pf_favor_state *st) {
@@ -250,8 +250,8 @@ static pf_status step_one_head(pf_favor_state *st, int h, int t, float *out, con
     st->Mn[h] = M;
     st->fresh[h] = M == -INFINITY;
     if (st->fresh[h]) /* the first key (S = 0, nothing pending): the general path */
-        return pf_favor_causal_rows(fm, &st->ws[t], st->C, S, &st->Mn[h], oh, qh, kh, vh, 1, 1,
-                                    dv, NULL);
+        return pf_favor_causal_rows(fm, &st->ws[t], st->C, S, &st->Mn[h], oh, qh, kh, vh, 1, 1, dv,
+                                    NULL);
     pf_status s = pf_fmap_map_rows(fm, uq, st->ldu, c, NULL, st->x + (size_t)2 * (size_t)h * d, 2);
     if (s != PF_OK) return s;
     /* P = max(M, c_k), the query's reference and the new M; a = q~.k~ from the plain q~ */
@@ -267,9 +267,8 @@ static pf_status step_one_head(pf_favor_state *st, int h, int t, float *out, con
     /* S = beta' S + k~' w' (the token before, pending), then
      * o = [e^(M - P) q~ | a] [S ; w]; this token's S = e^(M - P) S + k~ w is staged */
     const size_t pc = (size_t)st->cur * (size_t)st->H + (size_t)h;
-    pf_simd()->decode(S, (size_t)dw, r, dv + 1, uq,
-                      st->pend[h] ? pending_k(st, st->cur, h) : NULL, pending_w(st, st->cur, h),
-                      st->pb[pc], w, o);
+    pf_simd()->decode(S, (size_t)dw, r, dv + 1, uq, st->pend[h] ? pending_k(st, st->cur, h) : NULL,
+                      pending_w(st, st->cur, h), st->pb[pc], w, o);
     st->pend[h] = 0;
     st->pb[(size_t)nx * (size_t)st->H + (size_t)h] = f;
     st->Mn[h] = P;
@@ -420,8 +419,8 @@ pf_status pf_favor_state_stage(pf_favor_state *st, float *out, const float *q, c
     {
         const size_t f = sizeof(float);
         const pf_span outs[1] = {{out, (size_t)H * ndv * f}};
-        const pf_span ins[3] = {{q, (size_t)H * nd * f}, {k, (size_t)H * nd * f},
-                                {v, (size_t)H * ndv * f}};
+        const pf_span ins[3] = {
+            {q, (size_t)H * nd * f}, {k, (size_t)H * nd * f}, {v, (size_t)H * ndv * f}};
         if (pf_aliased(outs, 1, ins, 3)) return PF_EINVAL;
     }
     if (pf_nonfinite_f32(v, (size_t)H * ndv)) return PF_ENONFINITE;
