@@ -818,6 +818,22 @@ static void kept_features(const bwd_job *j, int bh, int base, causal_store *cs) 
     cs->akept = j->sv->ka + o * (size_t)j->sv->C;
 }
 
+/* A slice's states from outside (ext), the only places the causal passes look at them: head
+ * bh's starting state from earlier slices into dst as (dv+1, r) rows, returning its reference
+ * (-inf, dst untouched: none); and its suffix state from later slices into dst, returning 1 (0:
+ * none). */
+static double slice_state_in(const bwd_job *j, int bh, float *dst) {
+    if (!j->ext || !j->ext->S || j->ext->M[bh] == -INFINITY) return -INFINITY;
+    to_t(dst, j->ext->S + (size_t)bh * (size_t)j->r * ((size_t)j->s->dv + 1), j->r, j->s->dv);
+    return j->ext->M[bh];
+}
+
+static int slice_suffix_in(const bwd_job *j, int bh, float *dst) {
+    if (!j->ext || !j->ext->R) return 0;
+    to_t(dst, j->ext->R + (size_t)bh * (size_t)j->r * ((size_t)j->s->dv + 1), j->r, j->s->dv);
+    return 1;
+}
+
 /* Causal with nsb > 1, head bh, inside the parallel region: each pass over the scan blocks is a
  * set of units; between passes, in order, the prefix of the blocks' forward states and the
  * suffix of their backward states. */
@@ -826,6 +842,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
     const pf_fmap *fm = &j->fm[bh];
     const int nsb = j->nsb, L = j->s->Lq, r = j->r, dv1 = j->s->dv + 1;
     const size_t n = (size_t)dv1 * (size_t)r;
+    const int suffix = j->ext && j->ext->R; /* (slice_suffix_in) */
     causal_store cs = j->cs;
     if (kept(j, bh)) kept_features(j, bh, 0, &cs);
 #pragma omp for schedule(dynamic, 1)
@@ -841,8 +858,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
         for (int u = 0; u < nsb; u++) merge(j, bh, j->cst[u]);
         /* slot u: the state before block u, start(u) = start(u - 1) + local(u - 1); slot 0
          * empty, or a slice's starting state */
-        j->lm[0] = j->ext && j->ext->S ? j->ext->M[bh] : -INFINITY;
-        if (j->lm[0] > -INFINITY) to_t(j->ls, j->ext->S + (size_t)bh * n, r, dv1 - 1);
+        j->lm[0] = slice_state_in(j, bh, j->ls);
         for (int u = 1; u < nsb; u++)
             pf_favor_combine(j->ls + (size_t)u * n, &j->lm[u], j->ls + (size_t)(u - 1) * n,
                              j->lm[u - 1], n);
@@ -860,10 +876,9 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
         /* slot u (u >= 1): block u's local suffix sum, referenced to Ms(u) = P at the end of
          * block u - 1; becomes the suffix of blocks u.. (what block u - 1 starts from):
          * end(u) = local(u) + e^(Ms(u) - Ms(u + 1)) end(u + 1) */
-        if (j->ext && j->ext->R) {
+        if (slice_suffix_in(j, bh, j->rs)) {
             /* a slice's suffix from later slices (referenced to P at the head's last row): slot
              * 0 (not otherwise used) for the last block, and into the last block's end */
-            to_t(j->rs, j->ext->R + (size_t)bh * n, r, dv1 - 1);
             const int u = nsb - 1;
             const float f = (float)exp(j->cs.p[u * j->sbl - 1] - j->cs.p[L - 1]);
             float *R = j->rs + (size_t)u * n;
@@ -881,9 +896,7 @@ static void bwd_causal_split(bwd_job *j, bwd_ws *ws, int bh) {
 #pragma omp for schedule(dynamic, 1)
     for (int u = 0; u < nsb; u++) {
         const int r0 = u * j->sbl, r1 = r0 + j->sbl < L ? r0 + j->sbl : L;
-        const float *Rn = u < nsb - 1           ? j->rs + (size_t)(u + 1) * n
-                          : j->ext && j->ext->R ? j->rs
-                                                : NULL;
+        const float *Rn = u < nsb - 1 ? j->rs + (size_t)(u + 1) * n : suffix ? j->rs : NULL;
         j->cst[u] = (int)causal_reverse(fm, &hd, &cs, ws, j->C, r0, r1, Rn, 0, 0.0);
     }
 #pragma omp single
@@ -937,12 +950,8 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
     causal_store cs = {ws->qst,   ws->kst, ws->dnst, ws->ast, ws->bst, ws->qamax,
                        ws->kamax, ws->kc,  ws->p,    NULL,    0};
     pf_status st = PF_OK;
-    double M = -INFINITY; /* the state's reference after the segments so far */
-    const int dv = j->s->dv;
-    if (j->ext && j->ext->S) { /* a slice: its starting state */
-        M = j->ext->M[bh];
-        if (M > -INFINITY) to_t(ws->state, j->ext->S + (size_t)bh * n, j->r, dv);
-    }
+    /* the state's reference after the segments so far (a slice: its starting state) */
+    double M = slice_state_in(j, bh, ws->state);
     if (j->dstate) return causal_dstate(j, ws, bh, &hd, &cs, S, nseg, M);
     for (int u = 0; u < nseg && !pf_favor_fatal(st); u++) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
@@ -958,8 +967,7 @@ static pf_status bwd_causal_unit(bwd_job *j, bwd_ws *ws, int bh) {
                              causal_forward(fm, &hd, &cs, ws, j->C, r0, r1, ws->state, M, NULL, 1));
         M = cs.p[r1 - 1 - r0];
     }
-    const int rin = j->ext && j->ext->R; /* a slice's suffix from later slices */
-    if (rin) to_t(ws->dstate, j->ext->R + (size_t)bh * n, j->r, dv);
+    const int rin = slice_suffix_in(j, bh, ws->dstate); /* from later slices */
     for (int u = nseg - 1; u >= 0 && !pf_favor_fatal(st); u--) {
         const int r0 = u * S, r1 = r0 + S < L ? r0 + S : L;
         if (u < nseg - 1) { /* (the last segment's rows are still here) */
