@@ -1,14 +1,14 @@
 /* profile_favor.c: where the time of a FAVOR+ forward goes, stage by stage, on one thread.
  *
- * The library's forward (src/favor/forward.c, src/favor/scan.c, src/favor/features.c) is redone here from the library's own
- * internal pieces (pf_mm, the vector kernels, pf_favor_weighted_values, pf_favor_rebase,
- * pf_favor_combine) in the library's order, with a clock read around each stage: per block of
- * 256 rows for the feature maps and the bidirectional products, per causal chunk for the chunk's
- * pieces. The few static helpers it needs (the row statistics of pf_fmap_rows, the causal
- * chunk's two weightings of [V | 1]) are copied. The output is checked bit for bit against
- * pf_attn_favor on one thread, and the sum of the stages' times is set against the library's
- * own time, measured in the same run: so the table describes the library's forward, not another
- * program. The library itself carries no timers.
+ * The library's forward (src/favor/forward.c, src/favor/scan.c, src/favor/features.c) is redone
+ * here from the library's own internal pieces (pf_mm, the vector kernels, the feature map's
+ * projection and exp, pf_favor_weighted_values, pf_favor_rebase, pf_favor_combine, and the
+ * causal chunk's stages pf_favor_chunk_*, which pf_favor_causal_rows runs in the same order) with
+ * a clock read around each stage: per block of 256 rows for the feature maps and the
+ * bidirectional products, per causal chunk for the chunk's stages. The output is checked bit for
+ * bit against pf_attn_favor on one thread, and the sum of the stages' times is set against the
+ * library's own time, measured in the same run: so the table describes the library's forward, not
+ * another program. The library itself carries no timers.
  *
  * Positive features, B = 1, H heads, d = dv, m features, one thread, the FAVOR_BLOCK and chunk
  * of the library (256 and 16), bidirectional key blocks as pf_favor_bidir_blocks cuts them; a
@@ -236,50 +236,32 @@ static int head_causal(profile *p, const dims *D, const pf_fmap *fm, pf_favor_ws
             const double *ck = kc + (t0 - b0);
             const int have_state = M > -INFINITY;
             t = now();
-            double run = M;
-            for (int j = 0; j < n; j++) {
-                if (j < nk && ck[j] > run) run = ck[j];
-                P[j] = run;
-            }
+            pf_favor_chunk_prefix(P, ck, n, nk, M);
             t = mark(p, S_PREFIX, t);
-            for (int i0 = 0; i0 < n; i0 += A_STRIP) { /* the lower part, strips of A_STRIP rows */
+            pf_favor_chunk_scores(A, ldq, Qc, Kc, r, n, nk);
+            for (int i0 = 0; i0 < n; i0 += A_STRIP) { /* (its flops: the lower part's strips) */
                 const int mi = n - i0 < A_STRIP ? n - i0 : A_STRIP;
-                const int nj = i0 + mi < nk ? i0 + mi : nk;
-                pf_mm(0, 1, mi, nj, r, 1.0f, Qc + (size_t)i0 * (size_t)ldq, ldq, Kc, r, 0.0f,
-                      A + (size_t)i0 * (size_t)ldq, ldq);
-                p->flops[S_A] += 2.0 * mi * nj * r;
+                p->flops[S_A] += 2.0 * mi * (i0 + mi < nk ? i0 + mi : nk) * r;
             }
             t = mark(p, S_A, t);
-            for (int i = 0; i < n; i++) {
-                float *row = A + (size_t)i * (size_t)ldq;
-                const int jmax = i < nk - 1 ? i : nk - 1;
-                for (int j = 0; j <= jmax; j++)
-                    if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
-                for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
-            }
+            pf_favor_chunk_mask(A, ldq, P, n, nk);
             t = mark(p, S_MASK, t);
             p->elems[S_MASK] += (double)n * nk;
             pf_favor_weighted_values2(Vw, ws->vs, dw, Vc, dv, ck, P, P[n - 1], nk);
             t = mark(p, S_CVALUES, t);
             p->elems[S_CVALUES] += 2.0 * nk * (dv + 1);
             if (have_state) {
-                for (int i = 0; i < n; i++) {
-                    if (P[i] == M) continue;
-                    const float f = (float)exp(M - P[i]);
-                    float *row = Qc + (size_t)i * (size_t)ldq;
-                    for (int k = 0; k < r; k++) row[k] *= f;
-                    p->elems[S_QSCALE] += r;
-                }
+                pf_favor_chunk_qscale(Qc, ldq, r, P, n, M);
+                for (int i = 0; i < n; i++) p->elems[S_QSCALE] += P[i] == M ? 0 : r;
             }
             t = mark(p, S_QSCALE, t);
-            const int kdim = (have_state ? r : 0) + nk;
-            pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dw,
-                  0.0f, ws->o + (size_t)(t0 - b0) * (size_t)dw, dw);
+            pf_favor_chunk_out(ws->o + (size_t)(t0 - b0) * (size_t)dw, dw, Qc, ldq, S, Vw, r, n, nk,
+                               dv, have_state);
             t = mark(p, S_OUT, t);
-            p->flops[S_OUT] += 2.0 * n * kdim * (dv + 1);
+            p->flops[S_OUT] += 2.0 * n * ((have_state ? r : 0) + nk) * (dv + 1);
             const double Mn = P[n - 1];
-            const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
-            pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dw, beta, S, dw);
+            pf_favor_chunk_state(S, dw, Kc, r, ws->vs, nk, dv,
+                                 have_state ? (float)exp(M - Mn) : 0.0f);
             mark(p, S_STATE, t);
             p->flops[S_STATE] += 2.0 * r * (dv + 1) * nk;
             M = Mn;

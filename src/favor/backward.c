@@ -207,19 +207,6 @@ PF_CLONES static void scale_rows(float *x, int ld, int n, int w, const double *r
     }
 }
 
-/* The intra-chunk mask: X (n x nk, stride ld) gets X_ij e^(P_j - P_i) for j <= i, 0 for j > i.
- * Since P never decreases, every factor is <= 1. */
-static void mask_chunk(float *X, int ld, int n, int nk, const double *P) {
-    for (int i = 0; i < n; i++) {
-        float *row = X + (size_t)i * (size_t)ld;
-        const int jmax = i < nk - 1 ? i : nk - 1;
-        for (int j = 0; j <= jmax; j++) {
-            if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
-        }
-        for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
-    }
-}
-
 /* What the causal passes keep for rows base.. of a head: per thread when a head is one unit (all
  * its rows, or one segment of them at a time), per head when its rows are cut into scan blocks
  * (then the passes over the blocks are units). Row i of the head is row i - base here. */
@@ -563,7 +550,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
                 } else {
                     /* intra-chunk A = Q~ K~^T, then masked (j <= i) and scaled by e^(P_j - P_i) */
                     pf_mm(0, 1, n, nk, r, 1.0f, Qc, r, Kc, r, 0.0f, A, C);
-                    mask_chunk(A, C, n, nk, P);
+                    pf_favor_chunk_mask(A, C, P, n, nk);
                 }
                 pf_favor_weighted_values(ws->vs, dv + 1, Vc, dv, ck, P, 0.0, nk);
                 if (hd->out) /* intra-chunk D += A [1]_w, the key weights e^(c_j - P_j) */
@@ -586,7 +573,7 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
             if (nk > 0) {
                 /* B = dN~ [V|1]_w^T, then masked and scaled like A */
                 pf_mm(0, 1, n, nk, dv1, 1.0f, dN, dv1, ws->vs, dv1, 0.0f, Bm, C);
-                mask_chunk(Bm, C, n, nk, P);
+                pf_favor_chunk_mask(Bm, C, P, n, nk);
                 /* intra-chunk dQ~ += B K~: dq~_i += sum_{j <= i} B_ij k~_j */
                 if (dq) pf_mm(0, 0, n, r, nk, 1.0f, Bm, C, Kc, r, have_state ? 1.0f : 0.0f, dQc, r);
                 /* keep A' = A diag(e^(c_j - P_j)) for dV in the reverse scan */

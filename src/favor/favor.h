@@ -183,6 +183,26 @@ PF_INTERNAL pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, f
                                            const float *Q, const float *KV, int n, int dv,
                                            float *qf, float *qamax);
 
+/* The stages of one causal chunk of n rows (nk of them valid keys), in the order
+ * pf_favor_causal_rows runs them; Qc's rows hold Q~ (r) then the chunk's scores A (ldq = r + C),
+ * S (r rows) is followed in memory by Vw (the chunk's weighted values), both of row stride ldo.
+ *   prefix  P_j = max(M, c_0..c_j) over the valid keys
+ *   scores  A = Q~ K~^T, its lower part
+ *   mask    A_ij times e^(P_j - P_i) <= 1 (P never decreases) for j <= i, 0 above; the
+ *           backward masks its B the same way
+ *   qscale  Q~ row i times e^(M - P_i) (a state exists)
+ *   out     O = [e^(M-P) Q~ | A] [S ; Vw] (before the first key: A Vw)
+ *   state   S = beta S + K~^T vs, vs the rows e^(c_j - P_last) [v_j | 1] */
+PF_INTERNAL void pf_favor_chunk_prefix(double *P, const double *ck, int n, int nk, double M);
+PF_INTERNAL void pf_favor_chunk_scores(float *A, int ldq, const float *Qc, const float *Kc, int r,
+                                       int n, int nk);
+PF_INTERNAL void pf_favor_chunk_mask(float *A, int ldq, const double *P, int n, int nk);
+PF_INTERNAL void pf_favor_chunk_qscale(float *Qc, int ldq, int r, const double *P, int n, double M);
+PF_INTERNAL void pf_favor_chunk_out(float *O, int ldo, const float *Qc, int ldq, const float *S,
+                                    const float *Vw, int r, int n, int nk, int dv, int have_state);
+PF_INTERNAL void pf_favor_chunk_state(float *S, int lds, const float *Kc, int r, const float *vs,
+                                      int nk, int dv, float beta);
+
 /* The causal scan over L rows of one head, in chunks of C from row 0 and feature blocks of
  * pf_favor_block(1, C) rows, continuing from a state: SV ((r + C), dw) holds in its first r
  * rows S = sum_{earlier keys j} k~_j e^(c_j - M) [v_j | 1 | 0] (the other C rows are scratch), *M

@@ -197,6 +197,63 @@ PF_CLONES void pf_favor_weighted_values2(float *dst1, float *dst2, int dw, const
     }
 }
 
+/* ---- the causal chunk's stages (pf_favor_causal_rows runs them in this order; profile_favor
+ * times each) ------------------------------------------------------------------------------ */
+
+void pf_favor_chunk_prefix(double *P, const double *ck, int n, int nk, double M) {
+    double run = M;
+    for (int j = 0; j < n; j++) {
+        if (j < nk && ck[j] > run) run = ck[j];
+        P[j] = run;
+    }
+}
+
+void pf_favor_chunk_scores(float *A, int ldq, const float *Qc, const float *Kc, int r, int n,
+                           int nk) {
+    /* only the lower part, in strips of A_STRIP rows (each element's bits do not depend on the
+     * product's shape); pf_favor_chunk_mask zeroes the rest */
+    for (int i0 = 0; i0 < n; i0 += A_STRIP) {
+        const int mi = n - i0 < A_STRIP ? n - i0 : A_STRIP;
+        const int nj = i0 + mi < nk ? i0 + mi : nk;
+        if (nj > 0)
+            pf_mm(0, 1, mi, nj, r, 1.0f, Qc + (size_t)i0 * (size_t)ldq, ldq, Kc, r, 0.0f,
+                  A + (size_t)i0 * (size_t)ldq, ldq);
+    }
+}
+
+void pf_favor_chunk_mask(float *A, int ldq, const double *P, int n, int nk) {
+    for (int i = 0; i < n; i++) {
+        float *row = A + (size_t)i * (size_t)ldq;
+        const int jmax = i < nk - 1 ? i : nk - 1;
+        for (int j = 0; j <= jmax; j++) {
+            if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
+        }
+        for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
+    }
+}
+
+void pf_favor_chunk_qscale(float *Qc, int ldq, int r, const double *P, int n, double M) {
+    for (int i = 0; i < n; i++) {
+        if (P[i] == M) continue;
+        const float f = (float)exp(M - P[i]);
+        float *row = Qc + (size_t)i * (size_t)ldq;
+        for (int k = 0; k < r; k++) row[k] *= f;
+    }
+}
+
+void pf_favor_chunk_out(float *O, int ldo, const float *Qc, int ldq, const float *S,
+                        const float *Vw, int r, int n, int nk, int dv, int have_state) {
+    /* [e^(M-P) Q~ | A] is Qc's row (A follows Q~ in it), [S ; Vw] is S's rows then Vw's */
+    const int kdim = (have_state ? r : 0) + nk;
+    pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : Qc + r, ldq, have_state ? S : Vw, ldo,
+          0.0f, O, ldo);
+}
+
+void pf_favor_chunk_state(float *S, int lds, const float *Kc, int r, const float *vs, int nk,
+                          int dv, float beta) {
+    pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, vs, lds, beta, S, lds);
+}
+
 /* Causal, in chunks of C rows with a state S = sum_{j in earlier chunks} k~_j e^(c_j - M) [v_j|1]
  * referenced to M, the max key log factor so far. Query i of a chunk uses the prefix max
  * P_i = max(M, c_t0..c_i) as its reference, which looks at no later key:
@@ -250,60 +307,29 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             nk = nk < 0 ? 0 : (nk > n ? n : nk);
             float *Qc = ws->phi + (size_t)(t0 - b0) * (size_t)ldq, *A = Qc + r;
             const float *Kc = kphi + (size_t)(t0 - b0) * (size_t)r;
-            const float *Vc = V + (size_t)t0 * (size_t)dv;
             const double *ck = kc + (t0 - b0);
             const int have_state = M > -INFINITY;
-            double run = M;
-            for (int j = 0; j < n; j++) {
-                if (j < nk && ck[j] > run) run = ck[j];
-                P[j] = run;
-            }
+            pf_favor_chunk_prefix(P, ck, n, nk, M);
             if (nk > 0) {
-                /* A = Q~ K~^T (n x nk), masked to j <= i and scaled by e^(P_j - P_i) <= 1: only
-                 * its lower part is made, in strips of A_STRIP rows (each element's bits do not
-                 * depend on the product's shape), and the rest is zeroed below */
-                for (int i0 = 0; i0 < n; i0 += A_STRIP) {
-                    const int mi = n - i0 < A_STRIP ? n - i0 : A_STRIP;
-                    const int nj = i0 + mi < nk ? i0 + mi : nk;
-                    if (nj > 0)
-                        pf_mm(0, 1, mi, nj, r, 1.0f, Qc + (size_t)i0 * (size_t)ldq, ldq, Kc, r,
-                              0.0f, A + (size_t)i0 * (size_t)ldq, ldq);
-                }
-                for (int i = 0; i < n; i++) {
-                    float *row = A + (size_t)i * (size_t)ldq;
-                    const int jmax = i < nk - 1 ? i : nk - 1;
-                    for (int j = 0; j <= jmax; j++) {
-                        if (P[j] != P[i]) row[j] *= (float)exp(P[j] - P[i]);
-                    }
-                    for (int j = jmax + 1; j < nk; j++) row[j] = 0.0f;
-                }
+                pf_favor_chunk_scores(A, ldq, Qc, Kc, r, n, nk);
+                pf_favor_chunk_mask(A, ldq, P, n, nk);
                 if (keep)
                     for (int i = 0; i < n; i++)
                         memcpy(keep->A + (size_t)(t0 + i) * (size_t)C, A + (size_t)i * (size_t)ldq,
                                sizeof(float) * (size_t)nk);
                 /* e^(c_j - P_j) [v_j | 1] for A, and e^(c_j - M') [v_j | 1] for the state */
-                pf_favor_weighted_values2(Vw, ws->vs, dv1, Vc, dv, ck, P, P[n - 1], nk);
+                pf_favor_weighted_values2(Vw, ws->vs, dv1, V + (size_t)t0 * (size_t)dv, dv, ck, P,
+                                          P[n - 1], nk);
             }
-            if (have_state) {
-                /* row i of Q~ times e^(M - P_i) <= 1 (A has been formed from the plain Q~) */
-                for (int i = 0; i < n; i++) {
-                    if (P[i] == M) continue;
-                    const float f = (float)exp(M - P[i]);
-                    float *row = Qc + (size_t)i * (size_t)ldq;
-                    for (int k = 0; k < r; k++) row[k] *= f;
-                }
-            }
-            /* O = [e^(M-P) Q~ | A] [S ; Vw]; before the first key only A Vw. A key at
-             * position 0 (klen >= 1) gives every chunk a state or a key. */
-            const int kdim = (have_state ? r : 0) + nk;
-            assert(kdim > 0);
-            pf_mm(0, 0, n, dv + 1, kdim, 1.0f, have_state ? Qc : A, ldq, have_state ? S : Vw, dv1,
-                  0.0f, ws->o + (size_t)(t0 - b0) * (size_t)dv1, dv1);
+            if (have_state) pf_favor_chunk_qscale(Qc, ldq, r, P, n, M);
+            /* A key at position 0 (klen >= 1) gives every chunk a state or a key. */
+            assert(have_state || nk > 0);
+            pf_favor_chunk_out(ws->o + (size_t)(t0 - b0) * (size_t)dv1, dv1, Qc, ldq, S, Vw, r, n,
+                               nk, dv, have_state);
             if (nk > 0) {
-                /* S = e^(M - M') S + K~^T [V | 1] e^(c - M'), M' = P_last */
                 const double Mn = P[n - 1];
-                const float beta = have_state ? (float)exp(M - Mn) : 0.0f;
-                pf_mm(1, 0, r, dv + 1, nk, 1.0f, Kc, r, ws->vs, dv1, beta, S, dv1);
+                pf_favor_chunk_state(S, dv1, Kc, r, ws->vs, nk, dv,
+                                     have_state ? (float)exp(M - Mn) : 0.0f);
                 M = Mn;
             }
         }
