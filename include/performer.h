@@ -344,8 +344,63 @@ PF_API pf_status pf_favor_state_reset(pf_favor_state *state);
 PF_API pf_status pf_favor_state_step(pf_favor_state *state, float *out, const float *q,
                                      const float *k, const float *v, int n);
 
-/* Tokens consumed so far (0 for NULL). */
+/* Tokens consumed so far (0 for NULL); of sequence 0 in a state of several. */
 PF_API int64_t pf_favor_state_position(const pf_favor_state *state);
+
+/* Many sequences in one state, for an engine that serves several at once (beams, users,
+ * speculative drafts): N sequences x H heads with one W, each sequence at its own position.
+ * pf_favor_state_create is pf_favor_state_create_n with N = 1, and the single-sequence calls
+ * above act on sequence 0. A state's memory is N H r (dv + 1) floats (rounded up per row to 16)
+ * plus O(N H r) for the pending updates. */
+PF_API pf_status pf_favor_state_create_n(pf_favor_state **state, int N, int H, int d, int dv,
+                                         float scale, const pf_favor_opts *favor);
+/* N (0 for NULL). */
+PF_API int pf_favor_state_sequences(const pf_favor_state *state);
+/* Sequence seq's position, or -1 for a bad argument. */
+PF_API int64_t pf_favor_state_position_of(const pf_favor_state *state, int seq);
+
+/* One token for each of count sequences: seqs[i] (NULL: sequences 0..count-1), each named once;
+ * q, k (count, H, d), v (count, H, dv) -> out (count, H, dv). One product projects every row,
+ * and the (sequence, head) pairs run on the library's threads. Each sequence succeeds or fails
+ * on its own: statuses[i] (if not NULL) gets its status, a sequence that failed is left exactly
+ * as it was (its rows of out zeros), the others advance. Returns the worst status; PF_EINVAL
+ * (nothing stepped) for a bad argument. Rows equal pf_favor_state_step's for that sequence bit
+ * for bit. */
+PF_API pf_status pf_favor_state_step_n(pf_favor_state *state, float *out, const float *q,
+                                       const float *k, const float *v, const int32_t *seqs,
+                                       int count, pf_status *statuses);
+
+/* A prompt of n >= 1 tokens into sequence seq from where it stands: q, k (H, n, d), v (H, n, dv)
+ * -> out (H, n, dv), by the causal pass's chunks (pf_favor_state_step is this for sequence 0).
+ * Decoding after it gives what stepping each token would, to float rounding (the sums are
+ * associated by chunks instead of tokens); prefills whose sizes are multiples of the chunk C
+ * counted from position 0 give the bits of one prefill of them all. On failure the sequence is
+ * as it was. */
+PF_API pf_status pf_favor_state_prefill(pf_favor_state *state, int seq, float *out,
+                                        const float *q, const float *k, const float *v, int n);
+
+/* Empties sequence seq (position 0). */
+PF_API pf_status pf_favor_state_reset_seq(pf_favor_state *state, int seq);
+/* Sequence dst becomes a copy of sequence src (branching: its next tokens continue src's
+ * context); dst == src does nothing. */
+PF_API pf_status pf_favor_state_copy_seq(pf_favor_state *state, int dst, int src);
+
+/* Snapshots of one sequence: its position, per-head reference and state, behind a header naming
+ * H, d, dv, r, the feature map and a fingerprint of W, scale, eps and (FAVOR++) A, and a CRC-32.
+ * pf_favor_state_snapshot_bytes gives the size; _save writes it into buf (len at least that);
+ * _load restores sequence seq from one, refusing (and changing nothing) a snapshot of another
+ * shape, map or W (PF_EINVAL), of another version or byte order, truncated or corrupted
+ * (PF_EFORMAT), with errmsg (if not NULL, errlen bytes) saying why. The _file forms write
+ * atomically (a temporary file renamed over path) and read a regular file. A restored sequence
+ * continues with the bits the saved one would have given. */
+PF_API size_t pf_favor_state_snapshot_bytes(const pf_favor_state *state);
+PF_API pf_status pf_favor_state_save(pf_favor_state *state, int seq, void *buf, size_t len);
+PF_API pf_status pf_favor_state_load(pf_favor_state *state, int seq, const void *buf, size_t len,
+                                     char *errmsg, size_t errlen);
+PF_API pf_status pf_favor_state_save_file(pf_favor_state *state, int seq, const char *path,
+                                          char *errmsg, size_t errlen);
+PF_API pf_status pf_favor_state_load_file(pf_favor_state *state, int seq, const char *path,
+                                          char *errmsg, size_t errlen);
 
 /* ---------------------------------------------------------------------------------------------
  * FAVOR+ in slices (sequence parallelism): a sequence cut into contiguous slices, say one per

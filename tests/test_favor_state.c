@@ -14,9 +14,13 @@
  * - reset, the position, W copied at create, thread count, every error path (and a refused
  *   step leaves the state as it was);
  * - one-token steps (decoding, a path of their own): the same bits as the full pass with C = 1
- *   for every kernel and several shapes, equal to float64 to 1e-5, the same at 1 and 2 threads. */
+ *   for every kernel and several shapes, equal to float64 to 1e-5, the same at 1 and 2 threads;
+ * - a failed step changes nothing; many sequences in one state, prefill, snapshots (8-10). */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "ref.h"
@@ -556,10 +560,329 @@ static void test_decode_path(void) {
 #endif
 }
 
+/* Row t of every head of a problem (H, L, w) into x (H, w) at slot i of a (count, H, w) buffer. */
+static void token_rows(float *x, const float *X, int H, int L, int w, int t, int i) {
+    for (int h = 0; h < H; h++)
+        memcpy(x + ((size_t)i * H + h) * w, X + ((size_t)h * L + t) * w, sizeof(float) * w);
+}
+
+/* 8. Many sequences in one state (pf_favor_state_step_n): N sequences with their own tokens and
+ * one W, stepped in changing subsets and orders (every sequence, then some), reset, copied; each
+ * sequence's rows have the bits of a one-sequence state stepped token by token on its tokens.
+ * A sequence whose inputs are refused (NaN) or whose step fails (zero denominator) is left as it
+ * was while the others advance. Sizes large enough for the threads to share the pairs. */
+static void test_many_sequences(void) {
+    const int N = 16, H = 8, L = 8, d = 64, dv = 64, m = 256; /* (N H r (d + dv) = 2^22) */
+    problem ps[16];
+    for (int s = 0; s < N; s++) {
+        ps[s] = problem_make(H, L, d, dv, m, 900 + (uint64_t)s);
+        if (s) memcpy(ps[s].W, ps[0].W, sizeof(float) * H * m * d);
+    }
+    for (int shared = 0; shared < 2; shared++) {
+        pf_favor_opts f = favor_of(&ps[0], PF_KERNEL_POSITIVE, 16);
+        f.w_per_head = !shared;
+        /* references: each sequence alone, token by token */
+        const int one[1] = {1};
+        for (int s = 0; s < N; s++) {
+            pf_favor_state *r1 = NULL;
+            CHECK_STATUS(pf_favor_state_create(&r1, H, d, dv, 0.0f, &f), PF_OK);
+            if (r1) CHECK_STATUS(stream(&ps[s], r1, one, 1), PF_OK);
+            memcpy(ps[s].full, ps[s].out, sizeof(float) * nout(&ps[s]));
+            pf_favor_state_free(r1);
+        }
+        pf_favor_state *st = NULL;
+        CHECK_STATUS(pf_favor_state_create_n(&st, N, H, d, dv, 0.0f, &f), PF_OK);
+        if (!st) break;
+        CHECK(pf_favor_state_sequences(st) == N, "sequences %d", pf_favor_state_sequences(st));
+        float *q = xmalloc(sizeof(float) * N * H * d), *k = xmalloc(sizeof(float) * N * H * d);
+        float *v = xmalloc(sizeof(float) * N * H * dv), *o = xmalloc(sizeof(float) * N * H * dv);
+        int pos[16] = {0};
+        int bad = 0;
+        for (int round = 0; round < 3 * L; round++) {
+            int32_t seqs[16];
+            int count = 0;
+            for (int s = 0; s < N; s++) { /* all, then changing subsets in reverse order */
+                const int pick = round % 3 == 0 || (s + round) % 3 == 0;
+                if (pick && pos[N - 1 - s] < L) seqs[count++] = N - 1 - s;
+            }
+            if (count == 0) continue;
+            for (int i = 0; i < count; i++) {
+                const problem *p = &ps[seqs[i]];
+                token_rows(q, p->Q, H, L, d, pos[seqs[i]], i);
+                token_rows(k, p->K, H, L, d, pos[seqs[i]], i);
+                token_rows(v, p->V, H, L, dv, pos[seqs[i]], i);
+            }
+            pf_status stat[16];
+            CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, seqs, count, stat), PF_OK);
+            for (int i = 0; i < count; i++) {
+                const problem *p = &ps[seqs[i]];
+                for (int h = 0; h < H; h++)
+                    bad += memcmp(o + ((size_t)i * H + h) * dv,
+                                  p->full + ((size_t)h * L + pos[seqs[i]]) * dv,
+                                  sizeof(float) * dv) != 0;
+                pos[seqs[i]]++;
+                CHECK(pf_favor_state_position_of(st, seqs[i]) == pos[seqs[i]], "position of %d",
+                      seqs[i]);
+            }
+        }
+        CHECK(bad == 0, "shared W %d: %d rows of the many-sequence steps differ from the "
+              "one-sequence states'", shared, bad);
+        /* copy 1 onto 3, reset 2: then 3 continues 1's context and 2 starts again */
+        for (int s = 0; s < N; s++) CHECK(pos[s] == L, "sequence %d at %d", s, pos[s]);
+        CHECK_STATUS(pf_favor_state_copy_seq(st, 3, 1), PF_OK);
+        CHECK_STATUS(pf_favor_state_reset_seq(st, 2), PF_OK);
+        CHECK(pf_favor_state_position_of(st, 3) == L && pf_favor_state_position_of(st, 2) == 0,
+              "after copy and reset: %lld, %lld", (long long)pf_favor_state_position_of(st, 3),
+              (long long)pf_favor_state_position_of(st, 2));
+        int32_t three[3] = {3, 1, 2};
+        token_rows(q, ps[0].Q, H, L, d, 0, 0); /* 3 and 1 get the same token: same rows */
+        token_rows(k, ps[0].K, H, L, d, 0, 0);
+        token_rows(v, ps[0].V, H, L, dv, 0, 0);
+        memcpy(q + (size_t)H * d, q, sizeof(float) * H * d);
+        memcpy(k + (size_t)H * d, k, sizeof(float) * H * d);
+        memcpy(v + (size_t)H * dv, v, sizeof(float) * H * dv);
+        token_rows(q, ps[2].Q, H, L, d, 0, 2); /* 2 gets its first token again */
+        token_rows(k, ps[2].K, H, L, d, 0, 2);
+        token_rows(v, ps[2].V, H, L, dv, 0, 2);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, three, 3, NULL), PF_OK);
+        CHECK(memcmp(o, o + (size_t)H * dv, sizeof(float) * H * dv) == 0,
+              "a copied sequence does not continue as its source");
+        bad = 0;
+        for (int h = 0; h < H; h++)
+            bad += memcmp(o + ((size_t)2 * H + h) * dv, ps[2].full + (size_t)h * L * dv,
+                          sizeof(float) * dv) != 0;
+        CHECK(bad == 0, "a reset sequence's first row differs from a fresh state's");
+        /* failures stay in their sequence: a NaN in 0's key, a zero-feature relu query is not
+         * possible here (positive features), so a NaN in 4's value; 5 steps normally */
+        int32_t tri[3] = {0, 4, 5};
+        for (int i = 0; i < 3; i++) {
+            token_rows(q, ps[tri[i]].Q, H, L, d, 1, i);
+            token_rows(k, ps[tri[i]].K, H, L, d, 1, i);
+            token_rows(v, ps[tri[i]].V, H, L, dv, 1, i);
+        }
+        k[5] = NAN;
+        v[2 * H * dv + 3] = INFINITY; /* (sequence 5: refused too) */
+        v[2 * H * dv + 3] = v[2 * H * dv + 4];
+        v[1 * H * dv + 7] = NAN;
+        pf_status stat[3];
+        const int64_t p0 = pf_favor_state_position_of(st, 0), p4 = pf_favor_state_position_of(st, 4);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, tri, 3, stat), PF_ENONFINITE);
+        CHECK(stat[0] == PF_ENONFINITE && stat[1] == PF_ENONFINITE && stat[2] == PF_OK,
+              "statuses %d %d %d", stat[0], stat[1], stat[2]);
+        CHECK(pf_favor_state_position_of(st, 0) == p0 && pf_favor_state_position_of(st, 4) == p4 &&
+                  pf_favor_state_position_of(st, 5) == L + 1,
+              "failed sequences moved, or the good one did not");
+        int nz = 0;
+        for (int i = 0; i < 2 * H * dv; i++) nz += o[i] != 0.0f;
+        CHECK(nz == 0, "the refused sequences' rows are not zeros (%d)", nz);
+        /* refused calls step nothing */
+        int32_t dup[2] = {1, 1}, out_of_range[2] = {1, 16}, neg[1] = {-1};
+        const int64_t p1 = pf_favor_state_position_of(st, 1);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, dup, 2, NULL), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, out_of_range, 2, NULL), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, neg, 1, NULL), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, NULL, 0, NULL), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_step_n(st, o, q, k, v, NULL, N + 1, NULL), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_step_n(st, q, q, k, v, NULL, 1, NULL), PF_EINVAL); /* alias */
+        CHECK_STATUS(pf_favor_state_step_n(NULL, o, q, k, v, NULL, 1, NULL), PF_EINVAL);
+        CHECK(pf_favor_state_position_of(st, 1) == p1, "a refused call stepped sequence 1");
+        CHECK_STATUS(pf_favor_state_copy_seq(st, 0, N), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_reset_seq(st, -1), PF_EINVAL);
+        CHECK(pf_favor_state_position_of(st, N) == -1, "position of a bad sequence");
+        CHECK_STATUS(pf_favor_state_create_n(&(pf_favor_state *){NULL}, 0, H, d, dv, 0, &f),
+                     PF_EINVAL);
+        free(q);
+        free(k);
+        free(v);
+        free(o);
+        pf_favor_state_free(st);
+    }
+    for (int s = 0; s < N; s++) problem_free(&ps[s]);
+}
+
+/* 9. Prefill: a prompt by the chunked pass into a state, then decoding. Decoding after it is
+ * within float rounding of stepping every token (the sums associate by chunks, not tokens), and
+ * prefills cut at multiples of C from position 0 give the bits of one prefill of them all; a
+ * prefill of sequence 2 of a state of several gives the bits of a one-sequence state's. */
+static void test_prefill(void) {
+    const int H = 4, L = 70, d = 16, dv = 8, m = 32, C = 16;
+    problem p = problem_make(H, L, d, dv, m, 4711);
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, C);
+    const int one[1] = {1};
+    pf_favor_state *st = NULL;
+    CHECK_STATUS(pf_favor_state_create(&st, H, d, dv, 0.0f, &f), PF_OK);
+    if (!st) return;
+    CHECK_STATUS(stream(&p, st, one, 1), PF_OK); /* token by token */
+    memcpy(p.full, p.out, sizeof(float) * nout(&p));
+    pf_favor_state_reset(st);
+    const int prompt[2] = {53, 1}; /* a 53-token prompt, then decoding */
+    CHECK_STATUS(stream(&p, st, prompt, 2), PF_OK);
+    const double e = rel_err(p.out, p.full, nout(&p));
+    CHECK(e <= 1e-6, "prefill then decoding vs token by token: rel err %.3g", e);
+    float *whole = xmalloc(sizeof(float) * nout(&p));
+    memcpy(whole, p.out, sizeof(float) * nout(&p));
+    pf_favor_state_reset(st);
+    const int cut[4] = {32, 16, 5, 1}; /* 53 in pieces that end at multiples of C, then 1s */
+    CHECK_STATUS(stream(&p, st, cut, 4), PF_OK);
+    CHECK(memcmp(whole, p.out, sizeof(float) * 53 * dv) == 0,
+          "prefills of 32 + 16 + 5 differ from one of 53");
+    pf_favor_state_free(st);
+    /* sequence 2 of 3 */
+    pf_favor_state *sn = NULL;
+    CHECK_STATUS(pf_favor_state_create_n(&sn, 3, H, d, dv, 0.0f, &f), PF_OK);
+    if (sn) {
+        gather(p.q, p.Q, H, L, d, 0, 53, 0);
+        gather(p.k, p.K, H, L, d, 0, 53, 0);
+        gather(p.v, p.V, H, L, dv, 0, 53, 0);
+        CHECK_STATUS(pf_favor_state_prefill(sn, 2, p.o, p.q, p.k, p.v, 53), PF_OK);
+        int bad = 0;
+        for (int h = 0; h < H; h++)
+            bad += memcmp(p.o + (size_t)h * 53 * dv, whole + (size_t)h * L * dv,
+                          sizeof(float) * 53 * dv) != 0;
+        CHECK(bad == 0, "prefill of sequence 2 differs from a one-sequence state's");
+        CHECK(pf_favor_state_position_of(sn, 2) == 53 && pf_favor_state_position_of(sn, 0) == 0,
+              "positions after a prefill of sequence 2");
+        CHECK_STATUS(pf_favor_state_prefill(sn, 3, p.o, p.q, p.k, p.v, 53), PF_EINVAL);
+        CHECK_STATUS(pf_favor_state_prefill(sn, 0, p.o, p.q, p.k, p.v, 0), PF_EINVAL);
+        pf_favor_state_free(sn);
+    }
+    free(whole);
+    problem_free(&p);
+}
+
+/* 10. Snapshots: a saved sequence restored (into the same state later, or another state with the
+ * same W) continues with the bits of the original; one of another W, map or shape, truncated,
+ * corrupted, of another version or not a snapshot at all is refused with a message, the target
+ * unchanged; files are written atomically and a failed write leaves an existing file as it was. */
+static void test_snapshots(void) {
+    const int H = 3, L = 40, d = 16, dv = 8, m = 32;
+    problem p = problem_make(H, L, d, dv, m, 31337);
+    pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 16);
+    pf_favor_state *a = NULL, *b = NULL;
+    CHECK_STATUS(pf_favor_state_create(&a, H, d, dv, 0.0f, &f), PF_OK);
+    CHECK_STATUS(pf_favor_state_create_n(&b, 2, H, d, dv, 0.0f, &f), PF_OK);
+    if (!a || !b) return;
+    const int steps[3] = {7, 1, 1}; /* a prefill and decoding: something pending at the save */
+    float *o2 = xmalloc(sizeof(float) * H * dv), *o3 = xmalloc(sizeof(float) * H * dv);
+    for (int t = 0; t < 20;) {
+        const int n = steps[t == 0 ? 0 : 1];
+        gather(p.q, p.Q, H, L, d, t, n, 0);
+        gather(p.k, p.K, H, L, d, t, n, 0);
+        gather(p.v, p.V, H, L, dv, t, n, 0);
+        CHECK_STATUS(pf_favor_state_step(a, p.o, p.q, p.k, p.v, n), PF_OK);
+        t += n;
+    }
+    const size_t nb = pf_favor_state_snapshot_bytes(a);
+    CHECK(nb == pf_favor_state_snapshot_bytes(b) && nb > (size_t)H * m * (dv + 1) * 4,
+          "snapshot bytes %zu", nb);
+    unsigned char *snap = xmalloc(nb + 1), *bad = xmalloc(nb + 1);
+    CHECK_STATUS(pf_favor_state_save(a, 0, snap, nb), PF_OK);
+    CHECK_STATUS(pf_favor_state_save(a, 0, snap, nb - 1), PF_EINVAL);
+    char msg[256];
+    CHECK_STATUS(pf_favor_state_load(b, 1, snap, nb, msg, sizeof msg), PF_OK);
+    CHECK(pf_favor_state_position_of(b, 1) == 20, "restored position %lld",
+          (long long)pf_favor_state_position_of(b, 1));
+    /* both continue with the same tokens: the same bits; then a rolls back and repeats */
+    int32_t seq1[1] = {1};
+    int differ = 0;
+    for (int t = 20; t < 30; t++) {
+        gather(p.q, p.Q, H, L, d, t, 1, 0);
+        gather(p.k, p.K, H, L, d, t, 1, 0);
+        gather(p.v, p.V, H, L, dv, t, 1, 0);
+        CHECK_STATUS(pf_favor_state_step(a, p.o, p.q, p.k, p.v, 1), PF_OK);
+        CHECK_STATUS(pf_favor_state_step_n(b, o2, p.q, p.k, p.v, seq1, 1, NULL), PF_OK);
+        differ += memcmp(p.o, o2, sizeof(float) * H * dv) != 0;
+        if (t == 20) memcpy(o3, p.o, sizeof(float) * H * dv);
+    }
+    CHECK(differ == 0, "a restored sequence differs from the saved one in %d steps", differ);
+    CHECK_STATUS(pf_favor_state_load(a, 0, snap, nb, NULL, 0), PF_OK); /* rollback */
+    gather(p.q, p.Q, H, L, d, 20, 1, 0);
+    gather(p.k, p.K, H, L, d, 20, 1, 0);
+    gather(p.v, p.V, H, L, dv, 20, 1, 0);
+    CHECK_STATUS(pf_favor_state_step(a, p.o, p.q, p.k, p.v, 1), PF_OK);
+    CHECK(memcmp(p.o, o3, sizeof(float) * H * dv) == 0, "a rollback does not repeat the token");
+    /* refused: each leaves b's sequence 0 empty and its sequence 1 where it was */
+    const int64_t before = pf_favor_state_position_of(b, 1);
+    struct {
+        const char *what, *needle;
+        size_t at, len;
+        unsigned char value;
+        pf_status want;
+    } cases[] = {{"truncated", "bytes", 0, nb - 1, 0, PF_EFORMAT},
+                 {"extended", "bytes", 0, nb + 1, 0, PF_EFORMAT},
+                 {"not a snapshot", "not a performer state", 0, nb, 'X', PF_EFORMAT},
+                 {"another version", "version", 8, nb, 9, PF_EFORMAT},
+                 {"corrupted", "CRC", nb / 2, nb, 0x55, PF_EFORMAT},
+                 {"another H", "H=", 16, nb, 5, PF_EINVAL},
+                 {"another map", "feature map", 32, nb, PF_KERNEL_RELU, PF_EINVAL},
+                 {"another W", "another W", 36, nb, 0x42, PF_EINVAL}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memcpy(bad, snap, nb);
+        bad[nb] = 0;
+        if (cases[c].value) bad[cases[c].at] ^= cases[c].value;
+        msg[0] = 0;
+        CHECK_STATUS(pf_favor_state_load(b, 1, bad, cases[c].len, msg, sizeof msg), cases[c].want);
+        CHECK(strstr(msg, cases[c].needle) != NULL, "%s: message \"%s\"", cases[c].what, msg);
+        CHECK(pf_favor_state_position_of(b, 1) == before, "%s: the sequence moved", cases[c].what);
+    }
+    /* another W, made honestly: a state of another draw refuses the snapshot */
+    pf_favor_opts g = f;
+    float *W2 = xmalloc(sizeof(float) * H * m * d);
+    memcpy(W2, p.W, sizeof(float) * H * m * d);
+    W2[7] = nextafterf(W2[7], 1.0f);
+    g.W = W2;
+    pf_favor_state *c2 = NULL;
+    CHECK_STATUS(pf_favor_state_create(&c2, H, d, dv, 0.0f, &g), PF_OK);
+    if (c2) {
+        CHECK_STATUS(pf_favor_state_load(c2, 0, snap, nb, msg, sizeof msg), PF_EINVAL);
+        CHECK(strstr(msg, "another W") != NULL, "W one ulp apart: \"%s\"", msg);
+        CHECK(pf_favor_state_position(c2) == 0, "a refused snapshot moved the state");
+    }
+    pf_favor_state_free(c2);
+    free(W2);
+    /* files */
+    char path[128], dir[64];
+    snprintf(dir, sizeof dir, "/tmp/pf_snap_%d", (int)getpid());
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    snprintf(path, sizeof path, "%s/s.pfstate", dir);
+    CHECK_STATUS(pf_favor_state_save_file(b, 1, path, msg, sizeof msg), PF_OK);
+    CHECK_STATUS(pf_favor_state_load_file(a, 0, path, msg, sizeof msg), PF_OK);
+    CHECK(pf_favor_state_position(a) == pf_favor_state_position_of(b, 1), "file round trip");
+    FILE *fp = fopen(path, "r+b");
+    if (fp) {
+        CHECK(ftruncate(fileno(fp), (off_t)nb - 3) == 0, "truncate");
+        fclose(fp);
+    }
+    CHECK_STATUS(pf_favor_state_load_file(a, 0, path, msg, sizeof msg), PF_EFORMAT);
+    CHECK(strstr(msg, path) != NULL && strstr(msg, "truncated") != NULL, "truncated file: \"%s\"",
+          msg);
+    CHECK_STATUS(pf_favor_state_load_file(a, 0, dir, msg, sizeof msg), PF_EIO);
+    /* a failed save (into a folder that is not there) writes nothing; one over a folder too */
+    char nowhere[96];
+    snprintf(nowhere, sizeof nowhere, "%s/none/s.pfstate", dir);
+    CHECK_STATUS(pf_favor_state_save_file(b, 1, nowhere, msg, sizeof msg), PF_EIO);
+    CHECK_STATUS(pf_favor_state_save_file(b, 1, dir, msg, sizeof msg), PF_EIO);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0 && (size_t)sb.st_size == nb - 3,
+          "a failed save changed the existing file");
+    unlink(path);
+    rmdir(dir);
+    free(snap);
+    free(bad);
+    free(o2);
+    free(o3);
+    pf_favor_state_free(a);
+    pf_favor_state_free(b);
+    problem_free(&p);
+}
+
 int main(void) {
     test_against_full_pass();
     test_decode_path();
     test_failed_steps();
+    test_many_sequences();
+    test_prefill();
+    test_snapshots();
     test_long_sequences();
     test_large_norms();
     test_copy_threads_scale();

@@ -224,6 +224,10 @@ PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, i
  * stage (PF_EINVAL otherwise); the decoder stages every layer's step and commits them together. */
 PF_INTERNAL pf_status pf_favor_state_stage(pf_favor_state *st, float *out, const float *q,
                                            const float *k, const float *v, int n);
+/* The same for sequence seq of a state of several (pf_favor_state_stage is sequence 0). */
+PF_INTERNAL pf_status pf_favor_state_stage_seq(pf_favor_state *st, int seq, float *out,
+                                               const float *q, const float *k, const float *v,
+                                               int n);
 /* Makes the staged step part of the state (position advanced); nothing when none is staged. */
 PF_INTERNAL void pf_favor_state_commit(pf_favor_state *st);
 /* Drops the staged step: the state is as before it; nothing when none is staged. */
