@@ -131,6 +131,41 @@ static size_t put_utf8(char *o, unsigned u) {
     return 4;
 }
 
+/* After "\u": the code point of \uXXXX, or of a surrogate pair \uD8xx\uDCxx; never 0. */
+static int junicode(jreader *j, unsigned *out) {
+    unsigned u, lo;
+    if (!read_hex4(j, &u)) return 0;
+    if (u >= 0xD800 && u < 0xDC00) {
+        if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u')
+            return jfail(j, "lone surrogate");
+        j->p += 2;
+        if (!read_hex4(j, &lo) || lo < 0xDC00 || lo >= 0xE000)
+            return jfail(j, "bad surrogate pair");
+        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (u >= 0xDC00 && u < 0xE000) {
+        return jfail(j, "lone surrogate");
+    }
+    if (u == 0) return jfail(j, "\\u0000 in a string");
+    *out = u;
+    return 1;
+}
+
+/* After a backslash: the escape decoded, its UTF-8 bytes appended to s at *n. */
+static int jescape(jreader *j, char *s, size_t *n) {
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    char e = *j->p++;
+    const char *k = e ? strchr(from, e) : NULL; /* strchr would find the terminating 0 */
+    if (k) {
+        s[(*n)++] = to[k - from];
+        return 1;
+    }
+    unsigned u;
+    if (e != 'u') return jfail(j, "bad escape");
+    if (!junicode(j, &u)) return 0;
+    *n += put_utf8(s + *n, u);
+    return 1;
+}
+
 /* A string into a new allocation (*out), escapes decoded. */
 static int jstring(jreader *j, char **out) {
     *out = NULL;
@@ -144,72 +179,16 @@ static int jstring(jreader *j, char **out) {
     size_t n = 0;
     while (*j->p != '"') {
         unsigned char c = (unsigned char)*j->p++;
-        if (c < 0x20) {
-            free(s);
-            return jfail(j, "control character in a string");
-        }
-        if (c != '\\') {
+        int ok = 1;
+        if (c < 0x20)
+            ok = jfail(j, "control character in a string");
+        else if (c == '\\')
+            ok = jescape(j, s, &n);
+        else
             s[n++] = (char)c;
-            continue;
-        }
-        char e = *j->p++;
-        switch (e) {
-        case '"':
-            s[n++] = '"';
-            break;
-        case '\\':
-            s[n++] = '\\';
-            break;
-        case '/':
-            s[n++] = '/';
-            break;
-        case 'b':
-            s[n++] = '\b';
-            break;
-        case 'f':
-            s[n++] = '\f';
-            break;
-        case 'n':
-            s[n++] = '\n';
-            break;
-        case 'r':
-            s[n++] = '\r';
-            break;
-        case 't':
-            s[n++] = '\t';
-            break;
-        case 'u': {
-            unsigned u, lo;
-            if (!read_hex4(j, &u)) {
-                free(s);
-                return 0;
-            }
-            if (u >= 0xD800 && u < 0xDC00) {
-                /* a surrogate pair: \uD8xx\uDCxx */
-                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u') {
-                    free(s);
-                    return jfail(j, "lone surrogate");
-                }
-                j->p += 2;
-                if (!read_hex4(j, &lo) || lo < 0xDC00 || lo >= 0xE000) {
-                    free(s);
-                    return jfail(j, "bad surrogate pair");
-                }
-                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (u >= 0xDC00 && u < 0xE000) {
-                free(s);
-                return jfail(j, "lone surrogate");
-            }
-            if (u == 0) {
-                free(s);
-                return jfail(j, "\\u0000 in a string");
-            }
-            n += put_utf8(s + n, u);
-            break;
-        }
-        default:
+        if (!ok) {
             free(s);
-            return jfail(j, "bad escape");
+            return 0;
         }
     }
     j->p++; /* the closing quote */
