@@ -590,6 +590,91 @@ static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
+/* Checks the n entries (a name, not "__metadata__" and not repeated; a rank; a shape; data
+ * unless empty) and puts each one's element count in counts. */
+static pf_status entry_counts(const pf_st_entry *t, int n, size_t *counts, const char *path,
+                              char *errmsg, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0 ||
+            t[i].ndim < 0 || t[i].ndim > PF_ST_MAX_DIMS)
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor %d: bad name or rank", i);
+        size_t c = 1;
+        for (int d = 0; d < t[i].ndim; d++) {
+            if (t[i].shape[d] < 0 ||
+                (t[i].shape[d] > 0 && c > ((size_t)1 << 60) / (size_t)t[i].shape[d]))
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s': bad shape",
+                                  t[i].name);
+            c *= (size_t)t[i].shape[d];
+        }
+        if (c > 0 && !t[i].data)
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' has no data",
+                              t[i].name);
+        for (int k = 0; k < i; k++) {
+            if (strcmp(t[k].name, t[i].name) == 0)
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' twice", t[i].name);
+        }
+        counts[i] = c;
+    }
+    return PF_OK;
+}
+
+/* The header's "__metadata__" entry (meta: key, value, ..., NULL), if meta holds a pair. */
+static pf_status put_meta(sbuf *b, const char *const *meta, const char *path, char *errmsg,
+                          size_t errlen) {
+    if (!meta || !meta[0]) return PF_OK;
+    sb_json_string(b, "__metadata__");
+    sb_put(b, ":{", 2);
+    for (int i = 0; meta[i]; i += 2) {
+        if (!meta[i + 1])
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
+                              meta[i]);
+        for (int k = 0; k < i; k += 2) {
+            if (strcmp(meta[k], meta[i]) == 0) /* pf_st_read refuses such a file */
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' given twice",
+                                  meta[i]);
+        }
+        if (i) sb_put(b, ",", 1);
+        sb_json_string(b, meta[i]);
+        sb_put(b, ":", 1);
+        sb_json_string(b, meta[i + 1]);
+    }
+    sb_put(b, "}", 1);
+    return PF_OK;
+}
+
+/* The header into b: the metadata, then the n tensors (counts[i] elements each) laid end to
+ * end, padded with spaces to a multiple of 8 bytes. */
+static pf_status make_header(sbuf *b, const pf_st_entry *t, int n, const size_t *counts,
+                             const char *const *meta, const char *path, char *errmsg,
+                             size_t errlen) {
+    sb_put(b, "{", 1);
+    pf_status st = put_meta(b, meta, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    int first = !(meta && meta[0]);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (!first) sb_put(b, ",", 1);
+        first = 0;
+        sb_json_string(b, t[i].name);
+        const char *mid = ":{\"dtype\":\"F32\",\"shape\":[";
+        sb_put(b, mid, strlen(mid));
+        for (int d = 0; d < t[i].ndim; d++)
+            sb_printf(b, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
+        uint64_t e = off + (uint64_t)counts[i] * 4;
+        sb_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                  (unsigned long long)e);
+        off = e;
+    }
+    sb_put(b, "}", 1);
+    while (!b->oom && b->n % 8 != 0) sb_put(b, " ", 1);
+    if (b->oom) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    if (b->n > ST_MAX_HEADER)
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
+                          "a header of %zu bytes is more than readers accept (%u)", b->n,
+                          ST_MAX_HEADER);
+    return PF_OK;
+}
+
 pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char *const *meta,
                       char *errmsg, size_t errlen) {
     if (errmsg && errlen > 0) errmsg[0] = '\0';
@@ -598,108 +683,20 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
     if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
     size_t *counts = malloc(sizeof(size_t) * (size_t)(n > 0 ? n : 1));
     if (!counts) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
-    for (int i = 0; i < n; i++) {
-        if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0 ||
-            t[i].ndim < 0 || t[i].ndim > PF_ST_MAX_DIMS) {
-            free(counts);
-            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor %d: bad name or rank", i);
-        }
-        size_t c = 1;
-        for (int d = 0; d < t[i].ndim; d++) {
-            if (t[i].shape[d] < 0 ||
-                (t[i].shape[d] > 0 && c > ((size_t)1 << 60) / (size_t)t[i].shape[d])) {
-                free(counts);
-                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s': bad shape",
-                                  t[i].name);
-            }
-            c *= (size_t)t[i].shape[d];
-        }
-        if (c > 0 && !t[i].data) {
-            free(counts);
-            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' has no data",
-                              t[i].name);
-        }
-        for (int k = 0; k < i; k++) {
-            if (strcmp(t[k].name, t[i].name) == 0) {
-                free(counts);
-                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' twice", t[i].name);
-            }
-        }
-        counts[i] = c;
-    }
-
-    /* the header */
     sbuf b = {0};
-    sb_put(&b, "{", 1);
-    int first = 1;
-    if (meta && meta[0]) {
-        sb_json_string(&b, "__metadata__");
-        sb_put(&b, ":{", 2);
-        for (int i = 0; meta[i]; i += 2) {
-            if (!meta[i + 1]) {
-                free(counts);
-                free(b.s);
-                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
-                                  meta[i]);
-            }
-            for (int k = 0; k < i; k += 2) {
-                if (strcmp(meta[k], meta[i]) == 0) { /* pf_st_read refuses such a file */
-                    free(counts);
-                    free(b.s);
-                    return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
-                                      "metadata key '%s' given twice", meta[i]);
-                }
-            }
-            if (i) sb_put(&b, ",", 1);
-            sb_json_string(&b, meta[i]);
-            sb_put(&b, ":", 1);
-            sb_json_string(&b, meta[i + 1]);
-        }
-        sb_put(&b, "}", 1);
-        first = 0;
-    }
-    uint64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        if (!first) sb_put(&b, ",", 1);
-        first = 0;
-        sb_json_string(&b, t[i].name);
-        const char *mid = ":{\"dtype\":\"F32\",\"shape\":[";
-        sb_put(&b, mid, strlen(mid));
-        for (int d = 0; d < t[i].ndim; d++)
-            sb_printf(&b, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
-        uint64_t e = off + (uint64_t)counts[i] * 4;
-        sb_printf(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                  (unsigned long long)e);
-        off = e;
-    }
-    sb_put(&b, "}", 1);
-    while (!b.oom && b.n % 8 != 0) sb_put(&b, " ", 1);
-    if (b.oom) {
-        free(counts);
-        free(b.s);
-        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
-    }
-    if (b.n > ST_MAX_HEADER) {
-        free(counts);
-        free(b.s);
-        return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
-                          "a header of %zu bytes is more than readers accept (%u)", b.n,
-                          ST_MAX_HEADER);
-    }
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
-
     pf_io_atomic w;
-    pf_status st = pf_io_atomic_begin(&w, path, errmsg, errlen);
-    if (st != PF_OK) {
-        free(counts);
-        free(b.s);
-        return st;
+    pf_status st = entry_counts(t, n, counts, path, errmsg, errlen);
+    if (st == PF_OK) st = make_header(&b, t, n, counts, meta, path, errmsg, errlen);
+    if (st == PF_OK) st = pf_io_atomic_begin(&w, path, errmsg, errlen);
+    if (st == PF_OK) {
+        unsigned char len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
+        int e = pf_io_write_all(w.fd, len8, 8);
+        if (!e) e = pf_io_write_all(w.fd, b.s, b.n);
+        for (int i = 0; i < n && !e; i++) e = pf_io_write_all(w.fd, t[i].data, counts[i] * 4);
+        st = pf_io_atomic_finish(&w, path, e, errmsg, errlen);
     }
-    int e = pf_io_write_all(w.fd, len8, 8);
-    if (!e) e = pf_io_write_all(w.fd, b.s, b.n);
-    for (int i = 0; i < n && !e; i++) e = pf_io_write_all(w.fd, t[i].data, counts[i] * 4);
     free(counts);
     free(b.s);
-    return pf_io_atomic_finish(&w, path, e, errmsg, errlen);
+    return st;
 }
