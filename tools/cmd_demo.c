@@ -635,69 +635,89 @@ static pf_status real_errors(double err[REAL_NM][REAL_DRAWS], const float *q, co
     return st;
 }
 
-/* The child's work: the model on windows of the text, each layer's inputs, the errors. */
-static void real_child(real_report *r, const demo_cfg *c) {
-#ifdef _OPENMP
-    if (c->threads > 0) omp_set_num_threads(c->threads);
-#endif
-    double t0 = tool_now_ms();
+/* Row l of r from one set of q, k, v (B,H,T,hd; sh): the mean |q'|^2 and |k'|^2, their
+ * effective ranks, and the errors (real_errors; scratch: its out_e, out_f and W). */
+static pf_status real_row(real_report *r, int l, const float *q, const float *k, const float *v,
+                          const pf_shape *sh, const pf_attn_opts *opts, float *const scratch[3],
+                          uint64_t seed) {
+    const int hd = sh->d;
+    const size_t rows = (size_t)sh->B * sh->H * sh->Lq;
+    const double scale = 1.0 / sqrt((double)hd); /* |q'|^2 = |q|^2 / sqrt(hd) */
+    r->q2[l] = mean_sq(q, rows, hd, scale);
+    r->k2[l] = mean_sq(k, rows, hd, scale);
+    r->qr[l] = eff_rank(q, sh->B, sh->H, sh->Lq, hd);
+    r->kr[l] = eff_rank(k, sh->B, sh->H, sh->Lq, hd);
+    return real_errors(r->err[l], q, k, v, sh, opts, scratch[0], scratch[1], scratch[2], r->draws,
+                       seed);
+}
+
+/* The model and the text: *m loaded from c->checkpoint, *text (*ntext bytes) read from
+ * c->text. 0, or -1 with r->msg. */
+static int real_open(real_report *r, const demo_cfg *c, pf_model **m, unsigned char **text,
+                     size_t *ntext) {
     char msg[1024];
-    pf_model *m = NULL;
-    unsigned char *text = NULL;
-    size_t ntext = 0;
-    int32_t *tok = NULL;
-    float *buf = NULL;
-    if (pf_model_load(&m, c->checkpoint, msg, sizeof(msg)) != PF_OK) {
+    if (pf_model_load(m, c->checkpoint, msg, sizeof(msg)) != PF_OK) {
         snprintf(r->msg, sizeof(r->msg), "--checkpoint: %s", msg);
-        return;
+        return -1;
     }
-    r->cfg = pf_model_get_config(m);
-    r->step = (long long)pf_model_steps(m);
+    r->cfg = pf_model_get_config(*m);
+    r->step = (long long)pf_model_steps(*m);
+    if (read_text(c->text, text, ntext, (size_t)1 << 24, msg, sizeof(msg)) != 0) {
+        snprintf(r->msg, sizeof(r->msg), "--text: %s", msg);
+        return -1;
+    }
+    if (*ntext < 16) {
+        snprintf(r->msg, sizeof(r->msg), "--text: %s holds %zu bytes; at least 16 are needed",
+                 c->text, *ntext);
+        return -1;
+    }
+    return 0;
+}
+
+/* The shape of the part (r->B windows of r->T bytes, r->layers, r->draws), *tok the windows
+ * (B,T) spread evenly over the text, the first at its start and the last at its end, and *buf
+ * the working memory real_measure uses. 0, or -1 with r->msg. */
+static int real_windows(real_report *r, const demo_cfg *c, const unsigned char *text, size_t ntext,
+                        int32_t **tok, float **buf) {
     const int H = r->cfg.heads, hd = r->cfg.d_model / r->cfg.heads;
     const int B = c->quick ? REAL_WINDOWS / 2 : REAL_WINDOWS;
-    if (read_text(c->text, &text, &ntext, (size_t)1 << 24, msg, sizeof(msg)) != 0) {
-        snprintf(r->msg, sizeof(r->msg), "--text: %s", msg);
-        goto done;
-    }
-    if (ntext < 16) {
-        snprintf(r->msg, sizeof(r->msg), "--text: %s holds %zu bytes; at least 16 are needed",
-                 c->text, ntext);
-        goto done;
-    }
     int T = r->cfg.context < REAL_MAX_T ? r->cfg.context : REAL_MAX_T;
     if ((size_t)T > ntext) T = (int)ntext;
     r->B = B;
     r->T = T;
     r->layers = r->cfg.layers < REAL_MAX_LAYERS ? r->cfg.layers : REAL_MAX_LAYERS;
     r->draws = c->quick ? REAL_DRAWS_QUICK : REAL_DRAWS;
-    /* B windows spread evenly over the text, the first at its start and the last at its end */
-    tok = malloc(sizeof(int32_t) * (size_t)B * T);
+    *tok = malloc(sizeof(int32_t) * (size_t)B * T);
     const size_t n = (size_t)B * H * T * hd;
-    buf = malloc(sizeof(float) * (n * 8 + (size_t)real_m[REAL_NM - 1] * hd));
-    if (!tok || !buf) {
+    *buf = malloc(sizeof(float) * (n * 8 + (size_t)real_m[REAL_NM - 1] * hd));
+    if (!*tok || !*buf) {
         snprintf(r->msg, sizeof(r->msg), "out of memory");
-        goto done;
+        return -1;
     }
     for (int b = 0; b < B; b++) {
         size_t start = B > 1 ? (size_t)b * (ntext - (size_t)T) / (size_t)(B - 1) : 0;
-        for (int t = 0; t < T; t++) tok[(size_t)b * T + t] = text[start + (size_t)t];
+        for (int t = 0; t < T; t++) (*tok)[(size_t)b * T + t] = text[start + (size_t)t];
     }
+    return 0;
+}
+
+/* Every measured layer's own inputs (real_row), then N(0,1) inputs of the same shape with the
+ * same draws of W, into r's rows. buf: real_windows'. The library's status. */
+static pf_status real_measure(real_report *r, const demo_cfg *c, pf_model *m, const int32_t *tok,
+                              float *buf) {
+    const int B = r->B, T = r->T, H = r->cfg.heads, hd = r->cfg.d_model / r->cfg.heads;
+    const size_t n = (size_t)B * H * T * hd;
     float *q = buf, *k = q + n, *v = k + n, *out_e = v + n, *out_f = out_e + n;
     float *rq = out_f + n, *rk = rq + n, *rv = rk + n, *W = rv + n;
+    float *const scratch[3] = {out_e, out_f, W};
     pf_shape sh = {.B = B, .H = H, .Lq = T, .Lk = T, .d = hd, .dv = hd};
     pf_attn_opts opts = pf_attn_opts_default();
     opts.causal = 1; /* as the model attends */
     opts.threads = c->threads;
-    const double scale = 1.0 / sqrt((double)hd); /* |q'|^2 = |q|^2 / sqrt(hd) */
     pf_status st = PF_OK;
     for (int l = 0; l < r->layers && st == PF_OK; l++) {
         st = pf_model_attention_inputs(m, q, k, v, tok, B, T, l);
-        if (st != PF_OK) break;
-        r->q2[l] = mean_sq(q, n / (size_t)hd, hd, scale);
-        r->k2[l] = mean_sq(k, n / (size_t)hd, hd, scale);
-        r->qr[l] = eff_rank(q, B, H, T, hd);
-        r->kr[l] = eff_rank(k, B, H, T, hd);
-        st = real_errors(r->err[l], q, k, v, &sh, &opts, out_e, out_f, W, r->draws, c->seed);
+        if (st == PF_OK) st = real_row(r, l, q, k, v, &sh, &opts, scratch, c->seed);
     }
     /* the same shape, entries N(0,1), the same draws of W */
     float *rin[3] = {rq, rk, rv};
@@ -706,21 +726,31 @@ static void real_child(real_report *r, const demo_cfg *c) {
         pf_rng_init(&rng, c->seed, 101 + (uint64_t)t);
         st = pf_rng_fill_normal(&rng, rin[t], n);
     }
-    if (st == PF_OK) {
-        r->q2[r->layers] = mean_sq(rq, n / (size_t)hd, hd, scale);
-        r->k2[r->layers] = mean_sq(rk, n / (size_t)hd, hd, scale);
-        r->qr[r->layers] = eff_rank(rq, B, H, T, hd);
-        r->kr[r->layers] = eff_rank(rk, B, H, T, hd);
-        st = real_errors(r->err[r->layers], rq, rk, rv, &sh, &opts, out_e, out_f, W, r->draws,
-                         c->seed);
+    if (st == PF_OK) st = real_row(r, r->layers, rq, rk, rv, &sh, &opts, scratch, c->seed);
+    return st;
+}
+
+/* The child's work: the model on windows of the text, each layer's inputs, the errors. */
+static void real_child(real_report *r, const demo_cfg *c) {
+#ifdef _OPENMP
+    if (c->threads > 0) omp_set_num_threads(c->threads);
+#endif
+    double t0 = tool_now_ms();
+    pf_model *m = NULL;
+    unsigned char *text = NULL;
+    size_t ntext = 0;
+    int32_t *tok = NULL;
+    float *buf = NULL;
+    if (real_open(r, c, &m, &text, &ntext) == 0 &&
+        real_windows(r, c, text, ntext, &tok, &buf) == 0) {
+        pf_status st = real_measure(r, c, m, tok, buf);
+        if (st == PF_OK) {
+            r->ms = tool_now_ms() - t0;
+            r->ok = 1;
+        } else {
+            snprintf(r->msg, sizeof(r->msg), "the trained model's inputs: %s", pf_status_str(st));
+        }
     }
-    if (st != PF_OK) {
-        snprintf(r->msg, sizeof(r->msg), "the trained model's inputs: %s", pf_status_str(st));
-        goto done;
-    }
-    r->ms = tool_now_ms() - t0;
-    r->ok = 1;
-done:
     free(buf);
     free(tok);
     free(text);
@@ -826,6 +856,149 @@ static void print_real(const real_report *r, const demo_cfg *c) {
 
 /* ---- the command --------------------------------------------------------------------------- */
 
+/* The options into c; *no_checkpoint: --no-checkpoint given. 0, or an exit code after a
+ * message. */
+static int parse_args(demo_cfg *c, int *no_checkpoint, int argc, char **argv) {
+    int max_len_set = 0;
+    tool_args a;
+    tool_args_init(&a, CMD, argc, argv);
+    while (tool_next(&a)) {
+        const char *v = NULL;
+        if (tool_opt(&a, "--max-len", &v)) {
+            if (v) tool_parse_int(&a, "--max-len", v, 1, 1 << 24, &c->max_len);
+            max_len_set = 1;
+        } else if (tool_opt(&a, "--d", &v)) {
+            if (v) tool_parse_int(&a, "--d", v, 1, 4096, &c->d);
+        } else if (tool_opt(&a, "--heads", &v)) {
+            if (v) tool_parse_int(&a, "--heads", v, 1, 4096, &c->H);
+        } else if (tool_opt(&a, "--features", &v)) {
+            if (v) tool_parse_int(&a, "--features", v, 1, 1 << 20, &c->m);
+        } else if (tool_opt(&a, "--budget", &v)) {
+            if (v) tool_parse_double(&a, "--budget", v, 0, HUGE_VAL, 1, &c->budget);
+        } else if (tool_opt(&a, "--sigma", &v)) {
+            if (v) tool_parse_double(&a, "--sigma", v, 0, 1e3, 1, &c->sigma);
+        } else if (tool_opt(&a, "--threads", &v)) {
+            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c->threads);
+        } else if (tool_opt(&a, "--seed", &v)) {
+            if (v) tool_parse_u64(&a, "--seed", v, &c->seed);
+        } else if (tool_flag(&a, "--quick")) {
+            c->quick = 1;
+        } else if (tool_path_opt(&a, "--checkpoint", &v)) {
+            c->checkpoint = v;
+        } else if (tool_flag(&a, "--no-checkpoint")) {
+            *no_checkpoint = 1;
+        } else if (tool_path_opt(&a, "--text", &v)) {
+            c->text = v;
+        } else {
+            return tool_unknown(&a);
+        }
+    }
+    if (a.failed) return TOOL_EXIT_USAGE;
+    if (c->quick && max_len_set)
+        return tool_usage(CMD, "--quick sets --max-len 4096: give one or the other");
+    if (c->quick) c->max_len = 4096;
+    if (*no_checkpoint && (c->checkpoint || c->text))
+        return tool_usage(CMD, "--no-checkpoint leaves the trained model out: --%s is for it",
+                          c->checkpoint ? "checkpoint" : "text");
+    return 0;
+}
+
+/* The trained model's files: those given, or the shipped ones when found. *missing: the
+ * shipped file not found, where that leaves the part out. 0, or an exit code after a message
+ * (a --checkpoint given with no text to run on). */
+static int find_real_files(demo_cfg *c, int no_checkpoint, const char **missing) {
+    static char found_ckpt[4096], found_text[4096], real_ckpt[PATH_MAX], real_text[PATH_MAX];
+    const int ckpt_given = c->checkpoint != NULL;
+    if (!no_checkpoint && !ckpt_given) {
+        if (tool_find_data(found_ckpt, sizeof(found_ckpt), DEMO_CHECKPOINT))
+            c->checkpoint = realpath(found_ckpt, real_ckpt) ? real_ckpt : found_ckpt;
+        else
+            *missing = "data/" DEMO_CHECKPOINT;
+    }
+    if (c->checkpoint && !c->text) {
+        if (tool_find_data(found_text, sizeof(found_text), DEMO_TEXT)) {
+            c->text = realpath(found_text, real_text) ? real_text : found_text;
+        } else if (ckpt_given) {
+            return tool_usage(CMD, "--checkpoint needs a text to run on: --text FILE (the "
+                                   "shipped data/" DEMO_TEXT " was not found)");
+        } else {
+            *missing = "data/" DEMO_TEXT;
+            c->checkpoint = NULL;
+        }
+    }
+    return 0;
+}
+
+/* The trained model's part (measure_real) into a report in shared memory, *out; the caller
+ * unmaps it. 0, or an exit code after a message. */
+static int run_real(const demo_cfg *c, real_report **out) {
+    fprintf(stderr, "  the trained model's queries, keys and values...");
+    real_report *real =
+        mmap(NULL, sizeof(*real), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (real == MAP_FAILED) return tool_fail(CMD, "mmap: %s", strerror(errno));
+    int rc = measure_real(real, c);
+    if (rc) {
+        munmap(real, sizeof(*real));
+        return rc;
+    }
+    fprintf(stderr, " done (%.1f s)\n", real->ms / 1000);
+    *out = real;
+    return 0;
+}
+
+/* The timing rows (measure_row) for L = 512, 1024, ... up to c->max_len, *n of them; exact
+ * attention while its predicted time stays within the budget. 0, or an exit code. */
+static int run_rows(row *rows, int *n, const demo_cfg *c) {
+    double last_exact_ms = 0;
+    int run_exact = 1;
+    for (int L = c->max_len < 512 ? c->max_len : 512; L <= c->max_len && *n < MAX_ROWS; L *= 2) {
+        /* exact attention is quadratic: doubling L multiplies its time by 4 */
+        if (run_exact && *n > 0) run_exact = last_exact_ms * 4 < c->budget * 1000;
+        row *r = &rows[*n];
+        memset(r, 0, sizeof(*r));
+        r->L = L;
+        int rc = measure_row(r, c, run_exact);
+        if (rc) return rc;
+        (*n)++;
+        if (run_exact) {
+            if (!r->exact.ok) run_exact = 0;
+            last_exact_ms = r->exact.ms;
+        }
+        if (L > INT_MAX / 2) break;
+    }
+    return 0;
+}
+
+/* The tables on stdout: the timing rows (print_table), then the trained model's part, or
+ * why it was left out (missing: the shipped file not found). */
+static void print_results(const row *rows, int n, const demo_cfg *c, int nthreads,
+                          const real_report *real, const char *missing) {
+    printf("performer demo: exact attention vs FAVOR+, B=1, H=%d, d=%d, m=%d, %d thread%s;\n"
+           "entries of Q, K ~ N(0, sigma^2), of V ~ N(0, 1); err: ||approx - exact|| / ||exact||,\n"
+           "where 1.0 is the error of answering 0\n\n",
+           c->H, c->d, c->m, nthreads, nthreads == 1 ? "" : "s");
+    print_table(rows, n, c, c->budget);
+    if (real) {
+        print_real(real, c);
+    } else if (missing) {
+        printf("\nFAVOR+ on a trained model's own queries, keys and values: left out (%s was not\n"
+               "  found beside this performer, nor in $PERFORMER_DATA; --checkpoint and --text\n"
+               "  name the files).\n",
+               missing);
+    }
+}
+
+/* 1 if a method that was run failed in some row. */
+static int any_failed(const row *rows, int n) {
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        failed |= !rows[i].favor.ok || !rows[i].causal.ok ||
+                  (rows[i].exact_run && (!rows[i].exact.ok || !rows[i].favorpp.ok)) ||
+                  (rows[i].hard_run && !rows[i].hard.ok);
+    }
+    return failed;
+}
+
 int cmd_demo(int argc, char **argv) {
     demo_cfg c = {.max_len = 65536,
                   .d = 64,
@@ -838,128 +1011,27 @@ int cmd_demo(int argc, char **argv) {
                   .seed = 0,
                   .checkpoint = NULL,
                   .text = NULL};
-    int max_len_set = 0, no_checkpoint = 0;
-    tool_args a;
-    tool_args_init(&a, CMD, argc, argv);
-    while (tool_next(&a)) {
-        const char *v = NULL;
-        if (tool_opt(&a, "--max-len", &v)) {
-            if (v) tool_parse_int(&a, "--max-len", v, 1, 1 << 24, &c.max_len);
-            max_len_set = 1;
-        } else if (tool_opt(&a, "--d", &v)) {
-            if (v) tool_parse_int(&a, "--d", v, 1, 4096, &c.d);
-        } else if (tool_opt(&a, "--heads", &v)) {
-            if (v) tool_parse_int(&a, "--heads", v, 1, 4096, &c.H);
-        } else if (tool_opt(&a, "--features", &v)) {
-            if (v) tool_parse_int(&a, "--features", v, 1, 1 << 20, &c.m);
-        } else if (tool_opt(&a, "--budget", &v)) {
-            if (v) tool_parse_double(&a, "--budget", v, 0, HUGE_VAL, 1, &c.budget);
-        } else if (tool_opt(&a, "--sigma", &v)) {
-            if (v) tool_parse_double(&a, "--sigma", v, 0, 1e3, 1, &c.sigma);
-        } else if (tool_opt(&a, "--threads", &v)) {
-            if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c.threads);
-        } else if (tool_opt(&a, "--seed", &v)) {
-            if (v) tool_parse_u64(&a, "--seed", v, &c.seed);
-        } else if (tool_flag(&a, "--quick")) {
-            c.quick = 1;
-        } else if (tool_path_opt(&a, "--checkpoint", &v)) {
-            c.checkpoint = v;
-        } else if (tool_flag(&a, "--no-checkpoint")) {
-            no_checkpoint = 1;
-        } else if (tool_path_opt(&a, "--text", &v)) {
-            c.text = v;
-        } else {
-            return tool_unknown(&a);
-        }
-    }
-    if (a.failed) return TOOL_EXIT_USAGE;
-    if (c.quick && max_len_set)
-        return tool_usage(CMD, "--quick sets --max-len 4096: give one or the other");
-    if (c.quick) c.max_len = 4096;
-    if (no_checkpoint && (c.checkpoint || c.text))
-        return tool_usage(CMD, "--no-checkpoint leaves the trained model out: --%s is for it",
-                          c.checkpoint ? "checkpoint" : "text");
-    /* the trained model's part: the files given, or the shipped ones when found */
-    static char found_ckpt[4096], found_text[4096], real_ckpt[PATH_MAX], real_text[PATH_MAX];
+    int no_checkpoint = 0;
     const char *missing = NULL;
-    const int ckpt_given = c.checkpoint != NULL;
-    if (!no_checkpoint && !ckpt_given) {
-        if (tool_find_data(found_ckpt, sizeof(found_ckpt), DEMO_CHECKPOINT))
-            c.checkpoint = realpath(found_ckpt, real_ckpt) ? real_ckpt : found_ckpt;
-        else
-            missing = "data/" DEMO_CHECKPOINT;
-    }
-    if (c.checkpoint && !c.text) {
-        if (tool_find_data(found_text, sizeof(found_text), DEMO_TEXT)) {
-            c.text = realpath(found_text, real_text) ? real_text : found_text;
-        } else if (ckpt_given) {
-            return tool_usage(CMD, "--checkpoint needs a text to run on: --text FILE (the "
-                                   "shipped data/" DEMO_TEXT " was not found)");
-        } else {
-            missing = "data/" DEMO_TEXT;
-            c.checkpoint = NULL;
-        }
-    }
-
-    row rows[MAX_ROWS];
-    int n = 0;
-    int L = c.max_len < 512 ? c.max_len : 512;
+    int rc = parse_args(&c, &no_checkpoint, argc, argv);
+    if (!rc) rc = find_real_files(&c, no_checkpoint, &missing);
+    if (rc) return rc;
     int nthreads = c.threads;
 #ifdef _OPENMP
     if (nthreads == 0) nthreads = omp_get_max_threads(); /* reads a setting, starts nothing */
 #endif
     fprintf(stderr, "performer demo: B=1, H=%d, d=%d, m=%d, sigma=%g, %d thread%s, L up to %d\n",
             c.H, c.d, c.m, c.sigma, nthreads, nthreads == 1 ? "" : "s", c.max_len);
-    double t0 = tool_now_ms(), last_exact_ms = 0;
-    int run_exact = 1;
+    double t0 = tool_now_ms();
     /* first the trained model (a few seconds), so that a bad --checkpoint fails at once */
     real_report *real = NULL;
-    if (c.checkpoint) {
-        fprintf(stderr, "  the trained model's queries, keys and values...");
-        real = mmap(NULL, sizeof(*real), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (real == MAP_FAILED) return tool_fail(CMD, "mmap: %s", strerror(errno));
-        int rc = measure_real(real, &c);
-        if (rc) {
-            munmap(real, sizeof(*real));
-            return rc;
-        }
-        fprintf(stderr, " done (%.1f s)\n", real->ms / 1000);
-    }
-    for (; L <= c.max_len && n < MAX_ROWS; L *= 2) {
-        /* exact attention is quadratic: doubling L multiplies its time by 4 */
-        if (run_exact && n > 0) run_exact = last_exact_ms * 4 < c.budget * 1000;
-        row *r = &rows[n];
-        memset(r, 0, sizeof(*r));
-        r->L = L;
-        int rc = measure_row(r, &c, run_exact);
-        if (rc) return rc;
-        n++;
-        if (run_exact) {
-            if (!r->exact.ok) run_exact = 0;
-            last_exact_ms = r->exact.ms;
-        }
-        if (L > INT_MAX / 2) break;
-    }
+    if (c.checkpoint && (rc = run_real(&c, &real)) != 0) return rc;
+    row rows[MAX_ROWS];
+    int n = 0;
+    rc = run_rows(rows, &n, &c);
+    if (rc) return rc;
     fprintf(stderr, "performer demo: %.0f s\n", (tool_now_ms() - t0) / 1000);
-    printf("performer demo: exact attention vs FAVOR+, B=1, H=%d, d=%d, m=%d, %d thread%s;\n"
-           "entries of Q, K ~ N(0, sigma^2), of V ~ N(0, 1); err: ||approx - exact|| / ||exact||,\n"
-           "where 1.0 is the error of answering 0\n\n",
-           c.H, c.d, c.m, nthreads, nthreads == 1 ? "" : "s");
-    print_table(rows, n, &c, c.budget);
-    if (real) {
-        print_real(real, &c);
-        munmap(real, sizeof(*real));
-    } else if (missing) {
-        printf("\nFAVOR+ on a trained model's own queries, keys and values: left out (%s was not\n"
-               "  found beside this performer, nor in $PERFORMER_DATA; --checkpoint and --text\n"
-               "  name the files).\n",
-               missing);
-    }
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
-        failed |= !rows[i].favor.ok || !rows[i].causal.ok ||
-                  (rows[i].exact_run && (!rows[i].exact.ok || !rows[i].favorpp.ok)) ||
-                  (rows[i].hard_run && !rows[i].hard.ok);
-    }
-    return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
+    print_results(rows, n, &c, nthreads, real, missing);
+    if (real) munmap(real, sizeof(*real));
+    return any_failed(rows, n) ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
 }

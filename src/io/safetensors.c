@@ -26,8 +26,6 @@
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
 #define ST_MAX_DEPTH 4
 
-
-
 static int little_endian(void) {
     const uint16_t one = 1;
     unsigned char b;
@@ -49,6 +47,18 @@ static int jfail(jreader *j, const char *what) {
         snprintf(j->why, sizeof(j->why), "bad header JSON at byte %ld: %s", (long)(j->p - j->start),
                  what);
     }
+    return 0;
+}
+
+/* Replaces the error with one the grammar does not name (a fault of the file's content, or
+ * out of memory), without the position; returns 0. */
+static int jsay(jreader *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int jsay(jreader *j, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->why, sizeof(j->why), fmt, ap);
+    va_end(ap);
     return 0;
 }
 
@@ -121,6 +131,41 @@ static size_t put_utf8(char *o, unsigned u) {
     return 4;
 }
 
+/* After "\u": the code point of \uXXXX, or of a surrogate pair \uD8xx\uDCxx; never 0. */
+static int junicode(jreader *j, unsigned *out) {
+    unsigned u, lo;
+    if (!read_hex4(j, &u)) return 0;
+    if (u >= 0xD800 && u < 0xDC00) {
+        if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u')
+            return jfail(j, "lone surrogate");
+        j->p += 2;
+        if (!read_hex4(j, &lo) || lo < 0xDC00 || lo >= 0xE000)
+            return jfail(j, "bad surrogate pair");
+        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (u >= 0xDC00 && u < 0xE000) {
+        return jfail(j, "lone surrogate");
+    }
+    if (u == 0) return jfail(j, "\\u0000 in a string");
+    *out = u;
+    return 1;
+}
+
+/* After a backslash: the escape decoded, its UTF-8 bytes appended to s at *n. */
+static int jescape(jreader *j, char *s, size_t *n) {
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    char e = *j->p++;
+    const char *k = e ? strchr(from, e) : NULL; /* strchr would find the terminating 0 */
+    if (k) {
+        s[(*n)++] = to[k - from];
+        return 1;
+    }
+    unsigned u;
+    if (e != 'u') return jfail(j, "bad escape");
+    if (!junicode(j, &u)) return 0;
+    *n += put_utf8(s + *n, u);
+    return 1;
+}
+
 /* A string into a new allocation (*out), escapes decoded. */
 static int jstring(jreader *j, char **out) {
     *out = NULL;
@@ -134,72 +179,16 @@ static int jstring(jreader *j, char **out) {
     size_t n = 0;
     while (*j->p != '"') {
         unsigned char c = (unsigned char)*j->p++;
-        if (c < 0x20) {
-            free(s);
-            return jfail(j, "control character in a string");
-        }
-        if (c != '\\') {
+        int ok = 1;
+        if (c < 0x20)
+            ok = jfail(j, "control character in a string");
+        else if (c == '\\')
+            ok = jescape(j, s, &n);
+        else
             s[n++] = (char)c;
-            continue;
-        }
-        char e = *j->p++;
-        switch (e) {
-        case '"':
-            s[n++] = '"';
-            break;
-        case '\\':
-            s[n++] = '\\';
-            break;
-        case '/':
-            s[n++] = '/';
-            break;
-        case 'b':
-            s[n++] = '\b';
-            break;
-        case 'f':
-            s[n++] = '\f';
-            break;
-        case 'n':
-            s[n++] = '\n';
-            break;
-        case 'r':
-            s[n++] = '\r';
-            break;
-        case 't':
-            s[n++] = '\t';
-            break;
-        case 'u': {
-            unsigned u, lo;
-            if (!read_hex4(j, &u)) {
-                free(s);
-                return 0;
-            }
-            if (u >= 0xD800 && u < 0xDC00) {
-                /* a surrogate pair: \uD8xx\uDCxx */
-                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u') {
-                    free(s);
-                    return jfail(j, "lone surrogate");
-                }
-                j->p += 2;
-                if (!read_hex4(j, &lo) || lo < 0xDC00 || lo >= 0xE000) {
-                    free(s);
-                    return jfail(j, "bad surrogate pair");
-                }
-                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (u >= 0xDC00 && u < 0xE000) {
-                free(s);
-                return jfail(j, "lone surrogate");
-            }
-            if (u == 0) {
-                free(s);
-                return jfail(j, "\\u0000 in a string");
-            }
-            n += put_utf8(s + n, u);
-            break;
-        }
-        default:
+        if (!ok) {
             free(s);
-            return jfail(j, "bad escape");
+            return 0;
         }
     }
     j->p++; /* the closing quote */
@@ -314,13 +303,8 @@ static int parse_tensor(jreader *j, pf_st_tensor *t, int64_t *begin, int64_t *en
         if (ok && strcmp(key, "dtype") == 0 && !have_dtype) {
             char *dt = NULL;
             ok = jstring(j, &dt);
-            if (ok && strcmp(dt, "F32") != 0) {
-                snprintf(j->why, sizeof(j->why),
-                         "tensor '%.60s' has dtype %.16s; only F32 is "
-                         "supported",
-                         t->name, dt);
-                ok = 0;
-            }
+            if (ok && strcmp(dt, "F32") != 0)
+                ok = jsay(j, "tensor '%.60s' has dtype %.16s; only F32 is supported", t->name, dt);
             free(dt);
             have_dtype = 1;
         } else if (ok && strcmp(key, "shape") == 0 && !have_shape) {
@@ -335,19 +319,14 @@ static int parse_tensor(jreader *j, pf_st_tensor *t, int64_t *begin, int64_t *en
             *end = o[1];
             have_off = 1;
         } else if (ok) {
-            snprintf(j->why, sizeof(j->why), "tensor '%.60s': unexpected or repeated key '%.40s'",
-                     t->name, key);
-            ok = 0;
+            ok = jsay(j, "tensor '%.60s': unexpected or repeated key '%.40s'", t->name, key);
         }
         free(key);
         if (!ok) return 0;
     } while (jpeek(j, ','));
     if (!jexpect(j, '}')) return 0;
-    if (!have_dtype || !have_shape || !have_off) {
-        snprintf(j->why, sizeof(j->why), "tensor '%.60s' lacks dtype, shape or data_offsets",
-                 t->name);
-        return 0;
-    }
+    if (!have_dtype || !have_shape || !have_off)
+        return jsay(j, "tensor '%.60s' lacks dtype, shape or data_offsets", t->name);
     return 1;
 }
 
@@ -356,48 +335,52 @@ static int cmp_begin(const void *a, const void *b) {
     return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : (x[1] < y[1] ? -1 : x[1] > y[1]);
 }
 
-pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errlen) {
-    if (errmsg && errlen > 0) errmsg[0] = '\0';
-    if (!f) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
-    memset(f, 0, sizeof(*f));
-    if (!path) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
-    if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
+/* The header's length from the file's first 8 bytes, read from fd (at its start; size: the
+ * file's) into len8 and checked against the file's size before anything else is read: a file
+ * that is not a safetensors file is refused before its bytes are (a multi-gigabyte file would
+ * otherwise be loaded whole to find out). */
+static pf_status read_header_len(int fd, size_t size, unsigned char len8[8], size_t *hlen,
+                                 const char *path, char *errmsg, size_t errlen) {
+    if (size < 8)
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                          "not a safetensors file: %zu bytes, shorter than the 8-byte header "
+                          "length",
+                          size);
+    pf_status st = pf_io_read_all(fd, len8, 8, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
+    if (hl > ST_MAX_HEADER || hl > size - 8 || hl < 2)
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
+                          "not a safetensors file or truncated: header length %llu, file %zu "
+                          "bytes",
+                          (unsigned long long)hl, size);
+    *hlen = (size_t)hl;
+    return PF_OK;
+}
 
+/* The whole file into f->buf and f->size, and its header's length into *hlen
+ * (read_header_len). The rest is read after the 8 bytes already read rather than from the
+ * start again, so the length checked is the one in f->buf. */
+static pf_status read_file(const char *path, pf_st_file *f, size_t *hlen, char *errmsg,
+                           size_t errlen) {
     int64_t fsize;
     pf_status st;
     int fd = pf_io_open_regular(path, &fsize, &st, errmsg, errlen);
     if (fd < 0) return st;
-    if ((uint64_t)fsize > SIZE_MAX / 2) {
-        close(fd);
-        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "too large (%lld bytes)",
-                          (long long)fsize);
-    }
     size_t size = (size_t)fsize;
-    /* the header's length first: a file that is not a safetensors file is refused before its
-     * bytes are read (a multi-gigabyte file would otherwise be loaded whole to find out) */
-    unsigned char len8[8];
-    if (size >= 8) {
-        st = pf_io_read_all(fd, len8, 8, path, errmsg, errlen);
-        uint64_t hl = 0;
-        for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
-        if (st == PF_OK && (hl > ST_MAX_HEADER || hl > size - 8 || hl < 2))
-            st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
-                            "not a safetensors file or truncated: header length %llu, file %zu "
-                            "bytes",
-                            (unsigned long long)hl, size);
-        if (st == PF_OK && lseek(fd, 0, SEEK_SET) != 0)
-            st = pf_io_fail(PF_EIO, errmsg, errlen, path, "cannot read: %s", strerror(errno));
-        if (st != PF_OK) {
-            close(fd);
-            return st;
-        }
+    unsigned char len8[8], *buf = NULL;
+    if ((uint64_t)fsize > SIZE_MAX / 2)
+        st = pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "too large (%lld bytes)",
+                        (long long)fsize);
+    else
+        st = read_header_len(fd, size, len8, hlen, path, errmsg, errlen);
+    if (st == PF_OK && !(buf = malloc(size)))
+        st = pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", size);
+    if (st == PF_OK) {
+        memcpy(buf, len8, 8);
+        st = pf_io_read_all(fd, buf + 8, size - 8, path, errmsg, errlen);
     }
-    unsigned char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory (%zu bytes)", size);
-    }
-    st = pf_io_read_all(fd, buf, size, path, errmsg, errlen);
     close(fd);
     if (st != PF_OK) {
         free(buf);
@@ -405,119 +388,145 @@ pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errle
     }
     f->buf = buf;
     f->size = size;
+    return PF_OK;
+}
 
-    if (size < 8) {
-        pf_st_free(f);
-        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
-                    "not a safetensors file: %zu bytes, shorter than the 8-byte header length",
-                    size);
-    }
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
-    if (hlen > ST_MAX_HEADER || hlen > size - 8 || hlen < 2) {
-        pf_st_free(f);
-        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path,
-                    "not a safetensors file or truncated: header length %llu, file %zu bytes",
-                    (unsigned long long)hlen, size);
-    }
-    const char *h = (const char *)buf + 8;
-    size_t data_off = 8 + (size_t)hlen, data_size = size - data_off;
+/* The header being parsed: the reader over its JSON, the file it fills, and range[i], the
+ * [begin, end) of f->tensors[i] within the data (kept apart for check_tiling's sort). */
+typedef struct st_header {
+    jreader j;
+    pf_st_file *f;
+    int64_t (*range)[2];
+    int cap;                   /* entries allocated in f->tensors and range */
+    const unsigned char *data; /* the data: data_size bytes after the header */
+    size_t data_size;
+} st_header;
 
-    jreader j = {.start = h, .p = h, .end = h + hlen, .why = ""};
-    int cap = 16;
-    f->tensors = calloc((size_t)cap, sizeof(pf_st_tensor));
-    int64_t(*range)[2] = malloc(sizeof(int64_t[2]) * (size_t)cap);
-    int ok = f->tensors && range;
-    if (!ok) snprintf(j.why, sizeof(j.why), "out of memory");
-    ok = ok && jexpect(&j, '{');
-    if (ok && !jpeek(&j, '}')) {
+/* Room in f->tensors and range for one more tensor. */
+static int grow_tables(st_header *h) {
+    if (h->f->n < h->cap) return 1;
+    pf_st_tensor *nt = realloc(h->f->tensors, sizeof(pf_st_tensor) * (size_t)h->cap * 2);
+    int64_t(*nr)[2] = realloc(h->range, sizeof(int64_t[2]) * (size_t)h->cap * 2);
+    if (nt) h->f->tensors = nt;
+    if (nr) h->range = nr;
+    if (!nt || !nr) return jsay(&h->j, "out of memory");
+    h->cap *= 2;
+    return 1;
+}
+
+/* t->count from t's shape, at most 2^61 so that count * 4 cannot wrap (a shape
+ * [2^31, 2^31] would make it 2^64, 0 in size_t, and match an empty range). */
+static int tensor_count(jreader *j, pf_st_tensor *t) {
+    size_t count = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] != 0 && count > ((size_t)1 << 61) / (size_t)t->shape[d])
+            return jsay(j, "tensor '%.60s': shape too large", t->name);
+        count *= (size_t)t->shape[d];
+    }
+    t->count = count;
+    return 1;
+}
+
+/* t->data, where t's data_offsets [b, e) lie within the data and hold its count floats. */
+static int place_tensor(st_header *h, pf_st_tensor *t, int64_t b, int64_t e) {
+    if (b > e || (uint64_t)e > h->data_size || (uint64_t)(e - b) != t->count * 4)
+        return jsay(&h->j,
+                    "tensor '%.60s': data_offsets [%lld, %lld] do not hold %zu float32 values "
+                    "within the %zu data bytes",
+                    t->name, (long long)b, (long long)e, t->count, h->data_size);
+    t->data = h->data + b;
+    return 1;
+}
+
+/* The tensor called name (which it takes): its entry parsed and checked against the data. */
+static int add_tensor(st_header *h, char *name) {
+    pf_st_file *f = h->f;
+    if (!grow_tables(h)) {
+        free(name);
+        return 0;
+    }
+    pf_st_tensor *t = &f->tensors[f->n];
+    int64_t *r = h->range[f->n];
+    memset(t, 0, sizeof(*t));
+    t->name = name;
+    f->n++; /* counted now, so that pf_st_free frees the name whatever follows */
+    if (pf_st_find(f, name) != t) return jsay(&h->j, "tensor '%.60s' appears twice", name);
+    return parse_tensor(&h->j, t, &r[0], &r[1]) && tensor_count(&h->j, t) &&
+           place_tensor(h, t, r[0], r[1]);
+}
+
+/* One "name": value pair of the header's object: the metadata or a tensor. */
+static int parse_entry(st_header *h) {
+    char *name = NULL;
+    if (!jstring(&h->j, &name) || !jexpect(&h->j, ':')) {
+        free(name);
+        return 0;
+    }
+    if (strcmp(name, "__metadata__") == 0) {
+        free(name);
+        return parse_meta(&h->j, h->f);
+    }
+    return add_tensor(h, name);
+}
+
+/* The header's object, and nothing after it but spaces. */
+static int parse_header(st_header *h) {
+    if (!jexpect(&h->j, '{')) return 0;
+    if (!jpeek(&h->j, '}')) {
         do {
-            char *name = NULL;
-            ok = jstring(&j, &name) && jexpect(&j, ':');
-            if (!ok) {
-                free(name);
-                break;
-            }
-            if (strcmp(name, "__metadata__") == 0) {
-                free(name);
-                ok = parse_meta(&j, f);
-                if (!ok) break;
-                continue;
-            }
-            if (f->n == cap) {
-                pf_st_tensor *nt = realloc(f->tensors, sizeof(pf_st_tensor) * (size_t)cap * 2);
-                int64_t(*nr)[2] = realloc(range, sizeof(int64_t[2]) * (size_t)cap * 2);
-                if (nt) f->tensors = nt;
-                if (nr) range = nr;
-                if (!nt || !nr) {
-                    free(name);
-                    snprintf(j.why, sizeof(j.why), "out of memory");
-                    ok = 0;
-                    break;
-                }
-                cap *= 2;
-            }
-            pf_st_tensor *t = &f->tensors[f->n];
-            memset(t, 0, sizeof(*t));
-            t->name = name;
-            f->n++;
-            if (pf_st_find(f, name) != t) {
-                snprintf(j.why, sizeof(j.why), "tensor '%.60s' appears twice", name);
-                ok = 0;
-                break;
-            }
-            ok = parse_tensor(&j, t, &range[f->n - 1][0], &range[f->n - 1][1]);
-            if (!ok) break;
-            /* element count, at most 2^61 so that count * 4 cannot wrap (a shape
-             * [2^31, 2^31] would make it 2^64, 0 in size_t, and match an empty range) */
-            size_t count = 1;
-            for (int d = 0; d < t->ndim && ok; d++) {
-                if (t->shape[d] != 0 && count > ((size_t)1 << 61) / (size_t)t->shape[d]) {
-                    snprintf(j.why, sizeof(j.why), "tensor '%.60s': shape too large", name);
-                    ok = 0;
-                }
-                count *= (size_t)t->shape[d];
-            }
-            int64_t b = range[f->n - 1][0], e = range[f->n - 1][1];
-            if (ok && (b > e || (uint64_t)e > data_size || (uint64_t)(e - b) != count * 4)) {
-                snprintf(j.why, sizeof(j.why),
-                         "tensor '%.60s': data_offsets [%lld, %lld] do not hold %zu float32 "
-                         "values within the %zu data bytes",
-                         name, (long long)b, (long long)e, count, data_size);
-                ok = 0;
-            }
-            t->count = count;
-            t->data = buf + data_off + b;
-        } while (ok && jpeek(&j, ','));
-        ok = ok && jexpect(&j, '}');
+            if (!parse_entry(h)) return 0;
+        } while (jpeek(&h->j, ','));
+        if (!jexpect(&h->j, '}')) return 0;
     }
-    jws(&j);
-    if (ok && j.p != j.end) ok = jfail(&j, "bytes after the header object");
-    /* the tensors must tile [0, data_size) exactly */
-    if (ok) {
-        qsort(range, (size_t)f->n, sizeof(int64_t[2]), cmp_begin);
-        int64_t at = 0;
-        for (int i = 0; i < f->n && ok; i++) {
-            if (range[i][0] != at) {
-                snprintf(j.why, sizeof(j.why), "tensor data %s at byte %lld (expected %lld)",
-                         range[i][0] > at ? "has a gap" : "overlaps", (long long)range[i][0],
-                         (long long)at);
-                ok = 0;
-            }
-            at = range[i][1];
-        }
-        if (ok && (uint64_t)at != data_size) {
-            snprintf(j.why, sizeof(j.why),
-                     "%s: the header describes %lld data bytes, the file holds %zu",
-                     (uint64_t)at > data_size ? "truncated" : "extra bytes after the tensors",
-                     (long long)at, data_size);
-            ok = 0;
-        }
+    jws(&h->j);
+    if (h->j.p != h->j.end) return jfail(&h->j, "bytes after the header object");
+    return 1;
+}
+
+/* The n tensors' ranges (sorted here) tile [0, data_size) exactly: no gap, no overlap,
+ * nothing after. */
+static int check_tiling(jreader *j, int64_t (*range)[2], int n, size_t data_size) {
+    qsort(range, (size_t)n, sizeof(int64_t[2]), cmp_begin);
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (range[i][0] != at)
+            return jsay(j, "tensor data %s at byte %lld (expected %lld)",
+                        range[i][0] > at ? "has a gap" : "overlaps", (long long)range[i][0],
+                        (long long)at);
+        at = range[i][1];
     }
-    free(range);
+    if ((uint64_t)at != data_size)
+        return jsay(j, "%s: the header describes %lld data bytes, the file holds %zu",
+                    (uint64_t)at > data_size ? "truncated" : "extra bytes after the tensors",
+                    (long long)at, data_size);
+    return 1;
+}
+
+pf_status pf_st_read(const char *path, pf_st_file *f, char *errmsg, size_t errlen) {
+    if (errmsg && errlen > 0) errmsg[0] = '\0';
+    if (!f) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    memset(f, 0, sizeof(*f));
+    if (!path) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL argument");
+    if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
+    size_t hlen = 0;
+    pf_status st = read_file(path, f, &hlen, errmsg, errlen);
+    if (st != PF_OK) return st;
+
+    const char *json = (const char *)f->buf + 8;
+    st_header h = {.j = {.start = json, .p = json, .end = json + hlen, .why = ""},
+                   .f = f,
+                   .cap = 16,
+                   .data = f->buf + 8 + hlen,
+                   .data_size = f->size - 8 - hlen};
+    f->tensors = calloc((size_t)h.cap, sizeof(pf_st_tensor));
+    h.range = malloc(sizeof(int64_t[2]) * (size_t)h.cap);
+    int ok = f->tensors && h.range ? 1 : jsay(&h.j, "out of memory");
+    ok = ok && parse_header(&h) && check_tiling(&h.j, h.range, f->n, h.data_size);
+    free(h.range);
     if (!ok) {
         pf_st_free(f);
-        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "%s", j.why[0] ? j.why : "bad header");
+        return pf_io_fail(PF_EFORMAT, errmsg, errlen, path, "%s",
+                          h.j.why[0] ? h.j.why : "bad header");
     }
     return PF_OK;
 }
@@ -581,7 +590,90 @@ static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
+/* Checks the n entries (a name, not "__metadata__" and not repeated; a rank; a shape; data
+ * unless empty) and puts each one's element count in counts. */
+static pf_status entry_counts(const pf_st_entry *t, int n, size_t *counts, const char *path,
+                              char *errmsg, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0 ||
+            t[i].ndim < 0 || t[i].ndim > PF_ST_MAX_DIMS)
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor %d: bad name or rank", i);
+        size_t c = 1;
+        for (int d = 0; d < t[i].ndim; d++) {
+            if (t[i].shape[d] < 0 ||
+                (t[i].shape[d] > 0 && c > ((size_t)1 << 60) / (size_t)t[i].shape[d]))
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s': bad shape",
+                                  t[i].name);
+            c *= (size_t)t[i].shape[d];
+        }
+        if (c > 0 && !t[i].data)
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' has no data",
+                              t[i].name);
+        for (int k = 0; k < i; k++) {
+            if (strcmp(t[k].name, t[i].name) == 0)
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' twice", t[i].name);
+        }
+        counts[i] = c;
+    }
+    return PF_OK;
+}
 
+/* The header's "__metadata__" entry (meta: key, value, ..., NULL), if meta holds a pair. */
+static pf_status put_meta(sbuf *b, const char *const *meta, const char *path, char *errmsg,
+                          size_t errlen) {
+    if (!meta || !meta[0]) return PF_OK;
+    sb_json_string(b, "__metadata__");
+    sb_put(b, ":{", 2);
+    for (int i = 0; meta[i]; i += 2) {
+        if (!meta[i + 1])
+            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
+                              meta[i]);
+        for (int k = 0; k < i; k += 2) {
+            if (strcmp(meta[k], meta[i]) == 0) /* pf_st_read refuses such a file */
+                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' given twice",
+                                  meta[i]);
+        }
+        if (i) sb_put(b, ",", 1);
+        sb_json_string(b, meta[i]);
+        sb_put(b, ":", 1);
+        sb_json_string(b, meta[i + 1]);
+    }
+    sb_put(b, "}", 1);
+    return PF_OK;
+}
+
+/* The header into b: the metadata, then the n tensors (counts[i] elements each) laid end to
+ * end, padded with spaces to a multiple of 8 bytes. */
+static pf_status make_header(sbuf *b, const pf_st_entry *t, int n, const size_t *counts,
+                             const char *const *meta, const char *path, char *errmsg,
+                             size_t errlen) {
+    sb_put(b, "{", 1);
+    pf_status st = put_meta(b, meta, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    int first = !(meta && meta[0]);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (!first) sb_put(b, ",", 1);
+        first = 0;
+        sb_json_string(b, t[i].name);
+        const char *mid = ":{\"dtype\":\"F32\",\"shape\":[";
+        sb_put(b, mid, strlen(mid));
+        for (int d = 0; d < t[i].ndim; d++)
+            sb_printf(b, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
+        uint64_t e = off + (uint64_t)counts[i] * 4;
+        sb_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                  (unsigned long long)e);
+        off = e;
+    }
+    sb_put(b, "}", 1);
+    while (!b->oom && b->n % 8 != 0) sb_put(b, " ", 1);
+    if (b->oom) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
+    if (b->n > ST_MAX_HEADER)
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
+                          "a header of %zu bytes is more than readers accept (%u)", b->n,
+                          ST_MAX_HEADER);
+    return PF_OK;
+}
 
 pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char *const *meta,
                       char *errmsg, size_t errlen) {
@@ -591,106 +683,20 @@ pf_status pf_st_write(const char *path, const pf_st_entry *t, int n, const char 
     if (!little_endian()) return pf_io_fail(PF_ENOTSUP, errmsg, errlen, path, "big-endian host");
     size_t *counts = malloc(sizeof(size_t) * (size_t)(n > 0 ? n : 1));
     if (!counts) return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
-    for (int i = 0; i < n; i++) {
-        if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0 ||
-            t[i].ndim < 0 || t[i].ndim > PF_ST_MAX_DIMS) {
-            free(counts);
-            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor %d: bad name or rank", i);
-        }
-        size_t c = 1;
-        for (int d = 0; d < t[i].ndim; d++) {
-            if (t[i].shape[d] < 0 ||
-                (t[i].shape[d] > 0 && c > ((size_t)1 << 60) / (size_t)t[i].shape[d])) {
-                free(counts);
-                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s': bad shape", t[i].name);
-            }
-            c *= (size_t)t[i].shape[d];
-        }
-        if (c > 0 && !t[i].data) {
-            free(counts);
-            return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' has no data", t[i].name);
-        }
-        for (int k = 0; k < i; k++) {
-            if (strcmp(t[k].name, t[i].name) == 0) {
-                free(counts);
-                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "tensor '%s' twice", t[i].name);
-            }
-        }
-        counts[i] = c;
-    }
-
-    /* the header */
     sbuf b = {0};
-    sb_put(&b, "{", 1);
-    int first = 1;
-    if (meta && meta[0]) {
-        sb_json_string(&b, "__metadata__");
-        sb_put(&b, ":{", 2);
-        for (int i = 0; meta[i]; i += 2) {
-            if (!meta[i + 1]) {
-                free(counts);
-                free(b.s);
-                return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "metadata key '%s' has no value",
-                            meta[i]);
-            }
-            for (int k = 0; k < i; k += 2) {
-                if (strcmp(meta[k], meta[i]) == 0) { /* pf_st_read refuses such a file */
-                    free(counts);
-                    free(b.s);
-                    return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
-                                      "metadata key '%s' given twice", meta[i]);
-                }
-            }
-            if (i) sb_put(&b, ",", 1);
-            sb_json_string(&b, meta[i]);
-            sb_put(&b, ":", 1);
-            sb_json_string(&b, meta[i + 1]);
-        }
-        sb_put(&b, "}", 1);
-        first = 0;
-    }
-    uint64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        if (!first) sb_put(&b, ",", 1);
-        first = 0;
-        sb_json_string(&b, t[i].name);
-        const char *mid = ":{\"dtype\":\"F32\",\"shape\":[";
-        sb_put(&b, mid, strlen(mid));
-        for (int d = 0; d < t[i].ndim; d++)
-            sb_printf(&b, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
-        uint64_t e = off + (uint64_t)counts[i] * 4;
-        sb_printf(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                  (unsigned long long)e);
-        off = e;
-    }
-    sb_put(&b, "}", 1);
-    while (!b.oom && b.n % 8 != 0) sb_put(&b, " ", 1);
-    if (b.oom) {
-        free(counts);
-        free(b.s);
-        return pf_io_fail(PF_ENOMEM, errmsg, errlen, path, "out of memory");
-    }
-    if (b.n > ST_MAX_HEADER) {
-        free(counts);
-        free(b.s);
-        return pf_io_fail(PF_EINVAL, errmsg, errlen, path,
-                          "a header of %zu bytes is more than readers accept (%u)", b.n,
-                          ST_MAX_HEADER);
-    }
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
-
     pf_io_atomic w;
-    pf_status st = pf_io_atomic_begin(&w, path, errmsg, errlen);
-    if (st != PF_OK) {
-        free(counts);
-        free(b.s);
-        return st;
+    pf_status st = entry_counts(t, n, counts, path, errmsg, errlen);
+    if (st == PF_OK) st = make_header(&b, t, n, counts, meta, path, errmsg, errlen);
+    if (st == PF_OK) st = pf_io_atomic_begin(&w, path, errmsg, errlen);
+    if (st == PF_OK) {
+        unsigned char len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
+        int e = pf_io_write_all(w.fd, len8, 8);
+        if (!e) e = pf_io_write_all(w.fd, b.s, b.n);
+        for (int i = 0; i < n && !e; i++) e = pf_io_write_all(w.fd, t[i].data, counts[i] * 4);
+        st = pf_io_atomic_finish(&w, path, e, errmsg, errlen);
     }
-    int e = pf_io_write_all(w.fd, len8, 8);
-    if (!e) e = pf_io_write_all(w.fd, b.s, b.n);
-    for (int i = 0; i < n && !e; i++) e = pf_io_write_all(w.fd, t[i].data, counts[i] * 4);
     free(counts);
     free(b.s);
-    return pf_io_atomic_finish(&w, path, e, errmsg, errlen);
+    return st;
 }

@@ -199,15 +199,20 @@ static pf_status load_tensor(const pf_st_file *f, const char *name, float *dst, 
     return PF_OK;
 }
 
-static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path, char *errmsg,
-                           size_t errlen) {
+/* The counters a run continues from: pf_model's step, w_stream and rho_count. */
+typedef struct lm_counters {
+    int64_t step, w_stream, rho_count;
+} lm_counters;
+
+/* The metadata's format, then its integers: the configuration's into c, the counters into n. */
+static pf_status read_ints(const pf_st_file *f, pf_model_config *c, lm_counters *n,
+                           const char *path, char *errmsg, size_t errlen) {
     const char *fmt = pf_st_meta(f, "format");
     if (!fmt || strcmp(fmt, FORMAT) != 0)
         return fail(
             PF_EFORMAT, errmsg, errlen, path,
             "not a performer language-model checkpoint (no format=" FORMAT " in __metadata__)", "");
-    pf_model_config c = pf_model_config_default();
-    int64_t v[6], step = 0, w_stream = 0, rho_count = 0;
+    int64_t v[6];
     static const struct {
         const char *key;
         int64_t lo, hi;
@@ -218,11 +223,47 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
     for (int i = 0; i < 6 && st == PF_OK; i++)
         st = meta_int(f, ints[i].key, ints[i].lo, ints[i].hi, &v[i], path, errmsg, errlen);
     /* counters stay far below INT64_MAX, so that adding to them cannot overflow */
-    if (st == PF_OK) st = meta_int(f, "pf.step", 0, INT64_MAX / 4, &step, path, errmsg, errlen);
+    if (st == PF_OK) st = meta_int(f, "pf.step", 0, INT64_MAX / 4, &n->step, path, errmsg, errlen);
     if (st == PF_OK)
-        st = meta_int(f, "pf.w_stream", -1, INT64_MAX / 4, &w_stream, path, errmsg, errlen);
+        st = meta_int(f, "pf.w_stream", -1, INT64_MAX / 4, &n->w_stream, path, errmsg, errlen);
     if (st == PF_OK)
-        st = meta_int(f, "pf.rho_count", 0, INT64_MAX / 4, &rho_count, path, errmsg, errlen);
+        st = meta_int(f, "pf.rho_count", 0, INT64_MAX / 4, &n->rho_count, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    c->context = (int)v[0];
+    c->layers = (int)v[1];
+    c->d_model = (int)v[2];
+    c->heads = (int)v[3];
+    c->features = (int)v[4];
+    c->redraw = (int)v[5];
+    return PF_OK;
+}
+
+/* The names pf.attention, pf.positions and pf.kernel (att, pos, kern) into c. */
+static pf_status parse_names(pf_model_config *c, const char *att, const char *pos,
+                             const char *kern, const char *path, char *errmsg, size_t errlen) {
+    if (strcmp(att, "exact") == 0)
+        c->attention = PF_LM_EXACT;
+    else if (strcmp(att, "favor") == 0)
+        c->attention = PF_LM_FAVOR;
+    else if (strcmp(att, "favor++") == 0)
+        c->attention = PF_LM_FAVORPP;
+    else
+        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.attention: ", att);
+    if (strcmp(pos, "learned") == 0)
+        c->positions = PF_LM_LEARNED;
+    else if (strcmp(pos, "rotary") == 0)
+        c->positions = PF_LM_ROTARY;
+    else
+        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.positions: ", pos);
+    if (pf_kernel_parse(kern, &c->kernel) != PF_OK)
+        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.kernel: ", kern);
+    return PF_OK;
+}
+
+/* The configuration and counters from the metadata: read_ints, the seed, then the names. */
+static pf_status read_config(const pf_st_file *f, pf_model_config *c, lm_counters *n,
+                             const char *path, char *errmsg, size_t errlen) {
+    pf_status st = read_ints(f, c, n, path, errmsg, errlen);
     if (st != PF_OK) return st;
     const char *seed = pf_st_meta(f, "pf.seed");
     const char *att = pf_st_meta(f, "pf.attention"), *pos = pf_st_meta(f, "pf.positions");
@@ -233,66 +274,51 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
     if (absent) return fail(PF_EFORMAT, errmsg, errlen, path, "missing in __metadata__: ", absent);
     char *end;
     errno = 0;
-    c.seed = strtoull(seed, &end, 10);
+    c->seed = strtoull(seed, &end, 10);
     if (*end || errno || seed[0] < '0' || seed[0] > '9')
         return fail(PF_EFORMAT, errmsg, errlen, path, "malformed pf.seed: ", seed);
-    c.context = (int)v[0];
-    c.layers = (int)v[1];
-    c.d_model = (int)v[2];
-    c.heads = (int)v[3];
-    c.features = (int)v[4];
-    c.redraw = (int)v[5];
-    if (c.d_model % c.heads != 0) {
+    if (c->d_model % c->heads != 0) {
         if (errmsg && errlen > 0)
             snprintf(errmsg, errlen, "%s: pf.d_model %d is not a multiple of pf.heads %d", path,
-                     c.d_model, c.heads);
+                     c->d_model, c->heads);
         return PF_EFORMAT;
     }
-    if (strcmp(att, "exact") == 0)
-        c.attention = PF_LM_EXACT;
-    else if (strcmp(att, "favor") == 0)
-        c.attention = PF_LM_FAVOR;
-    else if (strcmp(att, "favor++") == 0)
-        c.attention = PF_LM_FAVORPP;
-    else
-        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.attention: ", att);
-    if (strcmp(pos, "learned") == 0)
-        c.positions = PF_LM_LEARNED;
-    else if (strcmp(pos, "rotary") == 0)
-        c.positions = PF_LM_ROTARY;
-    else
-        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.positions: ", pos);
-    if (pf_kernel_parse(kern, &c.kernel) != PF_OK)
-        return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.kernel: ", kern);
-    if (c.attention == PF_LM_EXACT && c.features < 1) c.features = 1;
+    return parse_names(c, att, pos, kern, path, errmsg, errlen);
+}
 
-    if (c.positions == PF_LM_ROTARY && (c.d_model / c.heads) % 2)
+/* What a model of configuration c (read_config's from f) needs beyond its fields' ranges;
+ * c->features becomes 1 where exact attention leaves it 0. Messages quote f's own names. */
+static pf_status check_config(pf_model_config *c, const pf_st_file *f, const char *path,
+                              char *errmsg, size_t errlen) {
+    if (c->attention == PF_LM_EXACT && c->features < 1) c->features = 1;
+    if (c->positions == PF_LM_ROTARY && (c->d_model / c->heads) % 2)
         return fail(PF_EFORMAT, errmsg, errlen, path,
                     "rotary positions need an even head width (pf.d_model / pf.heads)", "");
-    if (c.attention != PF_LM_EXACT && c.features < 1)
+    if (c->attention != PF_LM_EXACT && c->features < 1)
         return fail(PF_EFORMAT, errmsg, errlen, path, "pf.features must be >= 1 with ",
                     "FAVOR attention");
-    if (c.attention == PF_LM_FAVOR && pf_kernel_parse(kern, &c.kernel) == PF_OK &&
-        c.kernel != PF_KERNEL_POSITIVE && c.kernel != PF_KERNEL_HYPERBOLIC &&
-        c.kernel != PF_KERNEL_TRIG && c.kernel != PF_KERNEL_RELU)
-        return fail(PF_EFORMAT, errmsg, errlen, path, "pf.kernel is not a FAVOR+ map: ", kern);
-    st = lm_config_check(&c);
+    if (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_POSITIVE &&
+        c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
+        c->kernel != PF_KERNEL_RELU)
+        return fail(PF_EFORMAT, errmsg, errlen, path, "pf.kernel is not a FAVOR+ map: ",
+                    pf_st_meta(f, "pf.kernel"));
+    pf_status st = lm_config_check(c);
     if (st == PF_ENOTSUP)
-        return fail(st, errmsg, errlen, path, "this build cannot run attention ", att);
+        return fail(st, errmsg, errlen, path, "this build cannot run attention ",
+                    pf_st_meta(f, "pf.attention"));
     if (st != PF_OK) return fail(PF_EFORMAT, errmsg, errlen, path, "invalid configuration", "");
-    int with_opt = pf_st_find(f, "adamw.m.wte") != NULL;
-    st = check_tensors(f, &c, with_opt, path, errmsg, errlen);
-    if (st != PF_OK) return st;
-    pf_model *m = NULL;
-    st = pf_model_create(&m, &c);
-    if (st != PF_OK)
-        return fail(st, errmsg, errlen, path, "cannot create the model: ", pf_status_str(st));
+    return PF_OK;
+}
 
+/* Every tensor of m from f (with_opt: the AdamW moments too), by load_tensor. */
+static pf_status load_tensors(pf_model *m, const pf_st_file *f, int with_opt, const char *path,
+                              char *errmsg, size_t errlen) {
+    pf_status st = PF_OK;
     size_t off = 0;
     for (int i = 0; i < LM_NUM_PARAMS && st == PF_OK; i++) {
         const char *name;
         int64_t shape[3];
-        lm_param_shape(&c, i, &name, shape);
+        lm_param_shape(&m->config, i, &name, shape);
         if (m->param_sizes[i] > 0) {
             st = load_tensor(f, name, m->params_memory + off, 0, path, errmsg, errlen);
             for (int pass = 1; pass <= 2 && with_opt && st == PF_OK; pass++) {
@@ -304,24 +330,46 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
         }
         off += m->param_sizes[i];
     }
-    if (st == PF_OK && c.attention != PF_LM_EXACT) {
+    if (st == PF_OK && m->config.attention != PF_LM_EXACT) {
         st = load_tensor(f, "favor.W", m->W, 0, path, errmsg, errlen);
         if (st == PF_OK) st = load_tensor(f, "favorpp.rho", m->rho, 1, path, errmsg, errlen);
-        m->w_stream = w_stream;
     }
-    m->step = step;
-    m->rho_count = rho_count;
-    lm_favorpp_refresh(m);
+    return st;
+}
 
-    /* keep every metadata pair for pf_model_meta */
+/* Every metadata pair of f into m->meta, for pf_model_meta. */
+static pf_status copy_meta(pf_model *m, const pf_st_file *f, const char *path, char *errmsg,
+                           size_t errlen) {
+    m->meta = calloc((size_t)(2 * f->nmeta + 1), sizeof(char *));
+    if (!m->meta) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory", "");
+    for (int i = 0; i < 2 * f->nmeta; i++) {
+        m->meta[i] = strdup(f->meta[i]);
+        if (!m->meta[i]) return fail(PF_ENOMEM, errmsg, errlen, path, "out of memory", "");
+    }
+    return PF_OK;
+}
+
+static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path, char *errmsg,
+                           size_t errlen) {
+    pf_model_config c = pf_model_config_default();
+    lm_counters n = {0, 0, 0};
+    pf_status st = read_config(f, &c, &n, path, errmsg, errlen);
+    if (st == PF_OK) st = check_config(&c, f, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    int with_opt = pf_st_find(f, "adamw.m.wte") != NULL;
+    st = check_tensors(f, &c, with_opt, path, errmsg, errlen);
+    if (st != PF_OK) return st;
+    pf_model *m = NULL;
+    st = pf_model_create(&m, &c);
+    if (st != PF_OK)
+        return fail(st, errmsg, errlen, path, "cannot create the model: ", pf_status_str(st));
+    st = load_tensors(m, f, with_opt, path, errmsg, errlen);
     if (st == PF_OK) {
-        m->meta = calloc((size_t)(2 * f->nmeta + 1), sizeof(char *));
-        if (!m->meta) st = PF_ENOMEM;
-        for (int i = 0; i < 2 * f->nmeta && st == PF_OK; i++) {
-            m->meta[i] = strdup(f->meta[i]);
-            if (!m->meta[i]) st = PF_ENOMEM;
-        }
-        if (st == PF_ENOMEM) fail(st, errmsg, errlen, path, "out of memory", "");
+        if (c.attention != PF_LM_EXACT) m->w_stream = n.w_stream;
+        m->step = n.step;
+        m->rho_count = n.rho_count;
+        lm_favorpp_refresh(m);
+        st = copy_meta(m, f, path, errmsg, errlen);
     }
     if (st != PF_OK) {
         pf_model_free(m);
