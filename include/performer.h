@@ -874,6 +874,16 @@ PF_API pf_status pf_decoder_reset(pf_decoder *decoder);
  * another token can be fed in its place. */
 PF_API pf_status pf_decoder_step(pf_decoder *decoder, float *logits, int32_t token);
 
+/* Feeds a prompt of n tokens at once: FAVOR models run it through every layer in pieces of rows,
+ * each layer's attention by the chunked causal pass into its state (pf_favor_state_prefill), so
+ * a long prompt costs about what the training forward does, not n steps; exact models step the
+ * tokens. logits (256) receive the scores of the byte after the last token. Decoding after it
+ * gives what stepping every token would, to float rounding. The same limits and statuses as
+ * pf_decoder_step (PF_EINVAL past the context or for a token outside 0..255); a prefill that fails
+ * leaves the decoder as it was. */
+PF_API pf_status pf_decoder_prefill(pf_decoder *decoder, float *logits, const int32_t *tokens,
+                                    int n);
+
 /* Tokens fed since the last reset. */
 PF_API int64_t pf_decoder_position(const pf_decoder *decoder);
 

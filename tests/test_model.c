@@ -755,12 +755,14 @@ static void test_threads(void) {
  * the last layer, after the first layer has stepped. Tried first at some positions (the first
  * among them), it must fail with PF_EDOMAIN and leave the position, and the logits of every
  * later token, as in a run that never tried it. */
-static void test_decoder_failed_step(void) {
+/* The model of the tests below: a FAVOR relu model whose last layer fails (PF_EDOMAIN) on
+ * token 200 and on no other (see test_decoder_failed_step). */
+static pf_model *failing_model(int context) {
     pf_model_config cfg = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_RELU);
-    cfg.context = 16;
+    cfg.context = context;
     pf_model *m = NULL;
     CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
-    if (!m) return;
+    if (!m) return NULL;
     perturb(m);
     const int Lr = cfg.layers, C = cfg.d_model, hd = C / cfg.heads, bad = 200;
     m->favor_eps = 0.0f;
@@ -779,6 +781,13 @@ static void test_decoder_failed_step(void) {
         float *wl = m->W + (size_t)l * cfg.features * hd;
         wl[i] = 0.1f + fabsf(wl[i]);
     }
+    return m;
+}
+
+static void test_decoder_failed_step(void) {
+    pf_model *m = failing_model(16);
+    if (!m) return;
+    const int bad = 200;
     const int T = 12;
     int32_t tok[12];
     for (int t = 0; t < T; t++) tok[t] = (t * 37 + 11) % 199;
@@ -803,6 +812,115 @@ static void test_decoder_failed_step(void) {
         pf_decoder_free(d);
     }
     free(good);
+    pf_model_free(m);
+}
+
+/* A prefill that fails after its first piece of rows was committed (the failing token at 550
+ * of 600) leaves the decoder as it was, from position 0 and from position 1: the position, and
+ * the logits of the tokens fed next, bit for bit those of a decoder that never saw it. */
+static void test_decoder_prefill_failure(void) {
+    pf_model *m = failing_model(700);
+    if (!m) return;
+    const int n = 600;
+    int32_t *tok = xmalloc(sizeof(int32_t) * n);
+    for (int t = 0; t < n; t++) tok[t] = (t * 37 + 11) % 199;
+    float row[V], good[3][V];
+    pf_decoder *d = NULL;
+    CHECK_STATUS(pf_decoder_create(&d, m), PF_OK);
+    if (!d) return;
+    for (int start = 0; start < 2; start++) {
+        CHECK_STATUS(pf_decoder_reset(d), PF_OK);
+        if (start) CHECK_STATUS(pf_decoder_step(d, row, 5), PF_OK);
+        for (int t = 0; t < 3; t++) CHECK_STATUS(pf_decoder_step(d, good[t], tok[t]), PF_OK);
+        CHECK_STATUS(pf_decoder_reset(d), PF_OK);
+        if (start) CHECK_STATUS(pf_decoder_step(d, row, 5), PF_OK);
+        tok[550] = 200;
+        CHECK_STATUS(pf_decoder_prefill(d, row, tok, n), PF_EDOMAIN);
+        tok[550] = 7;
+        CHECK(pf_decoder_position(d) == start, "a failed prefill moved the position to %lld",
+              (long long)pf_decoder_position(d));
+        int differ = 0;
+        for (int t = 0; t < 3; t++) {
+            CHECK_STATUS(pf_decoder_step(d, row, tok[t]), PF_OK);
+            differ += memcmp(row, good[t], sizeof row) != 0;
+        }
+        CHECK(differ == 0, "after a failed prefill (from %d) %d logits differ", start, differ);
+    }
+    pf_decoder_free(d);
+    free(tok);
+    pf_model_free(m);
+}
+
+/* Relative 2-norm difference of two logit rows. */
+static double logit_err(const float *a, const float *b) {
+    double num = 0, den = 0;
+    for (int j = 0; j < V; j++) {
+        num += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+        den += (double)b[j] * b[j];
+    }
+    return sqrt(num / den);
+}
+
+/* pf_decoder_prefill: a prompt at once, then decoding, against stepping every token: within
+ * float rounding (1e-5) at the prompt's last row and at every row decoded after it; a second
+ * prefill continues from the first; bad tokens and the context limit are refused with the
+ * position unchanged. */
+static void test_decoder_prefill(pf_lm_attention att, pf_lm_positions pos) {
+    pf_model_config cfg = tiny_config(att, pos, PF_KERNEL_POSITIVE);
+    cfg.context = 48;
+    pf_model *m = NULL;
+    CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
+    if (!m) return;
+    perturb(m);
+    set_favorpp_stats(m);
+    const int T = 44;
+    int32_t tok[44];
+    for (int t = 0; t < T; t++) tok[t] = (t * 53 + 3) % V;
+    float *ref = xmalloc(sizeof(float) * T * V), row[V];
+    pf_decoder *d = NULL;
+    CHECK_STATUS(pf_decoder_create(&d, m), PF_OK);
+    if (!d) return;
+    for (int t = 0; t < T; t++) CHECK_STATUS(pf_decoder_step(d, ref + (size_t)t * V, tok[t]), PF_OK);
+    double worst = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        CHECK_STATUS(pf_decoder_reset(d), PF_OK);
+        if (rep == 0) {
+            CHECK_STATUS(pf_decoder_prefill(d, row, tok, 29), PF_OK);
+        } else { /* two prefills, the second from where the first stopped */
+            CHECK_STATUS(pf_decoder_prefill(d, row, tok, 11), PF_OK);
+            worst = fmax(worst, logit_err(row, ref + (size_t)10 * V));
+            CHECK_STATUS(pf_decoder_prefill(d, row, tok + 11, 18), PF_OK);
+        }
+        CHECK(pf_decoder_position(d) == 29, "position after prefill %lld",
+              (long long)pf_decoder_position(d));
+        worst = fmax(worst, logit_err(row, ref + (size_t)28 * V));
+        for (int t = 29; t < T; t++) {
+            CHECK_STATUS(pf_decoder_step(d, row, tok[t]), PF_OK);
+            worst = fmax(worst, logit_err(row, ref + (size_t)t * V));
+        }
+    }
+    CHECK(worst < 1e-5, "prefill then decoding vs stepping every token: rel err %.3g", worst);
+    printf("decoder prefill %s/%s: worst rel err of the logits %.2g\n",
+           att == PF_LM_EXACT   ? "exact"
+           : att == PF_LM_FAVOR ? "favor"
+                                : "favor++",
+           pos == PF_LM_ROTARY ? "rotary" : "learned", worst);
+    /* refused: the position stays */
+    CHECK_STATUS(pf_decoder_reset(d), PF_OK);
+    CHECK_STATUS(pf_decoder_prefill(d, row, tok, 5), PF_OK);
+    int32_t badtok[3] = {1, 256, 2};
+    CHECK_STATUS(pf_decoder_prefill(d, row, badtok, 3), PF_EINVAL);
+    badtok[1] = -1;
+    CHECK_STATUS(pf_decoder_prefill(d, row, badtok, 3), PF_EINVAL);
+    CHECK_STATUS(pf_decoder_prefill(d, row, tok, 0), PF_EINVAL);
+    CHECK_STATUS(pf_decoder_prefill(d, NULL, tok, 3), PF_EINVAL);
+    CHECK_STATUS(pf_decoder_prefill(NULL, row, tok, 3), PF_EINVAL);
+    if (att == PF_LM_EXACT || pos == PF_LM_LEARNED)
+        CHECK_STATUS(pf_decoder_prefill(d, row, tok, 44), PF_EINVAL); /* 5 + 44 > 48 */
+    CHECK(pf_decoder_position(d) == 5, "refused prefills moved the position to %lld",
+          (long long)pf_decoder_position(d));
+    pf_decoder_free(d);
+    free(ref);
     pf_model_free(m);
 }
 
@@ -1389,6 +1507,11 @@ int main(void) {
     test_decoder(PF_LM_FAVOR, PF_LM_ROTARY);
     test_decoder(PF_LM_FAVORPP, PF_LM_ROTARY);
     test_decoder_failed_step();
+    test_decoder_prefill(PF_LM_FAVOR, PF_LM_LEARNED);
+    test_decoder_prefill(PF_LM_FAVOR, PF_LM_ROTARY);
+    test_decoder_prefill(PF_LM_FAVORPP, PF_LM_ROTARY);
+    test_decoder_prefill(PF_LM_EXACT, PF_LM_ROTARY);
+    test_decoder_prefill_failure();
     test_sampling();
     test_adamw();
     test_schedule();

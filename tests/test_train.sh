@@ -197,7 +197,8 @@ FC="$T/full-favor/checkpoint.safetensors"
 $P sample --checkpoint "$FC" --prompt "MK" --tokens 100 --seed 2 >"$T/f1" 2>"$T/f.err"
 check "FAVOR+ sample exits 0: $(cat "$T/f.err")" [ $? -eq 0 ]
 check "FAVOR+ sample uses the recurrent state" grep -q "recurrent state" "$T/f.err"
-check "FAVOR+ decoder steps = bytes (no restart)" grep -q "101 decoder steps" "$T/f.err"
+check "FAVOR+ prompt prefilled, then a step per byte (no restart)" \
+    grep -q "2 bytes prefilled in .* then 100 bytes, 99 decoder steps" "$T/f.err"
 $P sample --checkpoint "$FC" --prompt "MK" --tokens 100 --seed 2 --threads 1 >"$T/f2" 2>/dev/null
 check "FAVOR+: same seed, same sample" cmp -s "$T/f1" "$T/f2"
 $P sample --checkpoint "$T/full-favorpp/checkpoint.safetensors" --prompt "MK" --tokens 20 \

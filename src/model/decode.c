@@ -199,6 +199,156 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
     return PF_OK;
 }
 
+/* ---- prefill: a prompt through every layer in chunks of rows --------------------------------- */
+
+enum { PREFILL_ROWS = 512 }; /* rows per piece: a multiple of every chunk C the states use */
+
+/* The scratch of a piece of n rows: one allocation. */
+typedef struct prefill_buf {
+    float *mem, *x, *ln, *qkv, *q, *k, *v, *att, *merged, *tmp, *fch, *fch_gelu, *mean, *rstd;
+} prefill_buf;
+
+static int prefill_alloc(prefill_buf *b, int n, int C) {
+    const size_t N = (size_t)n, CC = (size_t)C;
+    b->mem = pf_alloc(N * (19 * CC + 2), sizeof(float));
+    if (!b->mem) return -1;
+    float *f = b->mem;
+    b->x = f, f += N * CC;
+    b->ln = f, f += N * CC;
+    b->qkv = f, f += 3 * N * CC;
+    b->q = f, f += N * CC;
+    b->k = f, f += N * CC;
+    b->v = f, f += N * CC;
+    b->att = f, f += N * CC;
+    b->merged = f, f += N * CC;
+    b->tmp = f, f += N * CC;
+    b->fch = f, f += 4 * N * CC;
+    b->fch_gelu = f, f += 4 * N * CC;
+    b->mean = f, f += N;
+    b->rstd = f;
+    return 0;
+}
+
+/* Rows (n, C) at column offset off of src (row stride ld) as (H, n, hd), and back. */
+static void to_heads(float *dst, const float *src, int ld, int off, int n, int H, int hd) {
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++)
+            memcpy(dst + ((size_t)h * n + t) * hd, src + (size_t)t * ld + off + (size_t)h * hd,
+                   sizeof(float) * (size_t)hd);
+}
+static void from_heads(float *dst, const float *src, int n, int H, int hd) {
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < n; t++)
+            memcpy(dst + (size_t)t * H * hd + (size_t)h * hd, src + ((size_t)h * n + t) * hd,
+                   sizeof(float) * (size_t)hd);
+}
+
+/* n tokens from position t0 through every layer, each layer's attention staged in its state
+ * (nothing committed); logits of the last row if wanted. On failure the layers staged are
+ * aborted. */
+static pf_status prefill_piece(pf_decoder *d, prefill_buf *b, const int32_t *tok, int n,
+                               int64_t t0, float *logits) {
+    const pf_model *m = d->m;
+    const pf_model_config *c = &m->config;
+    const int L = c->layers, C = c->d_model, H = c->heads, hd = C / H;
+    const lm_params *p = &m->params;
+    encoder_forward(b->x, tok, p->wte, c->positions == PF_LM_LEARNED ? p->wpe + t0 * C : NULL, 1,
+                    n, C);
+    for (int l = 0; l < L; l++) {
+        layernorm_forward(b->ln, b->mean, b->rstd, b->x, p->ln1w + (size_t)l * C,
+                          p->ln1b + (size_t)l * C, n, C);
+        matmul_forward(b->qkv, b->ln, p->qkvw + (size_t)l * 3 * C * C, p->qkvb + (size_t)l * 3 * C,
+                       n, C, 3 * C);
+        if (c->positions == PF_LM_ROTARY)
+            for (int t = 0; t < n; t++) {
+                rope_row(b->qkv + (size_t)t * 3 * C, t0 + t, H, hd, m->rope, m->rope_len);
+                rope_row(b->qkv + (size_t)t * 3 * C + C, t0 + t, H, hd, m->rope, m->rope_len);
+            }
+        to_heads(b->q, b->qkv, 3 * C, 0, n, H, hd);
+        to_heads(b->k, b->qkv, 3 * C, C, n, H, hd);
+        to_heads(b->v, b->qkv, 3 * C, 2 * C, n, H, hd);
+        const pf_status st = pf_favor_state_stage(d->states[l], b->att, b->q, b->k, b->v, n);
+        if (st != PF_OK) {
+            for (int j = 0; j < l; j++) pf_favor_state_abort(d->states[j]);
+            return st;
+        }
+        from_heads(b->merged, b->att, n, H, hd);
+        matmul_forward(b->tmp, b->merged, p->attprojw + (size_t)l * C * C,
+                       p->attprojb + (size_t)l * C, n, C, C);
+        residual_forward(b->x, b->x, b->tmp, (size_t)n * C);
+        layernorm_forward(b->ln, b->mean, b->rstd, b->x, p->ln2w + (size_t)l * C,
+                          p->ln2b + (size_t)l * C, n, C);
+        matmul_forward(b->fch, b->ln, p->fcw + (size_t)l * 4 * C * C, p->fcb + (size_t)l * 4 * C, n,
+                       C, 4 * C);
+        gelu_forward(b->fch_gelu, b->fch, (size_t)n * 4 * C);
+        matmul_forward(b->tmp, b->fch_gelu, p->fcprojw + (size_t)l * 4 * C * C,
+                       p->fcprojb + (size_t)l * C, n, 4 * C, C);
+        residual_forward(b->x, b->x, b->tmp, (size_t)n * C);
+    }
+    if (logits) {
+        const float *last = b->x + (size_t)(n - 1) * C;
+        layernorm_forward(b->ln, b->mean, b->rstd, last, p->lnfw, p->lnfb, 1, C);
+        matmul_forward(logits, b->ln, p->wte, NULL, 1, C, V);
+    }
+    return PF_OK;
+}
+
+pf_status pf_decoder_prefill(pf_decoder *d, float *logits, const int32_t *tokens, int n) {
+    if (!d || !logits || !tokens || n < 1) return PF_EINVAL;
+    const pf_model_config *c = &d->m->config;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) return PF_EINVAL;
+    if ((c->positions == PF_LM_LEARNED || c->attention == PF_LM_EXACT) &&
+        (int64_t)n > c->context - d->pos)
+        return PF_EINVAL;
+    const int L = c->layers;
+    if (!d->states) { /* exact attention: its cache fills a row per step */
+        const int64_t pos0 = d->pos;
+        for (int i = 0; i < n; i++) {
+            const pf_status st = pf_decoder_step(d, logits, tokens[i]);
+            if (st != PF_OK) {
+                d->pos = pos0; /* (the cache rows past pos are not read) */
+                return st;
+            }
+        }
+        return PF_OK;
+    }
+    /* pieces of PREFILL_ROWS, each staged in every layer and committed; a piece that fails
+     * restores the states the prefill started from (snapshots), so nothing is half done */
+    const int rows = n < PREFILL_ROWS ? n : PREFILL_ROWS;
+    prefill_buf b;
+    if (prefill_alloc(&b, rows, c->d_model) != 0) return PF_ENOMEM;
+    const size_t snap = pf_favor_state_snapshot_bytes(d->states[0]);
+    unsigned char *saved = n > rows && d->pos > 0 ? malloc(snap * (size_t)L) : NULL;
+    if (n > rows && d->pos > 0 && !saved) {
+        pf_free(b.mem);
+        return PF_ENOMEM;
+    }
+    for (int l = 0; saved && l < L; l++)
+        pf_favor_state_save(d->states[l], 0, saved + snap * (size_t)l, snap);
+    const int64_t pos0 = d->pos;
+    pf_status st = PF_OK;
+    for (int i0 = 0; i0 < n && st == PF_OK; i0 += rows) {
+        const int k = n - i0 < rows ? n - i0 : rows;
+        st = prefill_piece(d, &b, tokens + i0, k, d->pos, i0 + k == n ? logits : NULL);
+        if (st != PF_OK) break;
+        for (int l = 0; l < L; l++) pf_favor_state_commit(d->states[l]);
+        d->pos += k;
+    }
+    if (st != PF_OK && d->pos != pos0) {
+        for (int l = 0; l < L; l++) {
+            if (saved)
+                pf_favor_state_load(d->states[l], 0, saved + snap * (size_t)l, snap, NULL, 0);
+            else
+                pf_favor_state_reset(d->states[l]);
+        }
+        d->pos = pos0;
+    }
+    free(saved);
+    pf_free(b.mem);
+    return st;
+}
+
 pf_status pf_sample_logits(int32_t *token, const float *logits, int n, float temperature, int top_k,
                            pf_rng *rng) {
     if (!token || !logits || n < 1 || !(temperature >= 0) || !isfinite(temperature) || top_k < 0 ||
