@@ -201,7 +201,8 @@ bench: setup all $(BENCHES)
 	echo "$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv" && \
 	$(BUILD)/bench/bench_attn --csv $(BUILD)/bench/attn.csv && \
 	if [ -x $(BUILD)/bench/bench_decode ]; then \
-	  $(BUILD)/bench/bench_decode --csv $(BUILD)/bench/decode.csv; fi
+	  $(BUILD)/bench/bench_decode --csv $(BUILD)/bench/decode.csv; fi && \
+	echo && $(BUILD)/bench/bench_serve
 	/usr/bin/python3 scripts/plot_bench.py $(BUILD)/bench/attn.csv $(BUILD)/bench/decode.csv \
 	  $(BUILD)/bench
 	/usr/bin/python3 bench/bench_cli.py $(TOOL)

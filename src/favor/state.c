@@ -374,8 +374,9 @@ static void step_one(pf_favor_state *st, float *out, const float *q, const float
             }
     const int units = count * H;
     int nt = st->nws;
-    /* a token of one head is ~1 us: threads only for very many heads */
-    if ((int64_t)units * st->r * (d + st->dv) < ((int64_t)1 << 22)) nt = 1;
+    /* a token of one head is 1-5 us: threads only for many (sequence, head) pairs, some
+     * hundred microseconds of work (one sequence of 8 heads at r = 256 stays on one) */
+    if ((int64_t)units * st->r * (d + st->dv) < ((int64_t)1 << 20)) nt = 1;
     for (int i = 0; i < count; i++) st->staged[seq[i]] = 1;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int u = 0; u < units; u++) {
