@@ -33,17 +33,19 @@ FastAttention running on the same kernels.
 import ctypes
 import functools
 import math
+import os
 
 import numpy as np
 
 from . import _lib
-from ._lib import (Error, FormatError, InvalidArgument, LibraryIOError, NonFinite, NotSupported,
-                   OutOfMemory, UndefinedResult, library_path)
+from ._lib import (STATUS_NAMES, Error, FormatError, InvalidArgument, LibraryIOError, NonFinite,
+                   NotSupported, OutOfMemory, UndefinedResult, library_path)
 
 __all__ = ["attention", "attention_grad", "projection", "features", "oprf_optimal_a",
            "sderf_params", "kernel_width", "DecodeState", "Error", "InvalidArgument",
            "OutOfMemory", "NonFinite", "UndefinedResult", "NotSupported", "FormatError",
-           "LibraryIOError", "version", "simd_path", "blas_core", "library_path"]
+           "LibraryIOError", "STATUS_NAMES", "version", "simd_path", "blas_core",
+           "library_path"]
 
 _L = _lib.lib
 __version__ = _L.pf_version().decode()
@@ -560,21 +562,28 @@ def sderf_params(q, k, scale=None):
 
 class DecodeState:
     """Causal FAVOR+ one token (or a few) at a time: the running state (S, z, key maximum) of
-    `heads` heads of one sequence, pf_favor_state_*. Memory and time per token O(heads r dv)
-    whatever the context length; the rows are those the causal attention() gives (bit for bit
-    for steps of whole chunks under performer.h's conditions, else to float rounding).
+    `heads` heads of one sequence -- or of `sequences` of them, each at its own position --
+    pf_favor_state_*. Memory and time per token O(heads r dv) whatever the context length; the
+    rows are those the causal attention() gives (bit for bit for steps of whole chunks under
+    performer.h's conditions, else to float rounding). A step that fails changes nothing.
 
         st = performer.DecodeState(8, 64, 64, W)      # heads, d, dv, W (m,d) or (8,m,d)
-        for t in range(T):
+        st.prefill(q[:, :n], k[:, :n], v[:, :n])      # a prompt at once (heads,n,d) -> (heads,n,dv)
+        for t in range(n, T):
             o = st.step(q[:, t], k[:, t], v[:, t])    # (8,64) each -> (8,64)
+
+    Serving several sequences (beams, users): DecodeState(..., sequences=N); step_many() steps
+    all or some by a token, each succeeding or failing alone; copy(dst, src) branches a sequence,
+    reset(seq) empties one; save()/load() (bytes) and save_file()/load_file() snapshot a
+    sequence, refusing one of another shape, map or W.
 
     W is copied by the library. kernel: positive, hyperbolic, trig, relu, or oprf with oprf_a
     (a causal A is fixed beforehand). scale None is 1/sqrt(d). Not to be shared by threads
     without a lock. close() (or a `with` block) frees it at once; it is freed when collected
     anyway."""
 
-    def __init__(self, heads, d, dv, W, *, kernel="positive", scale=None, eps=0.0, chunk=0,
-                 oprf_a=None):
+    def __init__(self, heads, d, dv, W, *, sequences=1, kernel="positive", scale=None, eps=0.0,
+                 chunk=0, oprf_a=None):
         self._ptr = None
         if W is None:
             raise ValueError("DecodeState needs W, the projection the model's attention uses: "
@@ -586,28 +595,137 @@ class DecodeState:
         fav, _ = _favor_opts(sh, kernel=kernel, W=W, features=256, proj="orthogonal",
                              norm="chi", seed=0, eps=eps, chunk=chunk, oprf_a=oprf_a,
                              causal=True)
+        self.sequences = _int(sequences, "sequences", 1, _INT_MAX)
         p = ctypes.c_void_p()
-        st = _L.pf_favor_state_create(ctypes.byref(p), H, self.d, self.dv, _scale(scale),
-                                      ctypes.byref(fav))
+        st = _L.pf_favor_state_create_n(ctypes.byref(p), self.sequences, H, self.d, self.dv,
+                                        _scale(scale), ctypes.byref(fav))
         if st:
-            _raise(st, "pf_favor_state_create", (("W", _f32(W, "W")),))
+            _raise(st, "pf_favor_state_create_n", (("W", _f32(W, "W")),))
         self._ptr = p.value
 
     @property
     def position(self):
-        """Tokens consumed since creation or the last reset()."""
+        """Tokens consumed since creation or the last reset() (sequence 0's)."""
         return _L.pf_favor_state_position(self._live())
+
+    @property
+    def positions(self):
+        """Every sequence's position, a list."""
+        ptr = self._live()
+        return [_L.pf_favor_state_position_of(ptr, i) for i in range(self.sequences)]
+
+    def _seq(self, seq):
+        return _int(seq, "seq", 0, self.sequences - 1)
 
     def _live(self):
         if not self._ptr:
             raise ValueError("this DecodeState is closed")
         return self._ptr
 
-    def reset(self):
-        """Empties the state (position 0), keeping W."""
-        st = _L.pf_favor_state_reset(self._live())
+    def reset(self, seq=None):
+        """Empties every sequence (position 0), keeping W; or sequence `seq` alone."""
+        if seq is None:
+            st = _L.pf_favor_state_reset(self._live())
+        else:
+            st = _L.pf_favor_state_reset_seq(self._live(), self._seq(seq))
         if st:
             _raise(st, "pf_favor_state_reset")
+
+    def prefill(self, q, k, v, seq=0):
+        """A prompt of n tokens into sequence `seq` by the chunked causal pass: q, k (heads,n,d),
+        v (heads,n,dv) -> out (heads,n,dv). Decoding after it gives what stepping each token
+        would, to float rounding."""
+        ptr, s1 = self._live(), self._seq(seq)
+        q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+        H, d, dv = self.heads, self.d, self.dv
+        n = q.shape[1] if q.ndim == 3 else 0
+        want = ((H, n, d), (H, n, d), (H, n, dv))
+        if (q.shape, k.shape, v.shape) != want or n < 1:
+            raise ValueError(f"prefill takes q, k (heads,n,d), v (heads,n,dv) with heads={H}, "
+                             f"d={d}, dv={dv}, n >= 1; got shapes {q.shape}, {k.shape}, "
+                             f"{v.shape}")
+        out = np.empty(want[2], np.float32)
+        st = _L.pf_favor_state_prefill(ptr, s1, out.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                       v.ctypes.data, n)
+        if st:
+            _raise(st, "pf_favor_state_prefill", (("q", q), ("k", k), ("v", v)))
+        return out
+
+    def step_many(self, q, k, v, seqs=None):
+        """One token for each of `count` sequences: q, k (count,heads,d), v (count,heads,dv) ->
+        (out (count,heads,dv), statuses), seqs the sequences (None: 0..count-1), each once.
+        statuses (an int32 array; performer.STATUS_NAMES names them) says how each sequence
+        fared: one that failed is left as it was (its rows zeros), the others advance.
+        ValueError for bad arguments (nothing stepped)."""
+        ptr = self._live()
+        q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+        H, d, dv = self.heads, self.d, self.dv
+        count = q.shape[0] if q.ndim == 3 else 0
+        want = ((count, H, d), (count, H, d), (count, H, dv))
+        if (q.shape, k.shape, v.shape) != want or not 1 <= count <= self.sequences:
+            raise ValueError(f"step_many takes q, k (count,heads,d), v (count,heads,dv) with "
+                             f"heads={H}, d={d}, dv={dv}, 1 <= count <= {self.sequences}; got "
+                             f"shapes {q.shape}, {k.shape}, {v.shape}")
+        if seqs is not None:
+            seqs = np.asarray(seqs)
+            if seqs.shape != (count,) or seqs.dtype.kind not in "iu":
+                raise ValueError(f"seqs must be {count} sequence numbers (integers), got "
+                                 f"{seqs.dtype} of shape {seqs.shape}")
+            if len(set(seqs.tolist())) != count or seqs.min() < 0 or seqs.max() >= self.sequences:
+                raise ValueError(f"seqs must name distinct sequences in 0..{self.sequences - 1}, "
+                                 f"got {seqs.tolist()}")
+            seqs = np.ascontiguousarray(seqs, np.int32)
+        out = np.empty(want[2], np.float32)
+        statuses = np.zeros(count, np.int32)
+        st = _L.pf_favor_state_step_n(ptr, out.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                      v.ctypes.data, None if seqs is None else seqs.ctypes.data,
+                                      count, statuses.ctypes.data)
+        if st == _lib.PF_EINVAL or st == _lib.PF_ENOMEM:
+            _raise(st, "pf_favor_state_step_n")
+        return out, statuses
+
+    def copy(self, dst, src):
+        """Sequence dst becomes a copy of sequence src (it continues src's context)."""
+        st = _L.pf_favor_state_copy_seq(self._live(), self._seq(dst), self._seq(src))
+        if st:
+            _raise(st, "pf_favor_state_copy_seq")
+
+    def save(self, seq=0):
+        """A snapshot of sequence `seq` (bytes): its position and state, with the shape, map and
+        a fingerprint of W, under a CRC-32."""
+        ptr, s1 = self._live(), self._seq(seq)
+        n = _L.pf_favor_state_snapshot_bytes(ptr)
+        buf = ctypes.create_string_buffer(n)
+        st = _L.pf_favor_state_save(ptr, s1, buf, n)
+        if st:
+            _raise(st, "pf_favor_state_save")
+        return buf.raw
+
+    def load(self, data, seq=0):
+        """Restores sequence `seq` from save()'s bytes; one of another shape, map or W, truncated
+        or corrupted is refused (ValueError, with why) and nothing changes."""
+        ptr, s1 = self._live(), self._seq(seq)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"load takes the bytes save() gave, not {type(data).__name__}")
+        data = bytes(data)
+        msg = ctypes.create_string_buffer(512)
+        st = _L.pf_favor_state_load(ptr, s1, data, len(data), msg, 512)
+        if st:
+            raise _lib.error(st, "pf_favor_state_load", msg.value.decode(errors="replace"))
+
+    def save_file(self, path, seq=0):
+        """save() into a file, atomically (a temporary file renamed over path)."""
+        msg = ctypes.create_string_buffer(512)
+        st = _L.pf_favor_state_save_file(self._live(), self._seq(seq), os.fsencode(path), msg, 512)
+        if st:
+            raise _lib.error(st, "pf_favor_state_save_file", msg.value.decode(errors="replace"))
+
+    def load_file(self, path, seq=0):
+        """load() from a file save_file() wrote."""
+        msg = ctypes.create_string_buffer(512)
+        st = _L.pf_favor_state_load_file(self._live(), self._seq(seq), os.fsencode(path), msg, 512)
+        if st:
+            raise _lib.error(st, "pf_favor_state_load_file", msg.value.decode(errors="replace"))
 
     def step(self, q, k, v):
         """Feeds tokens: q, k (heads,d) and v (heads,dv) for one token, giving out (heads,dv);

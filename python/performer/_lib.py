@@ -146,6 +146,19 @@ _PROTOS = {
     "pf_favor_state_reset": (c_int, [P]),
     "pf_favor_state_step": (c_int, [P, P, P, P, P, c_int]),
     "pf_favor_state_position": (c_i64, [P]),
+    "pf_favor_state_create_n": (c_int, [ctypes.POINTER(c_void_p), c_int, c_int, c_int, c_int,
+                                        c_float, _favor_p]),
+    "pf_favor_state_sequences": (c_int, [P]),
+    "pf_favor_state_position_of": (c_i64, [P, c_int]),
+    "pf_favor_state_step_n": (c_int, [P, P, P, P, P, P, c_int, P]),
+    "pf_favor_state_prefill": (c_int, [P, c_int, P, P, P, P, c_int]),
+    "pf_favor_state_reset_seq": (c_int, [P, c_int]),
+    "pf_favor_state_copy_seq": (c_int, [P, c_int, c_int]),
+    "pf_favor_state_snapshot_bytes": (c_size_t, [P]),
+    "pf_favor_state_save": (c_int, [P, c_int, P, c_size_t]),
+    "pf_favor_state_load": (c_int, [P, c_int, P, c_size_t, ctypes.c_char_p, c_size_t]),
+    "pf_favor_state_save_file": (c_int, [P, c_int, ctypes.c_char_p, ctypes.c_char_p, c_size_t]),
+    "pf_favor_state_load_file": (c_int, [P, c_int, ctypes.c_char_p, ctypes.c_char_p, c_size_t]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
