@@ -356,6 +356,21 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
     return worst;
 }
 
+/* The checks of a forward's arguments (pf_attn_favor, pf_attn_favor_save and the reference):
+ * pointers, shape, options, and out aliasing none of the inputs. */
+static pf_status forward_args(const float *out, const float *Q, const float *K, const float *V,
+                              const pf_shape *shape, const pf_attn_opts *opts,
+                              const pf_favor_opts *favor) {
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (pf_attn_alias_check(
+            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
+            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
+        return PF_EINVAL;
+    return PF_OK;
+}
+
 pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K, const float *V,
                                const pf_shape *shape, const pf_attn_opts *opts,
                                const pf_favor_opts *favor, const pf_favor_ext *ext) {
@@ -366,13 +381,8 @@ pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K, const
 pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
                         const pf_shape *shape, const pf_attn_opts *opts,
                         const pf_favor_opts *favor) {
-    if (!out || !Q || !K || !V) return PF_EINVAL;
-    pf_status st = pf_favor_check(shape, opts, favor);
+    pf_status st = forward_args(out, Q, K, V, shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(
-            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
-            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
-        return PF_EINVAL;
     int complete;
     return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, NULL);
 }
@@ -381,13 +391,9 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
 pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const float *V,
                              const pf_shape *shape, const pf_attn_opts *opts,
                              const pf_favor_opts *favor, pf_favor_saved *saved) {
-    if (!out || !Q || !K || !V || !saved) return PF_EINVAL;
-    pf_status st = pf_favor_check(shape, opts, favor);
+    if (!saved) return PF_EINVAL;
+    pf_status st = forward_args(out, Q, K, V, shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(
-            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
-            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
-        return PF_EINVAL;
     st = pf_favor_saved_match(saved, shape, opts, favor, 0);
     if (st != PF_OK) return st;
     int complete;
@@ -419,13 +425,8 @@ static pf_status readout_f64(float *out, const double *num, int dv) {
 pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const float *V,
                             const pf_shape *shape, const pf_attn_opts *opts,
                             const pf_favor_opts *favor) {
-    if (!out || !Q || !K || !V) return PF_EINVAL;
-    pf_status st = pf_favor_check(shape, opts, favor);
+    pf_status st = forward_args(out, Q, K, V, shape, opts, favor);
     if (st != PF_OK) return st;
-    if (pf_attn_alias_check(
-            shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL, favor->W,
-            (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m * (size_t)shape->d))
-        return PF_EINVAL;
     const pf_shape s = *shape;
     const pf_attn_sizes n = pf_attn_sizes_of(&s);
     if (pf_nonfinite_f32(Q, n.q) || pf_nonfinite_f32(K, n.k) || pf_nonfinite_f32(V, n.v))
