@@ -496,6 +496,20 @@ cuda bench-cuda:
 	@echo "nvcc not found: the CUDA library is not built (install the CUDA toolkit, or NVCC=path)"
 endif
 
+# ---- Examples (examples/): short programs a user reads first -------------------------------------
+# `make` builds each examples/NAME.c into $(BUILD)/examples/NAME as a user's program would be
+# built: the public header alone (no -Isrc), OpenMP for its own loops, the static library and
+# what it needs after it. tests/test_examples.sh runs them. A new file in examples/ needs no edit
+# here.
+EXAMPLE_SRC = $(sort $(wildcard examples/*.c))
+EXAMPLES    = $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
+all: $(EXAMPLES)
+
+$(BUILD)/examples/%: examples/%.c include/performer.h $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fopenmp -Iinclude $(EXTRA_CFLAGS) \
+	  -o $@ $< $(STATIC) $(LDLIBS)
+
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h tools/*/*.c \
 	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
