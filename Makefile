@@ -230,6 +230,7 @@ LIBDIR       ?= $(PREFIX)/lib
 INCLUDEDIR   ?= $(PREFIX)/include
 MANDIR       ?= $(PREFIX)/share/man
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+CMAKEDIR     ?= $(LIBDIR)/cmake/performer
 LDCONFIG     ?= ldconfig
 # ldconfig runs (as root, without DESTDIR) only where it would help: when LIBDIR is one of the
 # folders the dynamic linker searches (ldconfig -v -N -X lists them, changing nothing); for
@@ -243,8 +244,9 @@ LD_AFTER      = if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then \
 INSTALL_MPI_WHAT = libperformer_mpi, performer-mpi, performer_mpi.h and performer_mpi.pc (mpicc \
   was found)
 INSTALL_CUDA_WHAT = libperformer_cuda, performer_cuda.h and performer_cuda.pc (nvcc was found)
-INSTALL_WHAT  = the performer tool, libperformer (.a, .so), performer.h, performer.pc and the \
-  man page$(if $(MPICC),; $(INSTALL_MPI_WHAT))$(if $(filter 1,$(CUDA)),; $(INSTALL_CUDA_WHAT))
+INSTALL_WHAT  = the performer tool, libperformer (.a, .so), performer.h, performer.pc, the \
+  CMake package and the man page$(if $(MPICC),; $(INSTALL_MPI_WHAT))$(if \
+  $(filter 1,$(CUDA)),; $(INSTALL_CUDA_WHAT))
 # performer_cuda.pc's Libs name the CUDA runtime too: performer_cuda.h's calls take its types
 # (cudaStream_t) and a program using them allocates with it.
 # performer.pc: Libs for the shared library (it records its own BLAS, OpenMP, zlib and libm);
@@ -253,7 +255,19 @@ PC_LIBS_PRIVATE = $(strip $(patsubst -fopenmp,-lgomp,$(LDLIBS)))
 PC_DIR = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 INSTALLED = $(BINDIR)/performer $(INCLUDEDIR)/performer.h $(LIBDIR)/libperformer.a \
             $(LIBDIR)/libperformer.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libperformer.so \
-            $(PKGCONFIGDIR)/performer.pc $(MANDIR)/man1/performer.1
+            $(PKGCONFIGDIR)/performer.pc $(MANDIR)/man1/performer.1 \
+            $(CMAKEDIR)/performerConfig.cmake $(CMAKEDIR)/performerConfigVersion.cmake
+# The CMake package: cmake/*.cmake.in with these values. Its paths are relative to CMAKEDIR, so
+# it works from wherever the install is found (DESTDIR staged, or moved); performer::performer_mpi
+# and performer::performer_cuda are defined only where this install puts those libraries. The
+# version file answers as CMake's SameMajorVersion does, the soname's promise (0.1 runs on 0.x).
+pf_relative = $(shell realpath -m -s --relative-to=$(1) $(2))
+CMAKE_SUBST = -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOVERSION@|$(SOVERSION)|g' \
+  -e 's|@CMAKEDIR_TO_LIBDIR@|$(call pf_relative,$(CMAKEDIR),$(LIBDIR))|g' \
+  -e 's|@CMAKEDIR_TO_INCLUDEDIR@|$(call pf_relative,$(CMAKEDIR),$(INCLUDEDIR))|g' \
+  -e 's|@HAVE_MPI@|$(if $(MPICC),1,0)|g' -e 's|@HAVE_CUDA@|$(if $(filter 1,$(CUDA)),1,0)|g' \
+  -e 's|@STATIC_LIBS@|$(subst $(pf_space),;,$(PC_LIBS_PRIVATE))|g' \
+  -e 's|@SIZEOF_VOID_P@|$(shell echo __SIZEOF_POINTER__ | $(CC) -E -P -x c - | tail -n 1)|g'
 # Where mpicc was found, the MPI library and the tool's MPI build too (make uninstall removes
 # them in any case). performer_mpi.pc requires performer and the MPI implementation's own .pc
 # (Open MPI's ompi-c, MPICH's mpich) for mpi.h, which performer_mpi.h includes, and -lmpi;
@@ -272,7 +286,8 @@ MPI_PC_LIBS   = $(if $(MPI_PC_PKG),,$(shell $(MPICC) --showme:link 2>/dev/null))
 pf_empty :=
 pf_space := $(pf_empty) $(pf_empty)
 pf_tab := $(pf_empty)	$(pf_empty)
-INSTALL_PATHS = $(DESTDIR)|$(PREFIX)|$(BINDIR)|$(LIBDIR)|$(INCLUDEDIR)|$(MANDIR)|$(PKGCONFIGDIR)
+INSTALL_PATHS = $(DESTDIR)|$(PREFIX)|$(BINDIR)|$(LIBDIR)|$(INCLUDEDIR)|$(INSTALL_PATHS_MORE)
+INSTALL_PATHS_MORE = $(MANDIR)|$(PKGCONFIGDIR)|$(CMAKEDIR)
 .PHONY: install-paths
 INSTALL_PATHS_BAD = make: DESTDIR, PREFIX and the install folders must not contain spaces or \
   tabs (DESTDIR='$(DESTDIR)', PREFIX='$(PREFIX)'): nothing was installed or removed
@@ -299,6 +314,11 @@ install-files: all
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libperformer.so
 	install -m 644 $(BUILD)/performer.pc $(DESTDIR)$(PKGCONFIGDIR)/performer.pc
 	install -m 644 $(MAN) $(DESTDIR)$(MANDIR)/man1/performer.1
+	sed $(CMAKE_SUBST) cmake/performerConfig.cmake.in >$(BUILD)/performerConfig.cmake
+	sed $(CMAKE_SUBST) cmake/performerConfigVersion.cmake.in >$(BUILD)/performerConfigVersion.cmake
+	install -d $(DESTDIR)$(CMAKEDIR)
+	install -m 644 $(BUILD)/performerConfig.cmake $(BUILD)/performerConfigVersion.cmake \
+	  $(DESTDIR)$(CMAKEDIR)
 	$(if $(MPICC),printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call PC_DIR,$(LIBDIR))' \
 	  'includedir=$(call PC_DIR,$(INCLUDEDIR))' '' 'Name: performer_mpi' \
 	  'Description: sequence-parallel FAVOR+ over MPI (performer_mpi.h)' \
@@ -335,6 +355,7 @@ install-files: all
 
 uninstall: install-paths
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED) $(INSTALLED_MPI) $(INSTALLED_CUDA))
+	[ ! -d $(DESTDIR)$(CMAKEDIR) ] || rmdir --ignore-fail-on-non-empty $(DESTDIR)$(CMAKEDIR)
 	@$(LD_AFTER)
 
 # ---- MPI: sequence-parallel FAVOR+ (include/performer_mpi.h, src/mpi/) ---------------------------
@@ -474,6 +495,20 @@ else
 cuda bench-cuda:
 	@echo "nvcc not found: the CUDA library is not built (install the CUDA toolkit, or NVCC=path)"
 endif
+
+# ---- Examples (examples/): short programs a user reads first -------------------------------------
+# `make` builds each examples/NAME.c into $(BUILD)/examples/NAME as a user's program would be
+# built: the public header alone (no -Isrc), OpenMP for its own loops, the static library and
+# what it needs after it. tests/test_examples.sh runs them. A new file in examples/ needs no edit
+# here.
+EXAMPLE_SRC = $(sort $(wildcard examples/*.c))
+EXAMPLES    = $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
+all: $(EXAMPLES)
+
+$(BUILD)/examples/%: examples/%.c include/performer.h $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fopenmp -Iinclude $(EXTRA_CFLAGS) \
+	  -o $@ $< $(STATIC) $(LDLIBS)
 
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h tools/*/*.c \

@@ -11,6 +11,7 @@
 #   bible-kjv         the King James Bible and its `bible` program: the language model's text
 #   pkg-config        the install test builds programs with performer.pc's flags
 #   g++               the install test compiles a C++ program against the installed header
+#   cmake             the install test builds C and C++ projects with find_package(performer)
 #   groff-base, man-db  the install test formats the man page with warnings on (groff, man)
 #   libopenmpi-dev, openmpi-bin  Open MPI: mpicc builds libperformer_mpi (sequence-parallel
 #                     FAVOR+, include/performer_mpi.h) and mpirun runs its tests and benchmark
@@ -23,8 +24,8 @@
 set -e
 need=""
 for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy python3-matplotlib \
-         mmseqs2-examples bible-kjv pkg-config g++ groff-base man-db python3-torch python3-venv \
-         python3-setuptools python3-wheel clang libclang-rt-14-dev libopenmpi-dev \
+         mmseqs2-examples bible-kjv pkg-config g++ cmake groff-base man-db python3-torch \
+         python3-venv python3-setuptools python3-wheel clang libclang-rt-14-dev libopenmpi-dev \
          openmpi-bin; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done

@@ -26,6 +26,16 @@
 #   prepended to MPI's own paths too; in PREFIX: by cc, the .pc alone) runs under mpirun -np 2
 #   without LD_LIBRARY_PATH and matches one process; `mpirun -np 2 performer` starts the
 #   installed performer-mpi.
+# - the CMake package (performerConfig.cmake and its version file), from a staged install with
+#   LIBDIR and INCLUDEDIR moved: find_package(performer MAJOR.MINOR REQUIRED) with
+#   CMAKE_PREFIX_PATH into the stage gives performer::performer (the README's example.c links
+#   libperformer.so.MAJOR, finds the moved header and runs), performer::performer_static (the
+#   same program holding the library, no libperformer needed at run time) and, in a C++17
+#   project, the C++ program above; where the MPI library is installed, COMPONENTS mpi gives
+#   performer::performer_mpi and the MPI program runs under mpirun -np 2 (the same for CUDA and
+#   performer::performer_cuda); a component not installed, an unknown one, the next major and
+#   the next minor version are refused with a reason, a range around the version is not; make
+#   uninstall removes both files and their folder. Skipped, saying so, without cmake.
 # Under a sanitizer build (BUILD=build-asan) the programs are linked with the same sanitizers,
 # and the -static link is left out (the sanitizers do not link statically).
 set -eu
@@ -119,6 +129,8 @@ mk install DESTDIR="$S" PREFIX=/usr/local LDCONFIG=true >"$T/install2.log" 2>&1 
 
 expected="./usr/local/bin/performer 755 f
 ./usr/local/include/performer.h 644 f
+./usr/local/lib/cmake/performer/performerConfig.cmake 644 f
+./usr/local/lib/cmake/performer/performerConfigVersion.cmake 644 f
 ./usr/local/lib/libother.so 644 f
 ./usr/local/lib/libperformer.a 644 f
 ./usr/local/lib/libperformer.so 777 l libperformer.so.$major
@@ -494,6 +506,154 @@ done
 same "the file whose name began the path is untouched" keep "$(cat "$T/ws/some")"
 same "nothing made beside it" "some" "$(ls -A "$T/ws")"
 same "nothing made in the source tree" "$before" "$(cd "$root" && ls -A)"
+
+# 6. The CMake package, from staged installs: the package's paths are relative to its own folder,
+# so found in a stage it names the stage's files. One install has the default layout; another
+# moves LIBDIR, INCLUDEDIR and CMAKEDIR, so that each of the package's relative paths is tried
+# (on Debian, find_package does not look in lib64: its CMAKEDIR is share/cmake/performer).
+if command -v cmake >/dev/null 2>&1; then
+    CPRE=/opt/performer
+    C=$T/cmake-stage                 # the default layout
+    M=$T/cmake-moved                 # the folders moved
+    moved="LIBDIR=$CPRE/lib64 INCLUDEDIR=$CPRE/include/pf CMAKEDIR=$CPRE/share/cmake/performer"
+    # the consumers' builds run make too: the calling make's flags and jobserver are not theirs
+    cm() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL "$@"; }
+    # cm_project NAME LANGUAGE FIND BODY: $T/cm/NAME/CMakeLists.txt, find_package(performer FIND)
+    cm_project() {
+        mkdir -p "$T/cm/$1"
+        printf '%s\n' "cmake_minimum_required(VERSION 3.19)" "project($1 $2)" \
+            "find_package(performer $3)" \
+            'message(STATUS "performer ${performer_VERSION} found")' "$4" \
+            >"$T/cm/$1/CMakeLists.txt"
+    }
+    # cm_configure NAME STAGE: configures $T/cm/NAME with CMAKE_PREFIX_PATH in STAGE; its
+    # programs are to be written to $T
+    cm_configure() {
+        cm cmake -S "$T/cm/$1" -B "$T/cm/$1/build" -DCMAKE_PREFIX_PATH="$2$CPRE" \
+            -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$T" -DCMAKE_C_FLAGS="$san" \
+            -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >"$T/cm_$1.log" 2>&1
+    }
+    # cm_build NAME STAGE: configures and builds it
+    cm_build() {
+        if cm_configure "$1" "$2" && cm cmake --build "$T/cm/$1/build" >>"$T/cm_$1.log" 2>&1
+        then ok; else
+            fail "the CMake project $1:"; cat "$T/cm/$1/CMakeLists.txt" "$T/cm_$1.log"; return 1
+        fi
+    }
+    # cm_refused NAME KEYWORD: configuring NAME (default layout) fails, saying KEYWORD
+    cm_refused() {
+        if cm_configure "$1" "$C"; then
+            fail "CMake project $1 was configured: $(cat "$T/cm/$1/CMakeLists.txt")"
+        elif ! tr -s ' \n' ' ' <"$T/cm_$1.log" | grep -q -- "$2"; then
+            fail "CMake project $1: no '$2' in: $(cat "$T/cm_$1.log")"
+        else
+            ok
+        fi
+    }
+    minor=${version#*.}; minor=${minor%%.*}
+    want="$major.$minor"
+    mk install DESTDIR="$C" PREFIX=$CPRE LDCONFIG=true >"$T/cm_install.log" 2>&1 ||
+        { cat "$T/cm_install.log"; fail "make install DESTDIR=$C PREFIX=$CPRE"; }
+    mk install DESTDIR="$M" PREFIX=$CPRE $moved LDCONFIG=true >"$T/cm_install2.log" 2>&1 ||
+        { cat "$T/cm_install2.log"; fail "make install DESTDIR=$M PREFIX=$CPRE $moved"; }
+    mkdir -p "$T/cm"
+    cp "$T/example.c" "$T/cxx.cc" "$T/cm/"
+
+    # C: the shared library, the static one; the moved layout
+    cm_project c C "$want REQUIRED" '
+add_executable(cmake_c ../example.c)
+target_link_libraries(cmake_c PRIVATE performer::performer m)
+add_executable(cmake_static ../example.c)
+target_link_libraries(cmake_static PRIVATE performer::performer_static m)'
+    if cm_build c "$C"; then
+        check "find_package gives version $version" \
+            grep -q "performer $version found" "$T/cm_c.log"
+        check_example cmake_c
+        check "cmake_c needs libperformer.so.$major" \
+            sh -c "readelf -d '$T/cmake_c' | grep -q 'NEEDED.*\[libperformer.so.$major\]'"
+        check_example cmake_static
+        check "cmake_static holds the library (needs no libperformer)" \
+            sh -c "! readelf -d '$T/cmake_static' | grep -q 'NEEDED.*libperformer'"
+    fi
+    cm_project moved C "$want REQUIRED" '
+get_target_property(inc performer::performer INTERFACE_INCLUDE_DIRECTORIES)
+get_target_property(lib performer::performer IMPORTED_LOCATION)
+message(STATUS "performer: ${inc} ${lib}")
+add_executable(cmake_moved ../example.c)
+target_link_libraries(cmake_moved PRIVATE performer::performer m)'
+    if cm_build moved "$M"; then
+        check "performer::performer names the moved folders" grep -q \
+            "performer: $M$CPRE/include/pf $M$CPRE/lib64/libperformer.so.$version\$" \
+            "$T/cm_moved.log"
+        check_example cmake_moved
+    fi
+    # C++17
+    cm_project cxx CXX "$want REQUIRED" '
+set(CMAKE_CXX_STANDARD 17)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+set(CMAKE_CXX_EXTENSIONS OFF)
+add_executable(cmake_cxx ../cxx.cc)
+target_compile_options(cmake_cxx PRIVATE -Wall -Wextra -pedantic -Werror)
+target_link_libraries(cmake_cxx PRIVATE performer::performer)'
+    if cm_build cxx "$C"; then
+        same "the C++17 program (CMake)" "C++: performer $version: ok" \
+            "$(env -u LD_LIBRARY_PATH "$T/cmake_cxx" 2>&1 || true)"
+    fi
+    # MPI and CUDA where installed; refused, saying why, where not
+    if [ -n "$mpi" ]; then
+        cp "$T/mpi_example.c" "$T/cm/"
+        cm_project mpi C "$want REQUIRED COMPONENTS mpi" '
+add_executable(cmake_mpi ../mpi_example.c)
+target_link_libraries(cmake_mpi PRIVATE performer::performer_mpi m)'
+        if cm_build mpi "$C"; then
+            check "cmake_mpi needs libperformer_mpi.so.$major" sh -c \
+                "readelf -d '$T/cmake_mpi' | grep -q 'NEEDED.*\[libperformer_mpi.so.$major\]'"
+            run_mpi cmake_mpi
+        fi
+    else
+        cm_project nompi C "REQUIRED COMPONENTS mpi" ""
+        cm_refused nompi "component mpi: libperformer_mpi is not installed"
+    fi
+    if [ -n "$cuda" ]; then
+        cp "$T/cuda_example.c" "$T/cm/"
+        cm_project cuda C "$want REQUIRED COMPONENTS cuda" '
+add_executable(cmake_cuda ../cuda_example.c)
+target_link_libraries(cmake_cuda PRIVATE performer::performer_cuda)'
+        if cm_build cuda "$C"; then
+            if out=$(env -u LD_LIBRARY_PATH "$T/cmake_cuda" 2>&1); then
+                ok; echo "  cmake_cuda: $out"
+            else
+                fail "cmake_cuda: $out"
+            fi
+        fi
+    else
+        cm_project nocuda NONE "REQUIRED COMPONENTS cuda" ""
+        cm_refused nocuda "component cuda: libperformer_cuda is not installed"
+    fi
+    # The version rule (CMake's SameMajorVersion, as the soname's): the next major and the next
+    # minor are refused, a range around this version is taken; an unknown component is refused.
+    cm_project v_major NONE "$((major + 1)).0 REQUIRED" ""
+    cm_refused v_major "compatible with requested version \"$((major + 1)).0\""
+    cm_project v_minor NONE "$major.$((minor + 1)) REQUIRED" ""
+    cm_refused v_minor "compatible with requested version \"$major.$((minor + 1))\""
+    cm_project v_range NONE "$want...<$((major + 1)) REQUIRED" ""
+    if cm_configure v_range "$C" && grep -q "performer $version found" "$T/cm_v_range.log"
+    then ok; else fail "find_package(performer $want...<$((major + 1))): $(cat "$T/cm_v_range.log")"
+    fi
+    cm_project v_comp NONE "$want REQUIRED COMPONENTS nonesuch" ""
+    cm_refused v_comp "component nonesuch: no such component"
+
+    mk uninstall DESTDIR="$C" PREFIX=$CPRE LDCONFIG=true >"$T/cm_uninstall.log" 2>&1 ||
+        { cat "$T/cm_uninstall.log"; fail "make uninstall DESTDIR=$C PREFIX=$CPRE"; }
+    mk uninstall DESTDIR="$M" PREFIX=$CPRE $moved LDCONFIG=true >"$T/cm_uninstall2.log" 2>&1 ||
+        { cat "$T/cm_uninstall2.log"; fail "make uninstall DESTDIR=$M PREFIX=$CPRE $moved"; }
+    same "nothing left after make uninstall (CMake layouts)" "" \
+        "$(cd "$T" && find cmake-stage cmake-moved ! -type d)"
+    check "make uninstall removes the package's folder" \
+        test ! -d "$C$CPRE/lib/cmake/performer" -a ! -d "$M$CPRE/share/cmake/performer"
+else
+    echo "note: no cmake (scripts/setup.sh installs it): the CMake package is not checked"
+fi
 
 echo "test_install: $checks checks, $fails failed"
 [ "$fails" -eq 0 ]

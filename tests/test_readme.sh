@@ -11,9 +11,10 @@
 #   (q.npy, runs/, approx-out/, example) lands in the scratch folder. Each block runs under
 #   `sh -ex` with a time limit (PF_README_TIMEOUT, 300 s); a failure prints the block's README
 #   lines and the tail of its trace and stderr. HOME is a folder in the scratch (so
-#   `make install PREFIX=$HOME/.local` installs there) and PKG_CONFIG_PATH points into it, as the
-#   README tells a reader who installed there; BUILD, PERFORMER and MAKEFLAGS (a calling make's)
-#   are dropped (a reader has none) and LDCONFIG=true (no root install touches the system).
+#   `make install PREFIX=$HOME/.local` installs there) and PKG_CONFIG_PATH and CMAKE_PREFIX_PATH
+#   point into it, as the README tells a reader who installed there; BUILD, PERFORMER and
+#   MAKEFLAGS (a calling make's) are dropped (a reader has none) and LDCONFIG=true (no root
+#   install touches the system).
 # - A block preceded directly by the line `<!-- not run: REASON -->` is not run: only for what
 #   cannot run here (root, or the top-level commands that CI runs itself). Its commands must
 #   still exist: each `make TARGET` must pass `make -n TARGET`, each `sh FILE` must be a file,
@@ -152,7 +153,7 @@ done
 readme_env() {
     (cd "$S" && env -u BUILD -u PERFORMER -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES \
         -u LD_LIBRARY_PATH HOME="$T/home" PKG_CONFIG_PATH="$T/home/.local/lib/pkgconfig" \
-        LDCONFIG=true "$@")
+        CMAKE_PREFIX_PATH="$T/home/.local" LDCONFIG=true "$@")
 }
 
 # show_block NNN: the block's README lines, numbered.
