@@ -40,10 +40,21 @@ float32 contiguous W on q's device is used as it is, any other is copied there o
 copy kept until W changes (see _cuda_w). cuda_available(), cuda_profile() and
 cuda_stage_times() say whether the GPU path can run and what its stages cost.
 
-Threads: `threads=None` follows torch.get_num_threads() at each call; results do not depend on
-it (the GPU ignores it). ctypes releases the GIL during the C call. Errors are performer's
-(performer.Error subclasses that are ValueError, MemoryError, FloatingPointError, ... as the
-status says; on the GPU with pf_cuda_last_error()'s words in the message).
+Threads: `threads=None`, the default, is torch.get_num_threads() read at each call in the
+calling thread (a backward runs on its forward's count): the threads torch's own CPU operators
+use, set by torch.set_num_threads(n) (or OMP_NUM_THREADS before torch starts), so the attention
+runs on the threads the rest of the model runs on, and a process told to use n threads (one of
+several training processes on a machine, say) uses n here too. torch's default may be fewer than
+the cores: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else half of the logical
+CPUs on x86 (it assumes two hardware threads a core), so 1 on a 2-CPU machine without SMT; call
+torch.set_num_threads(len(os.sched_getaffinity(0))) for every core, or pass threads=n. Whatever
+sets the calling thread's OpenMP count changes it too: with Debian's OpenMP build of OpenBLAS
+(libopenblas0-openmp), openblas_set_num_threads(n) is omp_set_num_threads(n), torch's count.
+Results do not depend on it (the GPU ignores it). ctypes releases the GIL during the C call.
+
+Errors are performer's (performer.Error subclasses that are ValueError, MemoryError,
+FloatingPointError, ... as the status says; on the GPU with pf_cuda_last_error()'s words in the
+message).
 
 Repeated calls: a call with the shapes and options of an earlier one (and the same W tensor,
 or one at the same address) reuses its checked arguments and C structs, and a FAVOR+ forward
@@ -413,7 +424,8 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
 
     causal: query i sees keys j <= i. key_lengths: B valid key lengths (a list, array or
     tensor) in [1, Lk]; padded keys get zero gradients. scale: None is 1/sqrt(d). eps, chunk:
-    as in performer.attention. threads: None follows torch.get_num_threads().
+    as in performer.attention. threads: None is torch.get_num_threads() at the call (the
+    module docstring says why, and what torch's default is); the bits never depend on it.
 
     The output is float32, or q's dtype when q is float64, float16 or bfloat16. Without grad
     mode, or when no input requires grad, the plain forward runs (nothing is kept). Double
@@ -736,8 +748,8 @@ class FastAttention(torch.nn.Module):
     the buffer to the GPU, where it is used as it is (a buffer left on the CPU is copied to the
     device once, and again after each redraw); float32, bfloat16 or float16 inputs, output in
     their dtype, as attention() says.
-    Extra keyword arguments: threads (None: torch.get_num_threads()), save_bytes (the kept
-    features' budget per call, None: SAVE_BYTES).
+    Extra keyword arguments: threads (None: torch.get_num_threads() at each call, as
+    attention()), save_bytes (the kept features' budget per call, None: SAVE_BYTES).
 
     In performer-pytorch's own models (PerformerLM, Performer, ...), which build their attention
     through a name of their module and redraw only instances of their class, use
