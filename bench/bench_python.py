@@ -5,6 +5,7 @@
                                            [--repeats N] [--threads N] [--torch-blas-threads N]
                                            [--max-gb G] [--quick] [--cpu-time]
                                            [--extra-coretype NAME] [--extra-lengths L,..]
+                                           [--parts 1,2,3]
 
 1. The wrapper's fixed cost: a tiny call (H = 1, L = 16, d = 16, m = 16, one thread) through
    performer.attention, performer.torch.attention and the autograd function's forward+backward,
@@ -31,17 +32,25 @@
    of the call before, OpenBLAS's spinning workers say, runs into it): the machine is shared,
    and a change of load then moves the three alike.
    Threads: every side uses --threads threads, by default every core this process may run on
-   (os.sched_getaffinity): the library's calls get it as their thread count, pure torch gets it
-   through torch.set_num_threads. Pure torch's matrix products run in OpenBLAS (Debian's torch
-   calls libblas.so.3, the pthread OpenBLAS, whose threads are its own), on one thread by
-   default (--torch-blas-threads N; 0: --threads): with both pools on every core, torch's
-   OpenMP threads and OpenBLAS's spinning pthreads take the 2 cores from each other, and one
-   pure-torch case (L = 1024, bidirectional forward) took 27 to 134 ms in six runs, against 27
-   to 39 ms with OpenBLAS on one thread, which was also the faster on average (L = 4096
-   forward+backward: 170 against 218-238 ms). torch's own default would be 1 thread on this
-   2-core VM: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else half of
+   (os.sched_getaffinity): the C calls get it as their pf_attn_opts.threads; performer.torch is
+   called as a user calls it (threads=None: torch.get_num_threads()) and pure torch runs on
+   torch's threads, both set by torch.set_num_threads. Pure torch's matrix products run in the
+   OpenBLAS that Debian's torch loads (libblas.so.3 over libopenblas.so.0, whichever build the
+   alternatives system chose). The pthread build has threads of its own: on one by default
+   (--torch-blas-threads N; 0: --threads), since with both pools on every core torch's OpenMP
+   threads and OpenBLAS's spinning pthreads take the 2 cores from each other (one pure-torch
+   case, L = 1024, bidirectional forward, took 27 to 134 ms in six runs against 27 to 39 ms
+   with OpenBLAS on one thread, which was also the faster on average; L = 4096
+   forward+backward: 170 against 218-238 ms). The OpenMP build has none: a product runs on the
+   calling thread's OpenMP count, torch's, and it is left alone, since there
+   openblas_set_num_threads(n) is omp_set_num_threads(n), torch's count too (pinning it to one
+   thread once left performer.torch and pure torch on one thread under a header promising
+   every core, and performer.torch 1.3-2.4x the C call it wraps). Each row prints the threads
+   each side ran, read in the run (thr: C/pt/torch/OpenBLAS); a row where any differs from the
+   header is marked ! and the run exits 1. torch's own default would be 1 thread on a 2-core
+   VM: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else half of
    std::thread::hardware_concurrency() (it assumes two hardware threads a core, which a VM
-   without SMT does not have). Each case reports the threads it ran with.
+   without SMT does not have).
 3. Peak memory of every forward+backward (the causal one is where pure torch's grows): one call
    in a process of its own, which reports its peak resident size (ru_maxrss) less its resident
    size once torch is loaded and the inputs made: the computation's own memory, kept features
@@ -56,8 +65,9 @@ another job makes the whole region wait; pure torch, with a region per operation
 --extra-lengths: the generic SSE3 kernels OpenBLAS 0.3.21 falls back to on CPUs its table does
 not know (an Intel family 6 model 207 got them), as an extra table against the same run's C
 and performer.torch columns.
+--parts picks parts (default 1,2,3; 3 adds part 2's memory columns).
 The header names the CPU, the load average, the library's kernel sets (`performer --version`),
-OpenBLAS's kernel set under torch and torch's version. All ratios come from one run.
+OpenBLAS's kernel set and build under torch and torch's version. All ratios come from one run.
 """
 import argparse
 import ctypes
@@ -116,15 +126,24 @@ def rss_mb():
 
 
 def openblas():
-    """The OpenBLAS this process has loaded (numpy and torch load Debian's pthread build), or
-    None."""
+    """The OpenBLAS this process has loaded (numpy and torch load Debian's libopenblas.so.0,
+    the pthread or the OpenMP build, whichever the alternatives system chose), or None."""
     try:
         ob = ctypes.CDLL("libopenblas.so.0")
         ob.openblas_get_corename.restype = ctypes.c_char_p
         ob.openblas_get_num_threads.restype = ctypes.c_int
+        ob.openblas_get_parallel.restype = ctypes.c_int
         return ob
     except (OSError, AttributeError):
         return None
+
+
+def blas_build(ob):
+    """"pthread", "openmp" or "serial": how the loaded OpenBLAS runs its threads. In the OpenMP
+    build openblas_set_num_threads(n) is omp_set_num_threads(n), which sets the calling
+    thread's OpenMP thread count, torch's own (torch.get_num_threads() reads it back), and a
+    product called outside a parallel region runs on the caller's OpenMP thread count."""
+    return {1: "pthread", 2: "openmp"}.get(ob.openblas_get_parallel(), "serial") if ob else None
 
 
 # ---- pure torch, the way performer-pytorch computes FAVOR+ ------------------------------------
@@ -199,7 +218,7 @@ def c_direct(q, k, v, dout, W, causal, backward, threads):
     L, P = _lib.lib, ctypes.byref
     Lx = q.shape[-2]
     sh = _lib.pf_shape(B_, H_, Lx, Lx, D_, D_)
-    opts = _lib.pf_attn_opts(0.0, 1 if causal else 0, None, threads)
+    opts = _lib.pf_attn_opts(0.0, 1 if causal else 0, None, threads)  # its threads: opts.threads
     fav = _lib.pf_favor_opts(0, W.data_ptr(), M_, 0, 0.0, 0, 0, 0.0)
     out = torch.empty_like(q)
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
@@ -210,6 +229,7 @@ def c_direct(q, k, v, dout, W, causal, backward, threads):
         def run():
             _lib.check(L.pf_attn_favor(*fwd), "pf_attn_favor")
             return keep
+        run.threads = opts.threads
         return run, None
     saved = ctypes.c_void_p()
     _lib.check(L.pf_favor_saved_create(P(saved), *a, pt.SAVE_BYTES), "pf_favor_saved_create")
@@ -220,6 +240,7 @@ def c_direct(q, k, v, dout, W, causal, backward, threads):
         _lib.check(L.pf_attn_favor_save(*fwd, saved), "pf_attn_favor_save")
         _lib.check(L.pf_attn_favor_backward_saved(*bwd), "pf_attn_favor_backward_saved")
         return keep
+    run.threads = opts.threads
     return run, lambda: L.pf_favor_saved_free(saved)
 
 
@@ -227,9 +248,23 @@ def child(spec):
     """One case (L, causal, backward) in a fresh process. mode "time": every impl in spec's
     list, interleaved round by round (C, performer.torch, pure torch, C, ...), each call after
     a pause of PAUSE s (so that no thread of the call before, such as OpenBLAS's spinning
-    workers, runs into it); prints a JSON line of each impl's median ms, the threads it ran
-    with and OpenBLAS's kernel set. mode "memory": one call of the one impl listed; prints its
-    peak resident size less the size with the inputs made."""
+    workers, runs into it); prints a JSON line of each impl's median ms, the threads each ran
+    (see below), OpenBLAS's build and kernel set. mode "memory": one call of the one impl
+    listed; prints its peak resident size less the size with the inputs made.
+
+    Threads, as the header of part 2 says: spec's threads on every side. C gets them as its
+    pf_attn_opts.threads; performer.torch is called as a user calls it (threads=None), so it
+    follows torch.get_num_threads(), and so does pure torch: torch.set_num_threads(threads),
+    set again after everything else here is set up, and read back at each call. Pure torch's
+    products run in OpenBLAS: the pthread build has threads of its own, pinned to
+    spec's blas_threads (after the library's first call, which pins it to one); the OpenMP
+    build has none (a product outside a parallel region runs on the calling thread's OpenMP
+    count, torch's) and is left alone, since its openblas_set_num_threads would be
+    omp_set_num_threads, which sets torch's count too (it once left pure torch and
+    performer.torch on one thread under a header promising every core). Reported per impl: the
+    thread counts its calls ran with (C: pf_attn_opts.threads; performer.torch: the
+    pf_attn_opts.threads of the plans its calls made; pure torch: torch.get_num_threads() at
+    each call) and, for pure torch, OpenBLAS's."""
     import torch
     import performer
     import performer.torch as pt
@@ -242,8 +277,10 @@ def child(spec):
     dout = torch.randn(B_, H_, L, D_, generator=g)
     W = torch.from_numpy(performer.projection(M_, D_, seed=0))
     ob = openblas()
-    runs, done = {}, []
+    build = blas_build(ob)
+    runs, done, seen, blas_seen = {}, [], {}, set()
     for impl in spec["impls"]:
+        seen[impl] = set()
         if impl == "c":
             runs[impl], free = c_direct(q, k, v, dout, W, causal, backward, threads)
             done.append(free)
@@ -254,17 +291,20 @@ def child(spec):
             for t in xs:
                 t.grad = None
             if impl == "performer":
-                out = pt.attention(*xs, W=W, causal=causal)
+                out = pt.attention(*xs, W=W, causal=causal)  # threads=None, as a user calls it
             else:
+                seen[impl].add(torch.get_num_threads())
+                blas_seen.add(ob.openblas_get_num_threads() if build == "pthread" else
+                              torch.get_num_threads() if build == "openmp" else 1)
                 out = pp_fast_attention(*xs, W, causal)
             if backward:
                 out.backward(dout)
         runs[impl] = run
     if spec["mode"] == "time" and ("c" in runs or "performer" in runs):
-        runs.get("c", runs.get("performer"))()  # the library's first call pins OpenBLAS ...
-    if ob is not None:
-        ob.openblas_set_num_threads(spec["blas_threads"])  # ... to one thread: pure torch's
-    # products get the threads asked for
+        runs.get("c", runs.get("performer"))()  # the library's first call pins a pthread
+    if build == "pthread":  # OpenBLAS to one thread; pure torch's products get what is asked
+        ob.openblas_set_num_threads(spec["blas_threads"])
+    torch.set_num_threads(threads)
     base = rss_mb()
     times = {impl: [] for impl in runs}
     with torch.set_grad_enabled(backward):
@@ -290,10 +330,15 @@ def child(spec):
     for free in done:
         if free:
             free()
+    if "c" in runs:
+        seen["c"].add(runs["c"].threads)
+    if "performer" in runs:
+        seen["performer"].update(p.opts.threads for p in pt._PLANS.values())
     print(json.dumps({
         "ms": {impl: statistics.median(t) for impl, t in times.items()},
-        "torch_threads": torch.get_num_threads(),
-        "blas_threads": ob.openblas_get_num_threads() if ob else None,
+        "threads": {impl: sorted(t) for impl, t in seen.items()},
+        "blas_threads": sorted(blas_seen),
+        "blas_build": build,
         "blas_core": ob.openblas_get_corename().decode() if ob else None}))
 
 
@@ -310,9 +355,9 @@ def run_child(spec, env_extra=None):
 
 
 def run_case(args, L, causal, backward, impls=("c", "performer", "torch"), env_extra=None):
-    """{impl: {"ms": .., "peak_mb": ..} or {"skipped": GB} or {"failed": why}}, plus "threads":
-    (torch threads, OpenBLAS threads, OpenBLAS kernels). Memory is measured for forward+backward
-    only, in a process per impl."""
+    """{impl: {"ms": .., "peak_mb": .., "threads": [..]} or {"skipped": GB} or {"failed": why}},
+    plus "blas": (pure torch's OpenBLAS threads [..], OpenBLAS's build, its kernels). Memory is
+    measured for forward+backward only (part 3), in a process per impl."""
     spec = dict(L=L, causal=causal, backward=backward, threads=args.threads, mode="time",
                 blas_threads=args.torch_blas_threads, cpu_time=args.cpu_time,
                 repeats=args.repeats if L < 16384 else max(3, args.repeats // 2))
@@ -322,9 +367,10 @@ def run_case(args, L, causal, backward, impls=("c", "performer", "torch"), env_e
         impls = tuple(i for i in impls if i != "torch")
     r = run_child(dict(spec, impls=list(impls)), env_extra)
     for impl in impls:
-        out[impl] = {"ms": r["ms"][impl]} if "ms" in r else dict(r)
-    out["threads"] = (r.get("torch_threads"), r.get("blas_threads"), r.get("blas_core"))
-    if backward and "ms" in r:
+        out[impl] = ({"ms": r["ms"][impl], "threads": r["threads"][impl]} if "ms" in r
+                     else dict(r))
+    out["blas"] = (r.get("blas_threads"), r.get("blas_build"), r.get("blas_core"))
+    if backward and "ms" in r and "3" in args.parts:
         for impl in impls:
             if impl != "c":
                 m = run_child(dict(spec, impls=[impl], mode="memory"), env_extra)
@@ -460,6 +506,15 @@ def ratio(a, b):
     return f"{a['ms'] / b['ms']:.1f}x" if "ms" in a and "ms" in b else "—"
 
 
+def fmt_threads(r, want):
+    """The thread counts a side ran ("2", or "1,2" if they changed), and whether they are all
+    `want`; "-" (and True) for a side that did not run."""
+    got = r.get("threads") if isinstance(r, dict) else r
+    if not got:
+        return "-", True
+    return ",".join(str(t) for t in got), list(got) == [want]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -470,13 +525,16 @@ def main():
                     help="threads of every side in part 2 (default 0: every core this process "
                     "may run on)")
     ap.add_argument("--torch-blas-threads", type=int, default=1,
-                    help="OpenBLAS threads for pure torch's products (default 1; 0: --threads)")
+                    help="threads of the pthread OpenBLAS for pure torch's products (default 1; "
+                    "0: --threads); the OpenMP build runs them on torch's threads")
     ap.add_argument("--extra-coretype", default="",
                     help="also time pure torch with OPENBLAS_CORETYPE set to this (e.g. Prescott)")
     ap.add_argument("--extra-lengths", default="1024,4096")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with the process's CPU time (all its threads) instead of the "
                     "wall clock: with --threads 1, the work itself whatever else runs")
+    ap.add_argument("--parts", default="1,2,3",
+                    help="which parts to run: 1 fixed cost, 2 times, 3 memory (default all)")
     ap.add_argument("--quick", action="store_true", help="lengths 1024,4096; 3 repeats")
     ap.add_argument("--child")
     args = ap.parse_args()
@@ -484,6 +542,9 @@ def main():
         return child(json.loads(args.child))
     if args.quick:
         args.lengths, args.repeats = "1024,4096", 3
+    args.parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if not args.parts or not args.parts <= {"1", "2", "3"}:
+        ap.error("--parts: a list of 1, 2, 3")
     global CLOCK_NS
     if args.cpu_time:
         CLOCK_NS = time.process_time_ns
@@ -503,50 +564,61 @@ def main():
     print(f"bench_python: {cpu_name()}, {os.cpu_count()} cores (load average {load}); "
           f"{version}")
     ob = openblas()
+    blas = blas_build(ob)
     print(f"  library {performer.library_path}; numpy {__import__('numpy').__version__}; "
           + (f"torch {torch.__version__} (its default threads here: "
              f"{torch.get_num_threads()}; OMP_NUM_THREADS "
              f"{os.environ.get('OMP_NUM_THREADS', 'unset')})" if has_torch
              else "no torch (python3-torch)")
-          + (f"; OpenBLAS in this process: {ob.openblas_get_corename().decode()} kernels"
-             if ob else ""))
+          + (f"; OpenBLAS in this process: {ob.openblas_get_corename().decode()} kernels, "
+             f"{blas} build" if ob else ""))
     print()
     what = ("CPU time of the process (--cpu-time)" if args.cpu_time else "wall-clock time")
     print(f"times: {what}")
-    print()
-    print("1. fixed cost of a call: H = 1, L = 16, d = 16, m = 16, one thread "
-          "(medians of 21 rounds of 300 calls, every call below taking turns)")
-    print(f"  {'call':<70} {'us':>8} {'overhead us':>12}")
-    for name, us, over in overhead(has_torch):
-        print(f"  {name:<70} {us:8.2f} {'' if over is None else f'{over:12.2f}'}")
+    if "1" in args.parts:
+        print()
+        print("1. fixed cost of a call: H = 1, L = 16, d = 16, m = 16, one thread "
+              "(medians of 21 rounds of 300 calls, every call below taking turns)")
+        print(f"  {'call':<70} {'us':>8} {'overhead us':>12}")
+        for name, us, over in overhead(has_torch):
+            print(f"  {name:<70} {us:8.2f} {'' if over is None else f'{over:12.2f}'}")
     if not has_torch:
         print("\nno torch: parts 2 and 3 (performer.torch against pure torch) not run")
         return
     if args.threads <= 0:
         args.threads = cores()
-    if args.torch_blas_threads <= 0:
+    if blas != "pthread":  # its products run on torch's OpenMP threads (openmp) or on one
+        args.torch_blas_threads = args.threads if blas == "openmp" else 1
+    elif args.torch_blas_threads <= 0:
         args.torch_blas_threads = args.threads
     lengths = [int(x) for x in args.lengths.split(",") if x]
-    if not lengths:
+    if not lengths or "2" not in args.parts:
         return
+    T, BT = args.threads, args.torch_blas_threads
+    blas_how = {"pthread": f"{BT} of the pthread build's own threads (--torch-blas-threads)",
+                "openmp": f"the OpenMP build, on torch's {T} threads (it has none of its own)",
+                "serial": "the serial build, one thread"}.get(blas, "not found")
     print()
     print(f"2. FAVOR+ three ways: the C library called directly (C), performer.torch.attention "
           f"(pt) and pure torch as performer-pytorch computes it (torch); B = {B_}, H = {H_}, "
-          f"d = {D_}, m = {M_}; {args.threads} threads on every side (--threads; "
-          f"default: every core), OpenBLAS {args.torch_blas_threads} under pure torch; "
-          f"medians of {args.repeats} (3 at L >= 16384, 2 where a call takes over 5 s)")
+          f"d = {D_}, m = {M_}; medians of {args.repeats} (3 at L >= 16384, 2 where a call "
+          "takes over 5 s)")
+    print(f"   threads: {T} on every side (--threads; default: every core this process may run "
+          f"on): C as its pf_attn_opts.threads; pt called as a user calls it (threads=None), "
+          f"following torch.get_num_threads(), and pure torch, both after "
+          f"torch.set_num_threads({T}); pure torch's matrix products in OpenBLAS: {blas_how}. "
+          "The thr column is what each ran, read in the run: C/pt/torch/OpenBLAS")
     print("   ms; torch/C = the library's own speed-up, torch/pt = what performer.torch "
           "delivers, pt/C = the wrapper's share; MB = each process's peak resident size less "
           "its size with the inputs made")
     print(f"  {'L':>6} {'pass':<15} {'C ms':>9} {'pt ms':>9} {'torch ms':>10} {'torch/C':>8} "
-          f"{'torch/pt':>9} {'pt/C':>6} {'pt MB':>6} {'torch MB':>9}")
-    results, threads_seen = {}, set()
+          f"{'torch/pt':>9} {'pt/C':>6} {'thr':>9} {'pt MB':>6} {'torch MB':>9}")
+    results, wrong = {}, []
     for L in lengths:
         for causal in (False, True):
             for backward in (False, True):
                 r = run_case(args, L, causal, backward)
                 results[L, causal, backward] = r
-                threads_seen.add(r["threads"])
                 c, a, b = r["c"], r["performer"], r["torch"]
                 kind = ("causal" if causal else "bidir") + (" fwd+bwd" if backward else " fwd")
                 if "skipped" in b:
@@ -556,32 +628,50 @@ def main():
                 else:
                     tail = f"{b['peak_mb']:9.0f}" if b.get("peak_mb") is not None else ""
                 amb = f"{a['peak_mb']:6.0f}" if a.get("peak_mb") is not None else f"{'':6}"
+                cols = [fmt_threads(x, want) for x, want in
+                        ((c, T), (a, T), (b, T), (r["blas"][0] if "ms" in b else None, BT))]
+                thr = "/".join(t for t, _ in cols)
+                if not all(ok for _, ok in cols):
+                    thr += "!"
+                    wrong.append(f"{L} {kind}")
                 print(f"  {L:>6} {kind:<15} {fmt_ms(c):>9} {fmt_ms(a):>9} {fmt_ms(b):>10} "
-                      f"{ratio(b, c):>8} {ratio(b, a):>9} {ratio(a, c):>6} {amb} {tail}",
-                      flush=True)
-    for tt, bt, core in sorted(threads_seen, key=str):
-        print(f"   threads: the library's calls (C and pt) {args.threads}; pure torch "
-              f"torch.get_num_threads() {tt}, OpenBLAS {bt} ({core} kernels) for its products")
-    if not args.extra_coretype:
-        return
-    print()
-    print(f"extra: pure torch with OPENBLAS_CORETYPE={args.extra_coretype} (OpenBLAS's kernels "
-          "for a CPU its table does not know), in its own process, against the C and pt "
-          "columns above")
-    print(f"  {'L':>6} {'pass':<15} {'torch ms':>10} {'kernels':>10} {'torch/C':>8} "
-          f"{'torch/pt':>9}")
-    for L in [int(x) for x in args.extra_lengths.split(",") if x]:
-        for causal in (False, True):
-            for backward in (False, True):
-                if (L, causal, backward) not in results:
-                    continue
-                r0 = results[L, causal, backward]
-                r = run_case(args, L, causal, backward, ("torch",),
-                             {"OPENBLAS_CORETYPE": args.extra_coretype})
-                b = r["torch"]
-                kind = ("causal" if causal else "bidir") + (" fwd+bwd" if backward else " fwd")
-                print(f"  {L:>6} {kind:<15} {fmt_ms(b):>10} {r['threads'][2] or '':>10} "
-                      f"{ratio(b, r0['c']):>8} {ratio(b, r0['performer']):>9}", flush=True)
+                      f"{ratio(b, c):>8} {ratio(b, a):>9} {ratio(a, c):>6} {thr:>9} {amb} "
+                      f"{tail}", flush=True)
+    kernels = sorted({r["blas"][2] for r in results.values() if r["blas"][2]})
+    print(f"   OpenBLAS under pure torch: {', '.join(kernels) or 'not found'} kernels")
+    if wrong:
+        print(f"bench_python: threads other than the header's ({T} a side, OpenBLAS {BT}) in: "
+              f"{'; '.join(wrong)} (marked !)", file=sys.stderr)
+    if args.extra_coretype:
+        print()
+        print(f"extra: pure torch with OPENBLAS_CORETYPE={args.extra_coretype} (OpenBLAS's "
+              "kernels for a CPU its table does not know), in its own process, against the C "
+              "and pt columns above")
+        print(f"  {'L':>6} {'pass':<15} {'torch ms':>10} {'kernels':>10} {'torch/C':>8} "
+              f"{'torch/pt':>9} {'thr':>5}")
+        for L in [int(x) for x in args.extra_lengths.split(",") if x]:
+            for causal in (False, True):
+                for backward in (False, True):
+                    if (L, causal, backward) not in results:
+                        continue
+                    r0 = results[L, causal, backward]
+                    r = run_case(args, L, causal, backward, ("torch",),
+                                 {"OPENBLAS_CORETYPE": args.extra_coretype})
+                    b = r["torch"]
+                    kind = (("causal" if causal else "bidir")
+                            + (" fwd+bwd" if backward else " fwd"))
+                    cols = [fmt_threads(b, T),
+                            fmt_threads(r["blas"][0] if "ms" in b else None, BT)]
+                    thr = "/".join(t for t, _ in cols)
+                    if not all(ok for _, ok in cols):
+                        thr += "!"
+                        wrong.append(f"extra {L} {kind}")
+                    print(f"  {L:>6} {kind:<15} {fmt_ms(b):>10} {r['blas'][2] or '':>10} "
+                          f"{ratio(b, r0['c']):>8} {ratio(b, r0['performer']):>9} {thr:>5}",
+                          flush=True)
+    if wrong:
+        sys.exit(1)
+
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,10 @@
     attn = pt.FastAttention(dim_heads=64, causal=True)  # performer-pytorch's module, same call
     out = attn(q, k, v)
 
+    with pt.patch_performer_pytorch():                 # performer-pytorch's models on it
+        model = performer_pytorch.PerformerLM(...)
+    model = pt.convert_performer_pytorch(built_model)  # or convert one already built
+
     with torch.no_grad():                              # CUDA tensors: the forward on the GPU
         out = pt.attention(q.cuda(), k.cuda(), v.cuda(), W=W, causal=True)   # pf_cuda_favor
         out = attn.cuda()(q.cuda(), k.cuda(), v.cuda())
@@ -36,10 +40,21 @@ float32 contiguous W on q's device is used as it is, any other is copied there o
 copy kept until W changes (see _cuda_w). cuda_available(), cuda_profile() and
 cuda_stage_times() say whether the GPU path can run and what its stages cost.
 
-Threads: `threads=None` follows torch.get_num_threads() at each call; results do not depend on
-it (the GPU ignores it). ctypes releases the GIL during the C call. Errors are performer's
-(performer.Error subclasses that are ValueError, MemoryError, FloatingPointError, ... as the
-status says; on the GPU with pf_cuda_last_error()'s words in the message).
+Threads: `threads=None`, the default, is torch.get_num_threads() read at each call in the
+calling thread (a backward runs on its forward's count): the threads torch's own CPU operators
+use, set by torch.set_num_threads(n) (or OMP_NUM_THREADS before torch starts), so the attention
+runs on the threads the rest of the model runs on, and a process told to use n threads (one of
+several training processes on a machine, say) uses n here too. torch's default may be fewer than
+the cores: torch 1.13 takes OMP_NUM_THREADS, else MKL_NUM_THREADS, else half of the logical
+CPUs on x86 (it assumes two hardware threads a core), so 1 on a 2-CPU machine without SMT; call
+torch.set_num_threads(len(os.sched_getaffinity(0))) for every core, or pass threads=n. Whatever
+sets the calling thread's OpenMP count changes it too: with Debian's OpenMP build of OpenBLAS
+(libopenblas0-openmp), openblas_set_num_threads(n) is omp_set_num_threads(n), torch's count.
+Results do not depend on it (the GPU ignores it). ctypes releases the GIL during the C call.
+
+Errors are performer's (performer.Error subclasses that are ValueError, MemoryError,
+FloatingPointError, ... as the status says; on the GPU with pf_cuda_last_error()'s words in the
+message).
 
 Repeated calls: a call with the shapes and options of an earlier one (and the same W tensor,
 or one at the same address) reuses its checked arguments and C structs, and a FAVOR+ forward
@@ -63,7 +78,8 @@ import performer as _pf
 from . import _cuda, _lib
 
 __all__ = ["attention", "FastAttention", "SAVE_BYTES", "POOL_BYTES", "empty_cache",
-           "pooled_bytes", "cuda_available", "cuda_profile", "cuda_stage_times", "StageTime"]
+           "pooled_bytes", "cuda_available", "cuda_profile", "cuda_stage_times", "StageTime",
+           "patch_performer_pytorch", "convert_performer_pytorch", "PerformerPytorchPatch"]
 
 _L = _lib.lib
 _P = ctypes.byref
@@ -408,7 +424,8 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
 
     causal: query i sees keys j <= i. key_lengths: B valid key lengths (a list, array or
     tensor) in [1, Lk]; padded keys get zero gradients. scale: None is 1/sqrt(d). eps, chunk:
-    as in performer.attention. threads: None follows torch.get_num_threads().
+    as in performer.attention. threads: None is torch.get_num_threads() at the call (the
+    module docstring says why, and what torch's default is); the bits never depend on it.
 
     The output is float32, or q's dtype when q is float64, float16 or bfloat16. Without grad
     mode, or when no input requires grad, the plain forward runs (nothing is kept). Double
@@ -731,14 +748,30 @@ class FastAttention(torch.nn.Module):
     the buffer to the GPU, where it is used as it is (a buffer left on the CPU is copied to the
     device once, and again after each redraw); float32, bfloat16 or float16 inputs, output in
     their dtype, as attention() says.
-    Extra keyword arguments: threads (None: torch.get_num_threads()), save_bytes (the kept
-    features' budget per call, None: SAVE_BYTES).
+    Extra keyword arguments: threads (None: torch.get_num_threads() at each call, as
+    attention()), save_bytes (the kept features' budget per call, None: SAVE_BYTES).
+
+    In performer-pytorch's own models (PerformerLM, Performer, ...), which build their attention
+    through a name of their module and redraw only instances of their class, use
+    patch_performer_pytorch() to build them or convert_performer_pytorch() on a built one: both
+    put in PerformerPytorchFastAttention, this class that is also performer-pytorch's, so that
+    feature_redraw_interval keeps working. A module of this class put in such a model by hand is
+    never redrawn there.
     """
 
     def __init__(self, dim_heads, nb_features=None, ortho_scaling=0, causal=False,
                  generalized_attention=False, kernel_fn=torch.nn.ReLU(), no_projection=False,
                  *, threads=None, save_bytes=None):
-        super().__init__()
+        # nn.Module's, not super()'s: in PerformerPytorchFastAttention the next class is
+        # performer-pytorch's FastAttention, whose __init__ must not run (it draws a projection)
+        torch.nn.Module.__init__(self)
+        self._configure(dim_heads, nb_features, ortho_scaling, causal, generalized_attention,
+                        kernel_fn, no_projection, threads, save_bytes)
+        self.register_buffer("projection_matrix", self.create_projection())
+
+    def _configure(self, dim_heads, nb_features, ortho_scaling, causal, generalized_attention,
+                   kernel_fn, no_projection, threads, save_bytes):
+        """Checks the settings and keeps them (everything __init__ does but the projection)."""
         if nb_features is None:
             nb_features = int(dim_heads * math.log(dim_heads))
         if ortho_scaling not in (0, 1):
@@ -765,7 +798,6 @@ class FastAttention(torch.nn.Module):
         self.no_projection = no_projection
         self.threads = threads
         self.save_bytes = save_bytes
-        self.register_buffer("projection_matrix", self.create_projection())
 
     def create_projection(self, device=None):
         """A new (nb_features, dim_heads) float32 projection, from a seed drawn from torch's
@@ -801,3 +833,198 @@ class FastAttention(torch.nn.Module):
         return attention(q, k, v, W=self.projection_matrix, causal=self.causal, kernel=kernel,
                          eps=eps, key_lengths=key_lengths, threads=self.threads,
                          save_bytes=self.save_bytes)
+
+
+# ---- performer-pytorch models ---------------------------------------------------------------
+#
+# performer-pytorch (not a dependency: imported only by the functions below) builds its attention
+# in SelfAttention / CrossAttention through the name FastAttention of the module
+# performer_pytorch.performer_pytorch, and its ProjectionUpdater (kept by Performer and
+# PerformerLM) redraws the projections of find_modules(model, FastAttention): the modules that
+# are instances of performer-pytorch's class. So rebinding performer_pytorch.FastAttention
+# changes nothing (SelfAttention reads the other name), and a module of another class put in a
+# built model is never redrawn. PerformerPytorchFastAttention is performer.torch's FastAttention
+# made a subclass of performer-pytorch's as well: that isinstance check finds it whatever either
+# name is bound to. patch_performer_pytorch() makes performer-pytorch's class construct it (a
+# __new__ on that class, so every name and every builder of it is covered, and nothing else
+# about the class changes); convert_performer_pytorch() replaces the modules of a built model.
+
+_PP_LOCK = threading.Lock()
+_PP_SWAP = {}  # performer-pytorch's FastAttention -> its PerformerPytorchFastAttention
+_PP_HOLDS = {}  # performer-pytorch's FastAttention -> patches of it not undone
+
+
+def _pp_base():
+    """performer-pytorch's FastAttention class (importing performer_pytorch), or ImportError
+    saying what to do."""
+    try:
+        from performer_pytorch import performer_pytorch as m
+        return m.FastAttention
+    except ImportError as e:
+        raise ImportError(f"performer-pytorch is not importable ({e}): install it (pip install "
+                          "performer-pytorch; performer itself does not need it) to patch or "
+                          "convert its models") from e
+
+
+def _pp_swap(base):
+    """PerformerPytorchFastAttention for performer-pytorch's class base (made once)."""
+    with _PP_LOCK:
+        cls = _PP_SWAP.get(base)
+        if cls is None:
+            cls = type("PerformerPytorchFastAttention", (FastAttention, base), {
+                "__module__": __name__, "__qualname__": "PerformerPytorchFastAttention",
+                "__doc__": "performer.torch.FastAttention that is also an instance of "
+                           "performer-pytorch's FastAttention (so its ProjectionUpdater redraws "
+                           "it): what patch_performer_pytorch() and "
+                           "convert_performer_pytorch() put in its models."})
+            _PP_SWAP[base] = cls
+    return cls
+
+
+def __getattr__(name):
+    # PerformerPytorchFastAttention exists once performer-pytorch is imported; by this name a
+    # pickled model (torch.save of the module itself) finds the class again
+    if name == "PerformerPytorchFastAttention":
+        return _pp_swap(_pp_base())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class PerformerPytorchPatch:
+    """What patch_performer_pytorch() returns: undo() (or the end of a `with` block) ends this
+    hold on the patch; performer-pytorch's class builds its own modules again once every hold
+    is undone. undo() twice is harmless. `active` says whether this hold is still on."""
+
+    def __init__(self, base):
+        self.base, self.active = base, True
+
+    def undo(self):
+        with _PP_LOCK:
+            if self.active:
+                self.active = False
+                _PP_HOLDS[self.base] -= 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.undo()
+
+    def __repr__(self):
+        return (f"<performer-pytorch patch: {'on' if self.active else 'undone'}; "
+                f"{_PP_HOLDS.get(self.base, 0)} hold(s) in all>")
+
+
+def _pp_install(base, swap):
+    """Gives performer-pytorch's class base a __new__ that constructs swap while a patch holds
+    (the caller holds _PP_LOCK). It stays when the patches are undone, doing then what the
+    default does (object.__new__(cls)): deleting it again would leave CPython's slot calling
+    object.__new__ with the constructor's arguments, a TypeError."""
+    if base in _PP_HOLDS:
+        return
+    if "__new__" in vars(base):
+        raise RuntimeError("performer_pytorch's FastAttention already has a __new__ of its own: "
+                           "not patched (convert_performer_pytorch converts built models)")
+
+    def __new__(cls, *args, **kwargs):
+        # a construction has arguments (dim_heads at least); copy.deepcopy and unpickling call
+        # cls.__new__(cls) alone, and keep the class they copy
+        if cls is base and (args or kwargs) and _PP_HOLDS[base] > 0:
+            cls = swap
+        return object.__new__(cls)
+
+    base.__new__ = staticmethod(__new__)
+    _PP_HOLDS[base] = 0
+
+
+def patch_performer_pytorch():
+    """Makes performer-pytorch build its attention with performer.torch, until undone:
+
+        import performer.torch as pt
+        from performer_pytorch import PerformerLM
+        with pt.patch_performer_pytorch():         # or: patch = ...; later patch.undo()
+            model = PerformerLM(num_tokens=256, max_seq_len=1024, dim=512, depth=6, heads=8,
+                                causal=True)
+
+    While the patch holds, constructing performer-pytorch's FastAttention by any name
+    (performer_pytorch.FastAttention, performer_pytorch.performer_pytorch.FastAttention, and so
+    in its SelfAttention, CrossAttention, Performer, PerformerLM and PerformerEncDec) makes a
+    PerformerPytorchFastAttention: performer.torch.FastAttention with the same arguments, and
+    an instance of performer-pytorch's class too, so the model's ProjectionUpdater finds it and
+    redraws its projection every feature_redraw_interval calls in training mode, as before.
+    Models built while it held keep their modules (and their redraws) after undo; models built
+    before it keep performer-pytorch's: convert_performer_pytorch(model) converts a built
+    model. Copies and unpickling of performer-pytorch's own modules are left alone.
+
+    Returns a PerformerPytorchPatch: undo() it, or use it as a context manager. Calling again
+    while patched adds a hold on the same patch (it is idempotent); the class is restored when
+    every hold is undone. ImportError when performer-pytorch is not importable.
+
+    Settings the C kernels do not run fail at construction: no_projection=True, and
+    generalized_attention with a kernel_fn other than ReLU, are NotImplementedError. What
+    differs from performer-pytorch's computation is in FastAttention's docstring.
+
+    The same seed draws different starting weights: performer.torch draws each projection from
+    one torch.randint (the library then draws W from that seed) where performer-pytorch draws
+    torch.randn blocks, so torch's generator is at another place for every parameter made
+    after it (to_q, to_k, to_v, to_out, the feed-forwards, ...). To compare the two on one
+    model, load one model's state_dict into the other (the keys are the same), or build with
+    performer-pytorch and convert_performer_pytorch() it, which keeps every weight and
+    projection."""
+    base = _pp_base()
+    swap = _pp_swap(base)
+    with _PP_LOCK:
+        _pp_install(base, swap)
+        _PP_HOLDS[base] += 1
+    return PerformerPytorchPatch(base)
+
+
+def _pp_converted(mod, swap, name):
+    """A PerformerPytorchFastAttention with mod's settings, training mode and a copy of its
+    projection_matrix (its device and dtype); the errors name the module."""
+    new = swap.__new__(swap)
+    torch.nn.Module.__init__(new)
+    try:
+        new._configure(mod.dim_heads, mod.nb_features, mod.ortho_scaling, mod.causal,
+                       mod.generalized_attention, mod.kernel_fn, mod.no_projection,
+                       getattr(mod, "threads", None), getattr(mod, "save_bytes", None))
+    except (ValueError, NotImplementedError) as e:
+        raise type(e)(f"{name or 'the model'} ({type(mod).__name__}): {e}; nothing was "
+                      "converted") from None
+    new.register_buffer("projection_matrix", mod.projection_matrix.detach().clone())
+    new.train(mod.training)
+    return new
+
+
+def convert_performer_pytorch(model):
+    """Converts a built performer-pytorch model (or any module holding its FastAttention) to
+    performer.torch, in place, and returns it:
+
+        model = convert_performer_pytorch(PerformerLM(num_tokens=256, max_seq_len=1024,
+                                                      dim=512, depth=6, heads=8, causal=True))
+
+    Every module of the model that is performer-pytorch's FastAttention, or a
+    performer.torch.FastAttention put there by hand (which its ProjectionUpdater never finds, so
+    never redraws), is replaced, wherever the model holds it, by a PerformerPytorchFastAttention
+    with the same settings, training mode and projection_matrix (copied): the model keeps every
+    weight and projection, and the ProjectionUpdater redraws the new modules as it did the old.
+    model itself may be one such module: the new one is returned. Hooks registered on the
+    replaced modules are not carried over.
+
+    Every module is checked before any is replaced: one the C kernels do not run
+    (no_projection=True, generalized_attention with a kernel_fn other than ReLU) is
+    NotImplementedError naming it, and the model is left as it was. TypeError when model is not
+    a torch.nn.Module; ImportError when performer-pytorch is not importable. Conversion draws
+    nothing from torch's generator."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    base = _pp_base()
+    swap = _pp_swap(base)
+    new = {}  # id of an old module -> its replacement
+    for name, mod in model.named_modules():
+        if isinstance(mod, (base, FastAttention)) and not isinstance(mod, swap):
+            new[id(mod)] = _pp_converted(mod, swap, name)
+    for parent in list(model.modules()):
+        for cname, child in list(parent._modules.items()):
+            if child is not None and id(child) in new:
+                setattr(parent, cname, new[id(child)])
+    return new.get(id(model), model)

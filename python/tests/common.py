@@ -1,9 +1,14 @@
-"""What the Python tests share: the tool (PERFORMER), fixed-seed inputs, resident memory."""
+"""What the Python tests share: the tool (PERFORMER), fixed-seed inputs, resident memory, and
+performer-pytorch fetched for the tests against it."""
+import hashlib
 import os
 import resource
+import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
+import zipfile
 
 import numpy as np
 
@@ -71,3 +76,64 @@ class ToolRunner:
 
     def close(self):
         self.dir.cleanup()
+
+
+# ---- performer-pytorch, for the tests against the real package ---------------------------------
+
+PP_REQUIREMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "performer_pytorch.txt")
+
+
+def performer_pytorch_dir():
+    """A folder holding performer-pytorch 1.1.4 and the packages it imports (the wheels of
+    performer_pytorch.txt unpacked), to put on sys.path: PF_PERFORMER_PYTORCH if set, else a
+    cache folder (PF_TEST_CACHE, else ~/.cache/performer-tests), fetched there with
+    `pip download` the first time. Raises unittest.SkipTest saying why when it cannot be had
+    (no network, no pip)."""
+    given = os.environ.get("PF_PERFORMER_PYTORCH")
+    if given:
+        if not os.path.isdir(os.path.join(given, "performer_pytorch")):
+            raise unittest.SkipTest(f"PF_PERFORMER_PYTORCH={given} holds no performer_pytorch")
+        return given
+    cache = os.environ.get("PF_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "performer-tests")
+    with open(PP_REQUIREMENTS, "rb") as f:  # a new list of wheels is a new folder
+        tag = hashlib.sha256(f.read()).hexdigest()[:12]
+    target = os.path.join(cache, f"performer-pytorch-{tag}")
+    if os.path.isdir(os.path.join(target, "performer_pytorch")):
+        return target
+    with tempfile.TemporaryDirectory(prefix="pf_pp_") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "--require-hashes", "--retries", "0", "--timeout", "20",
+               "--disable-pip-version-check", "-d", tmp, "-r", PP_REQUIREMENTS]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            why = None if r.returncode == 0 else \
+                (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = str(e)
+        if why is not None:
+            raise unittest.SkipTest(f"performer-pytorch 1.1.4 could not be fetched ({why}): "
+                                    "the tests against it need the network once, or "
+                                    "PF_PERFORMER_PYTORCH naming a folder of its unpacked wheels")
+        part = f"{target}.part{os.getpid()}"
+        shutil.rmtree(part, ignore_errors=True)
+        for name in sorted(os.listdir(tmp)):
+            with zipfile.ZipFile(os.path.join(tmp, name)) as z:
+                z.extractall(part)
+        try:
+            os.rename(part, target)
+        except OSError:  # another run got there first
+            shutil.rmtree(part, ignore_errors=True)
+    return target
+
+
+def tree_digest(folder):
+    """{relative path: sha256} of every file under folder, to show that nothing changed it."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            p = os.path.join(root, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return out

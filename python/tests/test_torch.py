@@ -253,6 +253,51 @@ class TestGradients(unittest.TestCase):
         finally:
             torch.set_num_threads(old)
 
+    def test_default_threads_are_torchs_at_each_call(self):
+        """threads=None (FastAttention, through attention) is torch.get_num_threads() read at the
+        call, in the calling thread, and the backward runs on its forward's count (the module
+        docstring's contract); outputs and gradients are the same bits at every count."""
+        import threading
+        q, k, v, G = inputs(11)
+        old = torch.get_num_threads()
+        fa = pt.FastAttention(8, nb_features=16, causal=True)
+        seen, bits = [], []
+
+        def spy(fn):  # the pf_attn_opts.threads each C call of a plan gets
+            def call(*args):
+                seen.append(args[-3]._obj.threads)  # (..., sh, opts, fav, saved)
+                return getattr(pt._lib.lib, fn)(*args)
+            return call
+
+        class Lib:
+            pf_attn_favor_save = staticmethod(spy("pf_attn_favor_save"))
+            pf_attn_favor_backward_saved = staticmethod(spy("pf_attn_favor_backward_saved"))
+
+            def __getattr__(self, name):
+                return getattr(pt._lib.lib, name)
+
+        real, pt._L = pt._L, Lib()
+        try:
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                seen.clear()
+                out = fa(q, k, v)
+                torch.set_num_threads(1 if n > 1 else 2)  # changed between forward and backward
+                bits.append([out] + grads(out, G, q, k, v))
+                self.assertEqual(seen, [n, n], f"torch.set_num_threads({n})")
+            torch.set_num_threads(2)
+            seen.clear()
+            worker = threading.Thread(target=lambda: grads(fa(q, k, v), G, q, k, v))
+            worker.start()
+            worker.join()
+            self.assertEqual(seen, [2, 2], "a call from another Python thread")
+        finally:
+            pt._L = real
+            torch.set_num_threads(old)
+        for b in bits[1:]:
+            for x, y in zip(b, bits[0]):
+                self.assertTrue(torch.equal(x, y))
+
 
 class TestRepeatedCalls(unittest.TestCase):
     """A call with the shapes and options of an earlier one reuses its plan (the C structs) and
