@@ -19,14 +19,29 @@
 BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O2
-BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
+# The target, as the compiler names it: its CPU (x86_64, aarch64, ...) picks which vector kernels
+# are compiled, its multiarch triplet (x86_64-linux-gnu, aarch64-linux-gnu) the BLAS folders.
+MACHINE  := $(shell $(CC) -dumpmachine 2>/dev/null)
+ARCH     := $(firstword $(subst -, ,$(MACHINE)))
+TRIPLET  := $(or $(shell $(CC) -print-multiarch 2>/dev/null),$(MACHINE))
+# BLAS: Debian's OpenMP build of OpenBLAS for the target (why that build: below, at LDLIBS), in
+# its multiarch folders; elsewhere, whatever pkg-config's openblas names (PKG_CONFIG_LIBDIR picks
+# a cross target's). BLAS_DIR and BLAS_INC on the command line override both.
+BLAS_MA  := $(wildcard /usr/lib/$(TRIPLET)/openblas-openmp/libopenblas.so)
+BLAS_DIR ?= $(if $(BLAS_MA),/usr/lib/$(TRIPLET)/openblas-openmp,$(patsubst -L%,%,$(filter -L%,\
+              $(shell pkg-config --libs-only-L openblas 2>/dev/null))))
+BLAS_INC ?= $(if $(BLAS_MA),/usr/include/$(TRIPLET)/openblas-openmp,$(patsubst -I%,%,$(filter \
+              -I%,$(shell pkg-config --cflags-only-I openblas 2>/dev/null))))
+# (none found: the compiler's own folders, where a BLAS in /usr/lib or /usr/include is found)
+ifneq ($(strip $(BLAS_DIR)),)
+BLAS_LIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR)
+endif
 
 WARN     = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wno-unknown-pragmas -Werror=implicit-function-declaration
 CFLAGS  ?= $(OPT) -g
 ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp \
-            -Iinclude -Isrc -I$(BLAS_INC) $(EXTRA_CFLAGS)
+            -Iinclude -Isrc $(addprefix -I,$(BLAS_INC)) $(EXTRA_CFLAGS)
 # OpenBLAS's OpenMP build: the library runs its own threads (OpenMP) around single-threaded BLAS
 # calls (a call from inside a parallel region runs on one thread; pf_blas_pin covers a region of
 # one), so BLAS never oversubscribes the cores and results do not depend on threads. It has no
@@ -35,9 +50,17 @@ ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp 
 # threads run on (41% of a `performer attn` call's samples at L = 4096 on an Intel family 6 model
 # 207). Not the serial build: Debian's is compiled without locking, and two threads calling its
 # sgemm at once can share one packing buffer (wrong results); the OpenMP build locks each buffer.
-LDLIBS   = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
+LDLIBS   = $(BLAS_LIBS) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
 
-LIB_SRC   = $(sort $(wildcard src/*.c src/favor/*.c src/simd/*.c src/io/*.c src/model/*.c))
+# Vector kernels (src/simd/simd_ISA.c) only for the target's instruction sets: AVX2 and AVX-512
+# on x86-64, NEON on aarch64, none elsewhere (the portable simd_ref.c serves every CPU).
+SIMD_ISA_x86_64  = avx2 avx512
+SIMD_ISA_aarch64 = neon
+SIMD_ISA  = $(SIMD_ISA_$(ARCH))
+SIMD_SKIP = $(filter-out src/simd/simd_ref.c $(SIMD_ISA:%=src/simd/simd_%.c),\
+              $(wildcard src/simd/simd_*.c))
+LIB_SRC   = $(filter-out $(SIMD_SKIP),\
+              $(sort $(wildcard src/*.c src/favor/*.c src/simd/*.c src/io/*.c src/model/*.c)))
 TOOL_SRC  = $(sort $(wildcard tools/*.c))
 TEST_SRC  = $(sort $(wildcard tests/test_*.c))
 BENCH_SRC = $(sort $(wildcard bench/*.c))
@@ -73,9 +96,12 @@ $(BUILD)/src/%.o: src/%.c include/performer.h $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -DPF_BUILDING_LIBRARY -fvisibility=hidden $(SIMD_FLAGS) -c $< -o $@
 
-# Kernels for one instruction set are compiled for it alone and chosen at run time (cpuid).
-$(BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = -mavx2 -mfma
-$(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = -mavx512f -mavx512dq -mavx2 -mfma
+# Kernels for one instruction set are compiled for it alone and chosen at run time (cpuid on
+# x86-64; NEON is part of every aarch64 CPU, so simd_neon.c needs no flag).
+SIMD_FLAGS_avx2   = -mavx2 -mfma
+SIMD_FLAGS_avx512 = -mavx512f -mavx512dq -mavx2 -mfma
+$(BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = $(SIMD_FLAGS_avx2)
+$(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = $(SIMD_FLAGS_avx512)
 
 $(BUILD)/tools/%.o: tools/%.c include/performer.h $(wildcard tools/*.h)
 	@mkdir -p $(dir $@)
@@ -153,8 +179,8 @@ FUZZ_JOBS   ?= 2
 # halt_on_error (tests/fuzz/harness.c sets it) rather than -fno-sanitize-recover: with full -g or
 # that flag, clang takes minutes on simd_avx512.c under the three instrumentations (20 s so).
 FUZZ_CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -gline-tables-only -fno-omit-frame-pointer \
-               $(WARN) -fsanitize=address,undefined -Iinclude -Isrc -I$(BLAS_INC)
-FUZZ_LDLIBS  = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lz -lm
+               $(WARN) -fsanitize=address,undefined -Iinclude -Isrc $(addprefix -I,$(BLAS_INC))
+FUZZ_LDLIBS  = $(BLAS_LIBS) -lopenblas -lz -lm
 FUZZ_LIB     = $(FUZZ_BUILD)/libperformer.a
 FUZZ_TARGETS = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
@@ -162,8 +188,8 @@ $(FUZZ_BUILD)/src/%.o: src/%.c include/performer.h $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -DPF_BUILDING_LIBRARY \
 	  -fvisibility=hidden $(SIMD_FLAGS) -c $< -o $@
-$(FUZZ_BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = -mavx2 -mfma
-$(FUZZ_BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = -mavx512f -mavx512dq -mavx2 -mfma
+$(FUZZ_BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = $(SIMD_FLAGS_avx2)
+$(FUZZ_BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = $(SIMD_FLAGS_avx512)
 
 $(FUZZ_LIB): $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
 	@rm -f $@
