@@ -7,6 +7,8 @@
 #   make bench-train  a training step of the byte LM against the context, exact and FAVOR+:
 #                   tokens/s, peak memory, fraction of the FMA peak (minutes; not in `make test`)
 #   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
+#   make test-aarch64  a cross build for aarch64 and its unit tests under qemu-user (a subset;
+#                   skips, saying why, without the cross compiler, qemu or arm64 libraries)
 #   make fuzz       the libFuzzer targets of the file readers (clang): regressions, then
 #                   FUZZ_TIME seconds each (tests/fuzz/)
 #   make install    header, libraries, tool, performer.pc and man page under PREFIX (/usr/local),
@@ -144,11 +146,13 @@ test: setup
 	@$(MAKE) --no-print-directory test-fast; r1=$$?; \
 	$(MAKE) --no-print-directory asan; r2=$$?; \
 	rm -f $(FUZZ_BUILD)/test-counts; $(MAKE) --no-print-directory fuzz FUZZ_TIME=30; r3=$$?; \
+	rm -f $(AARCH64_BUILD)/test-counts; $(MAKE) --no-print-directory test-aarch64; r4=$$?; \
 	set -- $$(cat $(BUILD)/test-counts 2>/dev/null || echo 0 1) \
 	       $$(cat build-asan/test-counts 2>/dev/null || echo 0 1) \
-	       $$(cat $(FUZZ_BUILD)/test-counts 2>/dev/null || echo 0 1); \
-	echo "all: $$(($$1 + $$3 + $$5)) passed, $$(($$2 + $$4 + $$6)) failed"; \
-	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ]
+	       $$(cat $(FUZZ_BUILD)/test-counts 2>/dev/null || echo 0 1) \
+	       $$(cat $(AARCH64_BUILD)/test-counts 2>/dev/null || echo 0 0); \
+	echo "all: $$(($$1 + $$3 + $$5 + $$7)) passed, $$(($$2 + $$4 + $$6 + $$8)) failed"; \
+	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ] && [ $$r4 -eq 0 ]
 
 TEST_LABEL ?= release
 SIMD_PATHS ?= avx2 ref
@@ -501,9 +505,44 @@ cuda bench-cuda:
 	@echo "nvcc not found: the CUDA library is not built (install the CUDA toolkit, or NVCC=path)"
 endif
 
+# ---- aarch64 under emulation: make test-aarch64 --------------------------------------------------
+# The library, the tool and the test programs cross-built by Debian's gcc-aarch64-linux-gnu into
+# $(AARCH64_BUILD)/, against Debian's arm64 OpenBLAS (OpenMP build) and zlib (multiarch), and run
+# by qemu-user (tests/run_aarch64.sh). A subset that fits CI's time (about a minute emulated):
+# AARCH64_TESTS, with AARCH64_PER_PATH on each vector path (test_simd and test_blas test every
+# path themselves). Left out for their time under emulation (one to several minutes each):
+# test_attn_exact, test_features, test_favor_forward, test_favor_state, test_favor_backward and
+# the rest; AARCH64_TESTS="..." runs any. `make setup` installs what it needs where it can;
+# without it the target says what is missing and skips (no failure).
+AARCH64_CC       ?= aarch64-linux-gnu-gcc
+AARCH64_BUILD     = build-aarch64
+QEMU_AARCH64     ?= qemu-aarch64
+AARCH64_TESTS    ?= test_xarch test_simd test_rng test_projection test_special test_alias \
+                    test_npy test_safetensors test_data
+AARCH64_PER_PATH ?= test_xarch
+AARCH64_NEEDS     = $(AARCH64_CC):$(shell command -v $(AARCH64_CC)) \
+  $(QEMU_AARCH64):$(shell command -v $(QEMU_AARCH64)) \
+  libopenblas-openmp-dev\:arm64:$(wildcard /usr/lib/aarch64-linux-gnu/openblas-openmp/libopenblas.so) \
+  zlib1g-dev\:arm64:$(wildcard /usr/lib/aarch64-linux-gnu/libz.so) \
+  libc6\:arm64:$(wildcard /lib/ld-linux-aarch64.so.1)
+AARCH64_MISSING   = $(patsubst %:,%,$(filter %:,$(AARCH64_NEEDS)))
+.PHONY: test-aarch64
+test-aarch64:
+ifneq ($(strip $(AARCH64_MISSING)),)
+	@echo "test-aarch64: skipped: missing $(AARCH64_MISSING) (make setup installs them on Debian)"
+else
+	@mkdir -p $(AARCH64_BUILD); $(MAKE) --no-print-directory CC=$(AARCH64_CC) \
+	  BUILD=$(AARCH64_BUILD) CUDA=0 MPICC= \
+	  $(AARCH64_BUILD)/libperformer.a $(AARCH64_BUILD)/performer \
+	  $(AARCH64_TESTS:%=$(AARCH64_BUILD)/tests/%) >$(AARCH64_BUILD)/build.log 2>&1 || \
+	  { tail -n 30 $(AARCH64_BUILD)/build.log; echo "test-aarch64: the cross build failed"; exit 1; }
+	@QEMU_AARCH64=$(QEMU_AARCH64) PER_PATH="$(AARCH64_PER_PATH)" \
+	  sh tests/run_aarch64.sh $(AARCH64_BUILD) $(AARCH64_TESTS)
+endif
+
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h tools/*/*.c \
 	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-aarch64
