@@ -1,8 +1,8 @@
 #!/bin/sh
 # run_aarch64.sh BUILD TESTS...: runs the aarch64 test programs BUILD/tests/NAME (cross-built by
 # `make test-aarch64`) under qemu-user (those named in PER_PATH on every vector path the emulated
-# CPU runs, by PF_SIMD), then the tool's --version; prints one line per run and "aarch64: N passed, N failed" (counts in
-# BUILD/test-counts). Exit 1 on a failure.
+# CPU runs, by PF_SIMD), then the tool's --version; prints one line per run and
+# "aarch64: N passed, N failed" (counts in BUILD/test-counts). Exit 1 on a failure.
 #
 # The programs run on Debian's arm64 libraries (libc6:arm64, libopenblas0-openmp:arm64, found
 # through the multiarch loader /lib/ld-linux-aarch64.so.1), not with QEMU_LD_PREFIX set to the
@@ -28,9 +28,10 @@ run() { # name log-suffix command...
     fi
 }
 paths=$(for p in ${PF_SIMD_PATHS:-neon ref}; do
-    PF_SIMD=$p "$qemu" "$build/performer" --version 2>/dev/null | grep -q "vector kernels: $p[;)]" && echo $p
+    PF_SIMD=$p "$qemu" "$build/performer" --version 2>/dev/null |
+        grep -q "vector kernels: $p[;)]" && echo $p
 done)
-echo "  (emulated by $("$qemu" --version | head -n 1); vector paths: ${paths:-ref})"
+echo "  (emulated by $("$qemu" --version | head -n 1); vector paths: $(echo ${paths:-ref}))"
 # Programs that test every vector path themselves (test_simd, test_blas) run once; those named
 # in PER_PATH once on each path.
 for name in "$@"; do
