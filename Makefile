@@ -7,6 +7,8 @@
 #   make bench-train  a training step of the byte LM against the context, exact and FAVOR+:
 #                   tokens/s, peak memory, fraction of the FMA peak (minutes; not in `make test`)
 #   make asan       the tests under AddressSanitizer and UndefinedBehaviorSanitizer only
+#   make test-aarch64  a cross build for aarch64 and its unit tests under qemu-user (a subset;
+#                   skips, saying why, without the cross compiler, qemu or arm64 libraries)
 #   make fuzz       the libFuzzer targets of the file readers (clang): regressions, then
 #                   FUZZ_TIME seconds each (tests/fuzz/)
 #   make install    header, libraries, tool, performer.pc and man page under PREFIX (/usr/local),
@@ -19,14 +21,29 @@
 BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O2
-BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
+# The target, as the compiler names it: its CPU (x86_64, aarch64, ...) picks which vector kernels
+# are compiled, its multiarch triplet (x86_64-linux-gnu, aarch64-linux-gnu) the BLAS folders.
+MACHINE  := $(shell $(CC) -dumpmachine 2>/dev/null)
+ARCH     := $(firstword $(subst -, ,$(MACHINE)))
+TRIPLET  := $(or $(shell $(CC) -print-multiarch 2>/dev/null),$(MACHINE))
+# BLAS: Debian's OpenMP build of OpenBLAS for the target (why that build: below, at LDLIBS), in
+# its multiarch folders; elsewhere, whatever pkg-config's openblas names (PKG_CONFIG_LIBDIR picks
+# a cross target's). BLAS_DIR and BLAS_INC on the command line override both.
+BLAS_MA  := $(wildcard /usr/lib/$(TRIPLET)/openblas-openmp/libopenblas.so)
+BLAS_DIR ?= $(if $(BLAS_MA),/usr/lib/$(TRIPLET)/openblas-openmp,$(patsubst -L%,%,$(filter -L%,\
+              $(shell pkg-config --libs-only-L openblas 2>/dev/null))))
+BLAS_INC ?= $(if $(BLAS_MA),/usr/include/$(TRIPLET)/openblas-openmp,$(patsubst -I%,%,$(filter \
+              -I%,$(shell pkg-config --cflags-only-I openblas 2>/dev/null))))
+# (none found: the compiler's own folders, where a BLAS in /usr/lib or /usr/include is found)
+ifneq ($(strip $(BLAS_DIR)),)
+BLAS_LIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR)
+endif
 
 WARN     = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wno-unknown-pragmas -Werror=implicit-function-declaration
 CFLAGS  ?= $(OPT) -g
 ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp \
-            -Iinclude -Isrc -I$(BLAS_INC) $(EXTRA_CFLAGS)
+            -Iinclude -Isrc $(addprefix -I,$(BLAS_INC)) $(EXTRA_CFLAGS)
 # OpenBLAS's OpenMP build: the library runs its own threads (OpenMP) around single-threaded BLAS
 # calls (a call from inside a parallel region runs on one thread; pf_blas_pin covers a region of
 # one), so BLAS never oversubscribes the cores and results do not depend on threads. It has no
@@ -35,9 +52,17 @@ ALLCFLAGS = -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fPIC -fopenmp 
 # threads run on (41% of a `performer attn` call's samples at L = 4096 on an Intel family 6 model
 # 207). Not the serial build: Debian's is compiled without locking, and two threads calling its
 # sgemm at once can share one packing buffer (wrong results); the OpenMP build locks each buffer.
-LDLIBS   = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
+LDLIBS   = $(BLAS_LIBS) -lopenblas -fopenmp -lz -lm $(EXTRA_LDLIBS)
 
-LIB_SRC   = $(sort $(wildcard src/*.c src/favor/*.c src/simd/*.c src/io/*.c src/model/*.c))
+# Vector kernels (src/simd/simd_ISA.c) only for the target's instruction sets: AVX2 and AVX-512
+# on x86-64, NEON on aarch64, none elsewhere (the portable simd_ref.c serves every CPU).
+SIMD_ISA_x86_64  = avx2 avx512
+SIMD_ISA_aarch64 = neon
+SIMD_ISA  = $(SIMD_ISA_$(ARCH))
+SIMD_SKIP = $(filter-out src/simd/simd_ref.c $(SIMD_ISA:%=src/simd/simd_%.c),\
+              $(wildcard src/simd/simd_*.c))
+LIB_SRC   = $(filter-out $(SIMD_SKIP),\
+              $(sort $(wildcard src/*.c src/favor/*.c src/simd/*.c src/io/*.c src/model/*.c)))
 TOOL_SRC  = $(sort $(wildcard tools/*.c))
 TEST_SRC  = $(sort $(wildcard tests/test_*.c))
 BENCH_SRC = $(sort $(wildcard bench/*.c))
@@ -73,9 +98,12 @@ $(BUILD)/src/%.o: src/%.c include/performer.h $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -DPF_BUILDING_LIBRARY -fvisibility=hidden $(SIMD_FLAGS) -c $< -o $@
 
-# Kernels for one instruction set are compiled for it alone and chosen at run time (cpuid).
-$(BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = -mavx2 -mfma
-$(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = -mavx512f -mavx512dq -mavx2 -mfma
+# Kernels for one instruction set are compiled for it alone and chosen at run time (cpuid on
+# x86-64; NEON is part of every aarch64 CPU, so simd_neon.c needs no flag).
+SIMD_FLAGS_avx2   = -mavx2 -mfma
+SIMD_FLAGS_avx512 = -mavx512f -mavx512dq -mavx2 -mfma
+$(BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = $(SIMD_FLAGS_avx2)
+$(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = $(SIMD_FLAGS_avx512)
 
 $(BUILD)/tools/%.o: tools/%.c include/performer.h $(wildcard tools/*.h)
 	@mkdir -p $(dir $@)
@@ -118,11 +146,13 @@ test: setup
 	@$(MAKE) --no-print-directory test-fast; r1=$$?; \
 	$(MAKE) --no-print-directory asan; r2=$$?; \
 	rm -f $(FUZZ_BUILD)/test-counts; $(MAKE) --no-print-directory fuzz FUZZ_TIME=30; r3=$$?; \
+	rm -f $(AARCH64_BUILD)/test-counts; $(MAKE) --no-print-directory test-aarch64; r4=$$?; \
 	set -- $$(cat $(BUILD)/test-counts 2>/dev/null || echo 0 1) \
 	       $$(cat build-asan/test-counts 2>/dev/null || echo 0 1) \
-	       $$(cat $(FUZZ_BUILD)/test-counts 2>/dev/null || echo 0 1); \
-	echo "all: $$(($$1 + $$3 + $$5)) passed, $$(($$2 + $$4 + $$6)) failed"; \
-	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ]
+	       $$(cat $(FUZZ_BUILD)/test-counts 2>/dev/null || echo 0 1) \
+	       $$(cat $(AARCH64_BUILD)/test-counts 2>/dev/null || echo 0 0); \
+	echo "all: $$(($$1 + $$3 + $$5 + $$7)) passed, $$(($$2 + $$4 + $$6 + $$8)) failed"; \
+	[ $$r1 -eq 0 ] && [ $$r2 -eq 0 ] && [ $$r3 -eq 0 ] && [ $$r4 -eq 0 ]
 
 TEST_LABEL ?= release
 SIMD_PATHS ?= avx2 ref
@@ -153,8 +183,8 @@ FUZZ_JOBS   ?= 2
 # halt_on_error (tests/fuzz/harness.c sets it) rather than -fno-sanitize-recover: with full -g or
 # that flag, clang takes minutes on simd_avx512.c under the three instrumentations (20 s so).
 FUZZ_CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -gline-tables-only -fno-omit-frame-pointer \
-               $(WARN) -fsanitize=address,undefined -Iinclude -Isrc -I$(BLAS_INC)
-FUZZ_LDLIBS  = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lz -lm
+               $(WARN) -fsanitize=address,undefined -Iinclude -Isrc $(addprefix -I,$(BLAS_INC))
+FUZZ_LDLIBS  = $(BLAS_LIBS) -lopenblas -lz -lm
 FUZZ_LIB     = $(FUZZ_BUILD)/libperformer.a
 FUZZ_TARGETS = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
@@ -162,8 +192,8 @@ $(FUZZ_BUILD)/src/%.o: src/%.c include/performer.h $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -DPF_BUILDING_LIBRARY \
 	  -fvisibility=hidden $(SIMD_FLAGS) -c $< -o $@
-$(FUZZ_BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = -mavx2 -mfma
-$(FUZZ_BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = -mavx512f -mavx512dq -mavx2 -mfma
+$(FUZZ_BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = $(SIMD_FLAGS_avx2)
+$(FUZZ_BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = $(SIMD_FLAGS_avx512)
 
 $(FUZZ_LIB): $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
 	@rm -f $@
@@ -510,9 +540,44 @@ $(BUILD)/examples/%: examples/%.c include/performer.h $(STATIC)
 	$(CC) -std=c11 -D_POSIX_C_SOURCE=200809L $(CFLAGS) $(WARN) -fopenmp -Iinclude $(EXTRA_CFLAGS) \
 	  -o $@ $< $(STATIC) $(LDLIBS)
 
+# ---- aarch64 under emulation: make test-aarch64 --------------------------------------------------
+# The library, the tool and the test programs cross-built by Debian's gcc-aarch64-linux-gnu into
+# $(AARCH64_BUILD)/, against Debian's arm64 OpenBLAS (OpenMP build) and zlib (multiarch), and run
+# by qemu-user (tests/run_aarch64.sh). A subset that fits CI's time (about a minute emulated):
+# AARCH64_TESTS, with AARCH64_PER_PATH on each vector path (test_simd and test_blas test every
+# path themselves). Left out for their time under emulation (one to several minutes each):
+# test_attn_exact, test_features, test_favor_forward, test_favor_state, test_favor_backward and
+# the rest; AARCH64_TESTS="..." runs any. `make setup` installs what it needs where it can;
+# without it the target says what is missing and skips (no failure).
+AARCH64_CC       ?= aarch64-linux-gnu-gcc
+AARCH64_BUILD     = build-aarch64
+QEMU_AARCH64     ?= qemu-aarch64
+AARCH64_TESTS    ?= test_xarch test_simd test_rng test_projection test_special test_alias \
+                    test_npy test_safetensors test_data
+AARCH64_PER_PATH ?= test_xarch
+AARCH64_NEEDS     = $(AARCH64_CC):$(shell command -v $(AARCH64_CC)) \
+  $(QEMU_AARCH64):$(shell command -v $(QEMU_AARCH64)) \
+  libopenblas-openmp-dev\:arm64:$(wildcard /usr/lib/aarch64-linux-gnu/openblas-openmp/libopenblas.so) \
+  zlib1g-dev\:arm64:$(wildcard /usr/lib/aarch64-linux-gnu/libz.so) \
+  libc6\:arm64:$(wildcard /lib/ld-linux-aarch64.so.1)
+AARCH64_MISSING   = $(patsubst %:,%,$(filter %:,$(AARCH64_NEEDS)))
+.PHONY: test-aarch64
+test-aarch64:
+ifneq ($(strip $(AARCH64_MISSING)),)
+	@echo "test-aarch64: skipped: missing $(AARCH64_MISSING) (make setup installs them on Debian)"
+else
+	@mkdir -p $(AARCH64_BUILD); $(MAKE) --no-print-directory CC=$(AARCH64_CC) \
+	  BUILD=$(AARCH64_BUILD) CUDA=0 MPICC= \
+	  $(AARCH64_BUILD)/libperformer.a $(AARCH64_BUILD)/performer \
+	  $(AARCH64_TESTS:%=$(AARCH64_BUILD)/tests/%) >$(AARCH64_BUILD)/build.log 2>&1 || \
+	  { tail -n 30 $(AARCH64_BUILD)/build.log; echo "test-aarch64: the cross build failed"; exit 1; }
+	@QEMU_AARCH64=$(QEMU_AARCH64) PER_PATH="$(AARCH64_PER_PATH)" \
+	  sh tests/run_aarch64.sh $(AARCH64_BUILD) $(AARCH64_TESTS)
+endif
+
 format:
 	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/*/*.h tools/*.c tools/*.h tools/*/*.c \
 	  tests/*.c tests/*.h bench/*.c 2>/dev/null || true
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-aarch64

@@ -99,8 +99,9 @@ PF_API const char *pf_blas_core(void);
  * this itself. Static storage. */
 PF_API const char *pf_blas_core_advised(void);
 
-/* The vector path of the library's own kernels: "avx512", "avx2" or "ref" (portable C), the
- * widest this CPU runs unless the environment variable PF_SIMD names another it runs. They make
+/* The vector path of the library's own kernels: "avx512", "avx2" (x86-64), "neon" (aarch64) or
+ * "ref" (portable C), the widest this CPU runs unless the environment variable PF_SIMD names
+ * another it runs. They make
  * the features (exp, sin, cos) and run every FAVOR+ matrix product; static storage. */
 PF_API const char *pf_simd_path(void);
 

@@ -21,7 +21,28 @@
 #                     pip into a venv, offline (Debian's setuptools builds it; no PyPI)
 #   clang             builds the fuzz targets (make fuzz): libFuzzer is clang's
 #   libclang-rt-14-dev  clang's runtimes: libFuzzer, ASan and UBSan (libclang_rt.fuzzer-x86_64.a)
+# and, for `make test-aarch64` on an x86-64 machine (a cross build tested under emulation; a
+# failure here only makes that target skip, saying what is missing):
+#   gcc-aarch64-linux-gnu  the cross compiler
+#   qemu-user              qemu-aarch64, which runs the aarch64 test programs
+#   libopenblas-openmp-dev:arm64, zlib1g-dev:arm64  the arm64 BLAS and zlib (multiarch: dpkg
+#                     --add-architecture arm64), with libc6:arm64, the loader qemu runs them on
 set -e
+cross() {
+    [ "$(dpkg --print-architecture)" = amd64 ] || return 0
+    cneed=""
+    for p in gcc-aarch64-linux-gnu qemu-user libopenblas-openmp-dev:arm64 zlib1g-dev:arm64; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            cneed="$cneed $p"
+    done
+    [ -z "$cneed" ] && return 0
+    echo "setup: installing$cneed (make test-aarch64)"
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+    dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+        --no-install-recommends $cneed ||
+        echo "setup: the aarch64 cross packages did not install: make test-aarch64 will skip"
+}
 need=""
 for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy python3-matplotlib \
          mmseqs2-examples bible-kjv pkg-config g++ cmake groff-base man-db python3-torch \
@@ -29,8 +50,10 @@ for p in gcc make libc6-dev libopenblas-openmp-dev zlib1g-dev python3-numpy pyth
          openmpi-bin; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
 done
-[ -z "$need" ] && exit 0
-echo "setup: installing$need"
-if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $need
+if [ -n "$need" ]; then
+    echo "setup: installing$need"
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $need
+fi
+cross || true

@@ -86,7 +86,7 @@ PF_INTERNAL void pf_transpose(float *dst, const float *src, int rows, int cols, 
 /* ---- vector kernels (src/simd/): chosen once at run time from the CPU's features ---------- */
 
 typedef struct pf_simd_table {
-    const char *name;                                /* "avx512", "avx2", "ref" */
+    const char *name;                                /* "avx512", "avx2", "neon", "ref" */
     void (*exp)(float *y, const float *x, size_t n); /* y = exp(x) */
     /* y = exp(x - c); returns sum of y (in double) */
     double (*exp_sub_sum)(float *y, const float *x, float c, size_t n);

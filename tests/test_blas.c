@@ -239,11 +239,11 @@ int main(void) {
     const float betas[3] = {0.0f, 1.0f, 0.5f};
     /* rows 1..7 and 13 (tiles of 6 and of 3 or 4, and their remainders),
      * columns about 8 and 16 wide (one or two columns apart, masked tails, 4 x 16 tiles) */
-    const char *paths[3] = {"ref", "avx2", "avx512"};
+    const char *paths[4] = {"ref", "avx2", "avx512", "neon"};
     const int gm[9] = {1, 2, 3, 4, 5, 6, 7, 13, 16};
     const int gn[14] = {1, 2, 3, 8, 9, 10, 15, 16, 17, 18, 33, 64, 65, 83};
     const int gk[5] = {0, 1, 7, 16, 300};
-    for (int pi = 0; pi < 3; pi++) {
+    for (int pi = 0; pi < 4; pi++) {
         const pf_simd_table *t = pf_simd_get(paths[pi]);
         if (!t) {
             printf("%s: not run by this CPU\n", paths[pi]);

@@ -154,8 +154,9 @@ static void check_sincos(const pf_simd_table *t) {
            t->name, wr.abs, wr.abs / ldexp(1.0, -24), wr.abs_x, wr.ulp, wr.ulp_x);
     CHECK(wr.abs <= ldexp(1.0, -23), "%s: sincos abs error %.3g at x = %.9g", t->name, wr.abs,
           wr.abs_x);
-    /* with FMA the reduction is accurate relative to r too (simd.h): 2 ulp of the result */
-    if (strcmp(t->name, "ref") != 0)
+    /* with FMA the reduction is accurate relative to r too (simd.h): 2 ulp of the result (the
+     * NEON path runs the portable sincos, so the portable bound) */
+    if (strcmp(t->name, "ref") != 0 && strcmp(t->name, "neon") != 0)
         CHECK(wr.ulp <= 2.0, "%s: sincos error %.3g ulp at x = %.9g", t->name, wr.ulp, wr.ulp_x);
 
     /* small */
@@ -279,9 +280,9 @@ static void check_stream_rows(const pf_simd_table *t) {
 }
 
 int main(void) {
-    const char *names[] = {"ref", "avx2", "avx512"};
+    const char *names[] = {"ref", "avx2", "avx512", "neon"};
     int ran = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         const pf_simd_table *t = pf_simd_get(names[i]);
         if (!t) {
             printf("%s: not supported by this CPU, skipped\n", names[i]);

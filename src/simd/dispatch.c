@@ -23,6 +23,9 @@ const pf_simd_table *pf_simd_get(const char *name) {
     if (strcmp(name, "avx2") == 0) return cpu_has("avx2") ? &pf_simd_avx2 : NULL;
     if (strcmp(name, "avx512") == 0) return cpu_has("avx512") ? &pf_simd_avx512 : NULL;
 #endif
+#if defined(__aarch64__)
+    if (strcmp(name, "neon") == 0) return &pf_simd_neon;
+#endif
     return NULL;
 }
 
@@ -31,6 +34,7 @@ static const pf_simd_table *choose(void) {
     if (t) return t;
     if ((t = pf_simd_get("avx512"))) return t;
     if ((t = pf_simd_get("avx2"))) return t;
+    if ((t = pf_simd_get("neon"))) return t;
     return &pf_simd_ref;
 }
 

@@ -3,7 +3,7 @@
  * Which kernels are templates and which are written per instruction set, and why: a kernel whose
  * arithmetic is the same sequence of vector operations at any width -- the register-tile products
  * (gemm_tmpl.h) and the decoding pass (decode_tmpl.h) -- is written once over a few macros
- * (VF, VW, v_fma, masked loads) that simd_avx2.c and simd_avx512.c define, so both paths give
+ * (VF, VW, v_fma, masked loads) that simd_avx2.c, simd_avx512.c and simd_neon.c define, so both paths give
  * the bits the template's order gives and a fix lands in both. A kernel whose best form differs
  * by instruction set -- exp (2^n by two halves on AVX2, by vscalefps on AVX-512), sincos, the
  * row maxima -- is written out in each file against the shared constants below, and the tests
@@ -84,6 +84,9 @@ extern const pf_simd_table pf_simd_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const pf_simd_table pf_simd_avx2;
 extern const pf_simd_table pf_simd_avx512;
+#endif
+#if defined(__aarch64__)
+extern const pf_simd_table pf_simd_neon; /* simd_neon.c: every aarch64 CPU runs it */
 #endif
 
 #endif
