@@ -822,6 +822,64 @@ PF_API int64_t pf_model_steps(const pf_model *model);
 PF_API double pf_lr_schedule(int64_t step, int64_t total, int64_t warmup, double lr,
                              double lr_min);
 
+/* ---- Training data: byte corpora -----------------------------------------------------------
+ * A file's documents, split into training and validation by a hash of each document's bytes,
+ * so the split depends on the contents only (not on their order; duplicates land on the same
+ * side). A document is a FASTA record's sequence (its lines joined, then '\n') or a piece of a
+ * text file ending at the first line end after every 2048 bytes.
+ *
+ *     pf_corpus c;
+ *     pf_corpus_load(&c, "proteins.fasta.gz", PF_CORPUS_AUTO, 0.05, msg, sizeof msg);
+ *     pf_corpus_batch(&c, PF_SPLIT_TRAIN, tokens, targets, B, T, seed, step);
+ *     pf_model_forward(model, &loss, NULL, tokens, targets, B, T);
+ *     pf_corpus_free(&c); */
+
+typedef enum pf_corpus_format {
+    PF_CORPUS_AUTO = 0, /* FASTA if the first byte that is not white space is '>', else text */
+    PF_CORPUS_FASTA = 1,
+    PF_CORPUS_TEXT = 2
+} pf_corpus_format;
+
+enum { PF_SPLIT_TRAIN = 0, PF_SPLIT_VAL = 1 };
+
+/* The two splits, indexed PF_SPLIT_TRAIN and PF_SPLIT_VAL: each its documents' bytes one after
+ * another, in file order. */
+typedef struct pf_corpus {
+    uint8_t *bytes[2]; /* owned by the corpus; free with pf_corpus_free */
+    size_t n[2];       /* bytes of each split */
+    size_t docs[2];    /* documents of each split */
+} pf_corpus;
+
+/* Reads the file at path (plain or gzip; a regular file of at most 2 GiB, also once inflated),
+ * cuts it into documents as `format` says and splits them: a document goes to validation when
+ * its 64-bit hash h has (h >> 11) 2^-53 < val_fraction, in [0, 1); when that leaves a split
+ * empty and there are two documents or more, the document with the smallest hash (for
+ * validation, if val_fraction > 0) or the largest (for training) moves over. c's old contents are
+ * not freed; on failure c is left empty. PF_EINVAL: c or path NULL, format or val_fraction out of
+ * range; PF_EIO: the file cannot be opened or read, or is not a regular file (a FIFO is refused
+ * at once); PF_EFORMAT: a damaged gzip stream, a FASTA file with data before its first header, a
+ * byte that is not a sequence letter or no sequence at all, a text that is empty or holds a NUL
+ * byte (a binary file); PF_ENOMEM. errmsg (if not NULL, errlen bytes) says why, naming the file
+ * (and the line). */
+PF_API pf_status pf_corpus_load(pf_corpus *c, const char *path, pf_corpus_format format,
+                                double val_fraction, char *errmsg, size_t errlen);
+
+/* B windows of T + 1 consecutive bytes of a split (PF_SPLIT_TRAIN or PF_SPLIT_VAL) at offsets
+ * drawn from (seed, stream): tokens (B,T) receive the first T bytes of each window, targets (B,T)
+ * the last T, as pf_model_forward takes them. The same arguments give the same windows on every
+ * machine. PF_EINVAL on a NULL pointer, B or T below 1, another split, or a split of fewer than
+ * T + 1 bytes. */
+PF_API pf_status pf_corpus_batch(const pf_corpus *c, int split, int32_t *tokens,
+                                 int32_t *targets, int B, int T, uint64_t seed, uint64_t stream);
+
+/* *hash: a 64-bit hash of the corpus's bytes, both splits: corpora with the same documents on
+ * the same sides have the same one, so a run resumed later can check that its data are those it
+ * began with. An identity, not a seal. PF_EINVAL on NULL. */
+PF_API pf_status pf_corpus_hash(const pf_corpus *c, uint64_t *hash);
+
+/* Frees c's bytes and empties it; harmless on an empty corpus or NULL. */
+PF_API void pf_corpus_free(pf_corpus *c);
+
 /* Writes the model to a safetensors file, atomically (a temporary file, then renamed): the
  * weights, the FAVOR projections, the configuration and step in "__metadata__", with
  * with_optimizer the AdamW moments too. meta: NULL or key, value, ..., NULL strings added to

@@ -33,7 +33,6 @@
 #endif
 
 #include "io/io.h"
-#include "model/data.h"
 #include "tool.h"
 #include "tool_mpi.h"
 #ifdef PF_TOOL_MPI
@@ -947,8 +946,7 @@ static int load_data(const train_cfg *c, run_state *r, const char *data, int for
                              data, s ? "validation" : "training", r->corpus.n[s],
                              r->corpus.docs[s], T, T + 1);
     }
-    *hash = pf_doc_hash(r->corpus.bytes[0], r->corpus.n[0]) ^
-            pf_doc_hash(r->corpus.bytes[1], r->corpus.n[1]);
+    pf_corpus_hash(&r->corpus, hash);
     if (c->resume && *hash != want_hash)
         return tool_fail(CMD,
                          "%s has changed since the run began: it cannot continue the same "

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/io.h"
 #include "model/data.h"
 
 uint64_t pf_doc_hash(const uint8_t *p, size_t n) {
@@ -64,6 +65,10 @@ pf_status pf_corpus_load(pf_corpus *c, const char *path, pf_corpus_format format
                          double val_fraction, char *errmsg, size_t errlen) {
     if (!c) return PF_EINVAL;
     memset(c, 0, sizeof(*c));
+    if (!path || (format != PF_CORPUS_AUTO && format != PF_CORPUS_FASTA &&
+                  format != PF_CORPUS_TEXT) || !(val_fraction >= 0 && val_fraction < 1))
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path ? path : "(null)",
+                          "a NULL path, or the format or validation fraction out of range");
     uint8_t *raw = NULL;
     size_t n = 0;
     pf_status st = pf_file_read(path, &raw, &n, errmsg, errlen);
@@ -83,6 +88,13 @@ pf_status pf_corpus_load(pf_corpus *c, const char *path, pf_corpus_format format
     st = pf_corpus_from_docs(c, &d, val_fraction);
     pf_docs_free(&d);
     return st;
+}
+
+pf_status pf_corpus_hash(const pf_corpus *c, uint64_t *hash) {
+    if (!c || !hash) return PF_EINVAL;
+    *hash = pf_doc_hash(c->bytes[PF_SPLIT_TRAIN], c->n[PF_SPLIT_TRAIN]) ^
+            pf_doc_hash(c->bytes[PF_SPLIT_VAL], c->n[PF_SPLIT_VAL]);
+    return PF_OK;
 }
 
 void pf_corpus_free(pf_corpus *c) {
