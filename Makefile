@@ -105,9 +105,11 @@ SIMD_FLAGS_avx512 = -mavx512f -mavx512dq -mavx2 -mfma
 $(BUILD)/src/simd/%_avx2.o: SIMD_FLAGS = $(SIMD_FLAGS_avx2)
 $(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = $(SIMD_FLAGS_avx512)
 
+# The tool is a user of the library like any other: the public headers only (no -Isrc).
+TOOL_CFLAGS = $(filter-out -Isrc,$(ALLCFLAGS)) -Itools
 $(BUILD)/tools/%.o: tools/%.c include/performer.h $(wildcard tools/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itools -c $< -o $@
+	$(CC) $(TOOL_CFLAGS) -c $< -o $@
 
 $(STATIC): $(LIB_OBJ)
 	@rm -f $@
@@ -436,7 +438,7 @@ $(MPI_SO): $(BUILD)/$(MPI_SONAME)
 
 $(BUILD)/tools-mpi/%.o: tools/%.c include/performer.h include/performer_mpi.h $(wildcard tools/*.h)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(ALLCFLAGS) -DPF_TOOL_MPI -Itools -c $< -o $@
+	$(MPICC) $(TOOL_CFLAGS) -DPF_TOOL_MPI -c $< -o $@
 
 $(MPI_TOOL): $(MPI_TOOL_OBJ) $(MPI_LIB) $(STATIC)
 	$(MPICC) -o $@ $(MPI_TOOL_OBJ) $(MPI_LIB) $(STATIC) $(LDLIBS)

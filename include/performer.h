@@ -678,6 +678,67 @@ PF_API pf_status pf_npy_write(const char *path, const pf_array *a, char *errmsg,
 PF_API void pf_array_free(pf_array *a);
 
 /* ---------------------------------------------------------------------------------------------
+ * Files: how the library's readers and writers (.npy, checkpoints, corpora) treat files, for a
+ * program's own. An input is read only if it is a regular file (a FIFO with no writer would
+ * block, /dev/zero never end). An output replaces only a regular file or nothing (a symbolic
+ * link, folder or device there is refused, never replaced), and only whole: it is written to a
+ * new temporary file beside it, "<path>.tmp.XXXXXX", which is then renamed over it.
+ * ------------------------------------------------------------------------------------------ */
+
+/* Opens path for reading if it is a regular file and returns the descriptor (close-on-exec; the
+ * caller closes it), its size in *size and PF_OK in *st. Anything else is refused before it can
+ * block: the open does not wait (a FIFO with no writer would), and a folder, FIFO, device or
+ * socket is PF_EIO with errmsg saying what it is. Returns -1 with *st set on failure: PF_EIO, or
+ * PF_EINVAL for a NULL or empty path or a NULL size. st may be NULL; errmsg (if not NULL, errlen
+ * bytes) names the file. */
+PF_API int pf_io_open_regular(const char *path, int64_t *size, pf_status *st, char *errmsg,
+                              size_t errlen);
+
+/* Reads exactly n bytes from fd into buf, retrying on interruptions and short reads. PF_OK;
+ * PF_EIO on a read error or an early end (the file shrank while it was read), errmsg naming path
+ * (used for messages only); PF_EINVAL for fd < 0 or a NULL buf (n > 0). */
+PF_API pf_status pf_io_read_all(int fd, void *buf, size_t n, const char *path, char *errmsg,
+                                size_t errlen);
+
+/* PF_OK if path may be replaced by a new regular file: nothing is there, or a regular file. A
+ * symbolic link, folder, device, FIFO or socket is PF_EIO, errmsg saying what it is (replacing
+ * `--out /dev/null` run as root would destroy the device; writing through a link is not done
+ * silently); a NULL or empty path is PF_EINVAL. For a check before long work: every writer
+ * checks again. */
+PF_API pf_status pf_io_check_dest(const char *path, char *errmsg, size_t errlen);
+
+/* An atomic replacement in progress: write to fd, then pf_io_atomic_finish. */
+typedef struct pf_io_atomic {
+    int fd;    /* the temporary file, open for writing */
+    char *tmp; /* its name, beside the destination (owned: pf_io_atomic_finish frees it) */
+} pf_io_atomic;
+
+/* Checks path (pf_io_check_dest) and creates a new empty temporary file beside it, mode 0666
+ * less the umask like any new file: "<path>.tmp.XXXXXX", the destination's name shortened where
+ * that would pass the longest name a folder holds. PF_OK; PF_EIO, PF_EINVAL (w NULL too) or
+ * PF_ENOMEM with errmsg naming path, nothing created. */
+PF_API pf_status pf_io_atomic_begin(pf_io_atomic *w, const char *path, char *errmsg,
+                                    size_t errlen);
+
+/* Ends a replacement begun by pf_io_atomic_begin. With err 0 (every write succeeded) the file is
+ * flushed to disk, path checked again and the file renamed over path; otherwise, or if any of
+ * that fails, the temporary file is removed and path left as it was. err: 0, the errno of a
+ * failed write, or -1 for a failure the caller reports itself. w->fd is closed and w->tmp freed
+ * either way. PF_OK; PF_EIO with errmsg naming path; PF_EINVAL for a w not begun. */
+PF_API pf_status pf_io_atomic_finish(pf_io_atomic *w, const char *path, int err, char *errmsg,
+                                     size_t errlen);
+
+/* The temporary files of replacements in progress, the library's writers' and those of
+ * pf_io_atomic_begin, are listed (64 at once; one beyond is still removed on any failure but a
+ * signal), so that a process ended by a signal can remove them: pf_io_temp_remove_all only
+ * unlinks (async-signal-safe), for a signal handler that then ends the process. A caller that
+ * takes a temporary file over, closing w.fd and renaming or removing w.tmp itself rather than
+ * calling pf_io_atomic_finish (to put several files in place together), calls
+ * pf_io_temp_forget(w.tmp) before it does, then frees w.tmp. NULL is harmless. */
+PF_API void pf_io_temp_forget(const char *tmp);
+PF_API void pf_io_temp_remove_all(void);
+
+/* ---------------------------------------------------------------------------------------------
  * Language model: a decoder-only byte Transformer (pre-norm LayerNorm, causal multi-head
  * attention, GELU MLP of width 4C, input and output embeddings tied) whose attention is exact
  * softmax or FAVOR+. Tokens are bytes: int32 in [0, 256). Training is deterministic: the same

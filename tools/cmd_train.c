@@ -32,7 +32,6 @@
 #include <omp.h>
 #endif
 
-#include "io/io.h"
 #include "tool.h"
 #include "tool_mpi.h"
 #ifdef PF_TOOL_MPI

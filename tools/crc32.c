@@ -7,7 +7,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "io/io.h"
 #include "tool.h"
 
 int tool_crc32_file(const char *path, char hex[9], char *msg, size_t cap) {

@@ -10,7 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/io.h"
 #include "tool.h"
 
 void tool_outputs_init(tool_outputs *s, const char *cmd) {

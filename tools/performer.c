@@ -15,7 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "io/io.h"
 #include "tool.h"
 #include "tool_mpi.h"
 

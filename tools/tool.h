@@ -11,7 +11,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "io/io.h"
 #include "performer.h"
 
 #define TOOL_EXIT_OK 0

@@ -47,6 +47,8 @@ int pf_io_write_all(int fd, const void *buf, size_t n) {
 
 pf_status pf_io_read_all(int fd, void *buf, size_t n, const char *path, char *errmsg,
                          size_t errlen) {
+    if (fd < 0 || (!buf && n > 0))
+        return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "no file or no buffer to read into");
     char *p = buf;
     size_t got = 0;
     while (got < n) {
@@ -73,6 +75,12 @@ static const char *file_kind(mode_t m) {
 
 int pf_io_open_regular(const char *path, int64_t *size, pf_status *st, char *errmsg,
                        size_t errlen) {
+    pf_status ignored;
+    if (!st) st = &ignored;
+    if (!size) {
+        *st = pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL size");
+        return -1;
+    }
     if (!path || !path[0]) {
         *st = pf_io_fail(PF_EINVAL, errmsg, errlen, path ? "(empty path)" : path,
                          "no file named");
@@ -156,6 +164,7 @@ pf_status pf_io_atomic_begin(pf_io_atomic *w, const char *path, char *errmsg, si
     static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     static const char mid[] = ".tmp.";
     enum { SUFFIX = 6 };
+    if (!w) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "NULL writer");
     w->fd = -1;
     w->tmp = NULL;
     pf_status st = pf_io_check_dest(path, errmsg, errlen);
@@ -202,6 +211,7 @@ pf_status pf_io_atomic_begin(pf_io_atomic *w, const char *path, char *errmsg, si
 
 pf_status pf_io_atomic_finish(pf_io_atomic *w, const char *path, int err, char *errmsg,
                               size_t errlen) {
+    if (!w || !w->tmp) return pf_io_fail(PF_EINVAL, errmsg, errlen, path, "no write begun");
     int e = err;
     /* fsync before rename: otherwise a crash soon after can leave an empty file at path on
      * file systems that delay allocation */
