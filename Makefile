@@ -63,12 +63,15 @@ SIMD_SKIP = $(filter-out src/simd/simd_ref.c $(SIMD_ISA:%=src/simd/simd_%.c),\
               $(wildcard src/simd/simd_*.c))
 LIB_SRC   = $(filter-out $(SIMD_SKIP),\
               $(sort $(wildcard src/*.c src/favor/*.c src/simd/*.c src/io/*.c src/model/*.c)))
+# The tool: tools/*.c, compiled once, linked into performer with tools/mpi/alone.c (one process)
+# and into performer-mpi with the rest of tools/mpi/ (MPI: below).
 TOOL_SRC  = $(sort $(wildcard tools/*.c))
 TEST_SRC  = $(sort $(wildcard tests/test_*.c))
 BENCH_SRC = $(sort $(wildcard bench/*.c))
 
 LIB_OBJ   = $(LIB_SRC:%.c=$(BUILD)/%.o)
 TOOL_OBJ  = $(TOOL_SRC:%.c=$(BUILD)/%.o)
+TOOL_ALONE_OBJ = $(BUILD)/tools/mpi/alone.o
 TESTS     = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES   = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
@@ -107,7 +110,7 @@ $(BUILD)/src/simd/%_avx512.o: SIMD_FLAGS = $(SIMD_FLAGS_avx512)
 
 # The tool is a user of the library like any other: the public headers only (no -Isrc).
 TOOL_CFLAGS = $(filter-out -Isrc,$(ALLCFLAGS)) -Itools
-$(BUILD)/tools/%.o: tools/%.c include/performer.h $(wildcard tools/*.h)
+$(BUILD)/tools/%.o: tools/%.c include/performer.h $(wildcard tools/*.h tools/mpi/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(TOOL_CFLAGS) -c $< -o $@
 
@@ -130,8 +133,8 @@ $(SHARED): $(BUILD)/$(SONAME)
 $(MAN): $(TOOL) scripts/make_man.py
 	/usr/bin/python3 scripts/make_man.py $(TOOL) >$@.tmp && mv $@.tmp $@
 
-$(TOOL): $(TOOL_OBJ) $(STATIC)
-	$(CC) -o $@ $(TOOL_OBJ) $(STATIC) $(LDLIBS)
+$(TOOL): $(TOOL_OBJ) $(TOOL_ALONE_OBJ) $(STATIC)
+	$(CC) -o $@ $(TOOL_OBJ) $(TOOL_ALONE_OBJ) $(STATIC) $(LDLIBS)
 
 # Tests link the static library, so they can reach the internal references in src/*.h.
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(STATIC)
@@ -403,13 +406,13 @@ MPI_SO      = $(BUILD)/libperformer_mpi.so
 MPI_OBJ     = $(patsubst src/mpi/%.c,$(BUILD)/src/mpi/%.o,$(wildcard src/mpi/*.c))
 MPI_TESTS   = $(patsubst tests/mpi/%.c,$(BUILD)/tests/mpi/%,$(wildcard tests/mpi/*.c))
 MPI_BENCHES = $(patsubst bench/mpi/%.c,$(BUILD)/bench/mpi/%,$(wildcard bench/mpi/*.c))
-# performer-mpi: the tool's own sources built a second time, by mpicc with -DPF_TOOL_MPI, plus
-# tools/mpi/ (what only this build has), linked with libperformer_mpi. `mpirun -np N performer`
-# runs it: the plain performer, started with more than one rank, starts it in its place. So the
-# performer tool itself never links MPI.
+# performer-mpi: the tool's objects, with tools/mpi/ but alone.c (built by mpicc: what only this
+# build has) in place of alone.c, linked with libperformer_mpi. `mpirun -np N performer` runs it:
+# the plain performer, started with more than one rank, starts it in its place. So the performer
+# tool itself never links MPI.
 MPI_TOOL     = $(BUILD)/performer-mpi
-MPI_TOOL_OBJ = $(TOOL_SRC:tools/%.c=$(BUILD)/tools-mpi/%.o) \
-               $(patsubst tools/mpi/%.c,$(BUILD)/tools-mpi/mpi/%.o,$(wildcard tools/mpi/*.c))
+MPI_TOOL_SRC = $(filter-out tools/mpi/alone.c,$(wildcard tools/mpi/*.c))
+MPI_TOOL_OBJ = $(TOOL_OBJ) $(MPI_TOOL_SRC:%.c=$(BUILD)/%.o)
 .PHONY: mpi bench-mpi
 ifneq ($(MPICC),)
 all: $(MPI_LIB) $(MPI_SO) $(MPI_TOOL)
@@ -436,9 +439,10 @@ $(BUILD)/$(MPI_SONAME): $(MPI_SO_REAL)
 $(MPI_SO): $(BUILD)/$(MPI_SONAME)
 	ln -sf $(MPI_SONAME) $@
 
-$(BUILD)/tools-mpi/%.o: tools/%.c include/performer.h include/performer_mpi.h $(wildcard tools/*.h)
+$(MPI_TOOL_SRC:%.c=$(BUILD)/%.o): $(BUILD)/%.o: %.c include/performer.h include/performer_mpi.h \
+                                   $(wildcard tools/*.h tools/mpi/*.h)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(TOOL_CFLAGS) -DPF_TOOL_MPI -c $< -o $@
+	$(MPICC) $(TOOL_CFLAGS) -c $< -o $@
 
 $(MPI_TOOL): $(MPI_TOOL_OBJ) $(MPI_LIB) $(STATIC)
 	$(MPICC) -o $@ $(MPI_TOOL_OBJ) $(MPI_LIB) $(STATIC) $(LDLIBS)

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mpi/tool_mpi.h"
 #include "tool.h"
-#include "tool_mpi.h"
 
 #define CMD "attn"
 /* The most random features --features draws: 2^20 (W alone is then 4 MiB a unit of d, and a
@@ -697,7 +697,7 @@ static int run(const attn_cfg *c) {
     pf_status st = PF_OK;
     /* performer-mpi: FAVOR+ cuts the sequence across the ranks (one rank: all of it, the same
      * bits as one process), rank 0 checks and writes the outputs; otherwise one process */
-    const int split = TOOL_MPI_BUILD && c->favor, writer = tool_mpi_rank() == 0;
+    const int split = tool_mpi_build && c->favor, writer = tool_mpi_rank() == 0;
     tool_outputs *outs = malloc(sizeof(tool_outputs));
     int rc = outs ? 0 : tool_fail(CMD, "out of memory");
     if (outs) tool_outputs_init(outs, CMD);

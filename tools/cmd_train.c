@@ -6,7 +6,7 @@
  * learning rate from the schedule, FAVOR's W from (seed, step / redraw). So a run stopped after
  * its last checkpoint and resumed gives the same parameters as one never stopped.
  *
- * Under mpirun (the MPI build, performer-mpi: tool_mpi.h) with --parallel data|sequence, every
+ * Under mpirun (the MPI build, performer-mpi: mpi/tool_mpi.h) with --parallel data|sequence, every
  * rank draws the same batch and trains its share of it through pf_mpi_trainer: whole sequences
  * (data) or a slice of every sequence (sequence); the gradients are summed in rank order, so
  * every rank's model stays the same. Rank 0 alone owns the folder: its lock, the log, the
@@ -32,11 +32,8 @@
 #include <omp.h>
 #endif
 
+#include "mpi/tool_mpi.h"
 #include "tool.h"
-#include "tool_mpi.h"
-#ifdef PF_TOOL_MPI
-#include "performer_mpi.h"
-#endif
 
 #define CMD "train"
 #define PROTEINS "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz"
@@ -584,92 +581,6 @@ static int truncate_log(const char *path, int64_t step) {
     return tool_text_end(&t, path, 1);
 }
 
-/* ---- the ranks ---------------------------------------------------------------------------- */
-
-/* How this process takes part in each step: alone (the whole batch, the model's own calls), or
- * as one rank of a pf_mpi_trainer, holding rows [b0, b0 + nb) and positions [t0, t0 + nt) of
- * every (B, T) batch, copied into tok and tgt. */
-typedef struct team {
-    int rank, size;
-#ifdef PF_TOOL_MPI
-    pf_mpi_trainer *tr;
-#endif
-    int b0, nb, t0, nt;
-    int32_t *tok, *tgt;
-} team;
-
-static void team_free(team *t) {
-#ifdef PF_TOOL_MPI
-    pf_mpi_trainer_free(t->tr);
-    t->tr = NULL;
-#endif
-    free(t->tok);
-    free(t->tgt);
-    t->tok = t->tgt = NULL;
-}
-
-/* Joins the ranks for model (collective under several; alone, nothing to do). 0 or an exit
- * code, not yet agreed. */
-static int team_start(team *t, pf_model *model, const train_cfg *c) {
-    const int B = c->batch, T = c->model.context;
-    t->b0 = t->t0 = 0, t->nb = B, t->nt = T;
-    if (t->size == 1) return 0;
-#ifdef PF_TOOL_MPI
-    pf_mpi_info info;
-    pf_status st = pf_mpi_trainer_create(&t->tr, model,
-                                         c->parallel == 1 ? PF_MPI_SEQUENCE : PF_MPI_DATA,
-                                         MPI_COMM_WORLD, &info);
-    if (st != PF_OK) return tool_fail(CMD, "%d ranks: %s", t->size, info.message);
-    if (pf_mpi_trainer_share(t->tr, B, T, &t->b0, &t->nb, &t->t0, &t->nt) != PF_OK)
-        return tool_fail(CMD, "cannot share a batch of %d x %d among %d ranks", B, T, t->size);
-    t->tok = malloc(sizeof(int32_t) * (size_t)t->nb * t->nt);
-    t->tgt = malloc(sizeof(int32_t) * (size_t)t->nb * t->nt);
-    if (!t->tok || !t->tgt) return tool_fail(CMD, "out of memory");
-    return 0;
-#else
-    (void)model;
-    return tool_fail(CMD, "this performer was built without MPI");
-#endif
-}
-
-/* pf_model_forward of this process's share of the (B, T) batch tok, tgt: the mean loss over
- * every rank's positions; logits (if not NULL) this rank's (nb, nt, 256). */
-static pf_status team_forward(team *t, pf_model *m, float *loss, float *logits,
-                              const int32_t *tok, const int32_t *tgt, int B, int T) {
-    if (t->size == 1) return pf_model_forward(m, loss, logits, tok, tgt, B, T);
-#ifdef PF_TOOL_MPI
-    for (int b = 0; b < t->nb; b++) {
-        memcpy(t->tok + (size_t)b * t->nt, tok + (size_t)(t->b0 + b) * T + t->t0,
-               sizeof(int32_t) * (size_t)t->nt);
-        memcpy(t->tgt + (size_t)b * t->nt, tgt + (size_t)(t->b0 + b) * T + t->t0,
-               sizeof(int32_t) * (size_t)t->nt);
-    }
-    return pf_mpi_trainer_forward(t->tr, loss, logits, t->tok, t->tgt, B, T, NULL);
-#else
-    return PF_ENOTSUP;
-#endif
-}
-
-static pf_status team_backward(team *t, pf_model *m) {
-    if (t->size == 1) return pf_model_backward(m);
-#ifdef PF_TOOL_MPI
-    return pf_mpi_trainer_backward(t->tr, NULL);
-#else
-    return PF_ENOTSUP;
-#endif
-}
-
-/* x (n) becomes the sum over the ranks, in rank order. */
-static pf_status team_sum(team *t, double *x, int n) {
-    if (t->size == 1) return PF_OK;
-#ifdef PF_TOOL_MPI
-    return pf_mpi_sum(x, n, MPI_COMM_WORLD);
-#else
-    (void)x, (void)n;
-    return PF_ENOTSUP;
-#endif
-}
-
 /* ---- evaluation -------------------------------------------------------------------------- */
 
 typedef struct eval_result {
@@ -678,7 +589,7 @@ typedef struct eval_result {
 
 /* Mean loss and next-byte accuracy over the fixed validation batches (each rank its share;
  * the counts summed over the ranks). */
-static pf_status evaluate(pf_model *m, team *tm, const pf_corpus *cor, const train_cfg *c,
+static pf_status evaluate(pf_model *m, tool_team *tm, const pf_corpus *cor, const train_cfg *c,
                           uint64_t seed, int32_t *tok, int32_t *tgt, float *logits,
                           eval_result *r) {
     const int B = c->batch, T = c->model.context;
@@ -687,7 +598,7 @@ static pf_status evaluate(pf_model *m, team *tm, const pf_corpus *cor, const tra
     for (int i = 0; i < c->eval_batches && st == PF_OK; i++) {
         st = pf_corpus_batch(cor, PF_SPLIT_VAL, tok, tgt, B, T, seed, EVAL_STREAM + (uint64_t)i);
         float l = 0;
-        if (st == PF_OK) st = team_forward(tm, m, &l, logits, tok, tgt, B, T);
+        if (st == PF_OK) st = tool_team_forward(tm, m, &l, logits, tok, tgt, B, T);
         if (st != PF_OK) break;
         loss += l;
         /* this rank's positions: rows b0.., positions t0.. of the batch */
@@ -701,7 +612,7 @@ static pf_status evaluate(pf_model *m, team *tm, const pf_corpus *cor, const tra
             }
     }
     /* (the same on every rank: a failure above was agreed on by the trainer) */
-    if (st == PF_OK) st = team_sum(tm, counts, 2);
+    if (st == PF_OK) st = tool_team_sum(tm, counts, 2);
     pf_status st2 = pf_model_set_training(m, 1);
     if (st == PF_OK) st = st2;
     r->loss = loss / c->eval_batches;
@@ -1006,7 +917,7 @@ static int train_in(train_cfg *c, int *saved) {
     snprintf(log_path, sizeof(log_path), "%s/log.csv", c->out);
     run_state r;
     memset(&r, 0, sizeof(r));
-    team tm;
+    tool_team tm;
     memset(&tm, 0, sizeof(tm));
     tm.rank = tool_mpi_rank();
     tm.size = tool_mpi_size();
@@ -1056,10 +967,11 @@ static int train_in(train_cfg *c, int *saved) {
         if (!r.tok || !r.tgt || !r.logits) rc = tool_fail(CMD, "out of memory");
     }
     rc = tool_mpi_agree(rc);
-    if (!rc) rc = team_start(&tm, r.model, c); /* (collective: fails alike on every rank) */
+    /* (collective: fails alike on every rank) */
+    if (!rc) rc = tool_team_start(&tm, r.model, c->parallel == 1, B, T, CMD);
     rc = tool_mpi_agree(rc);
     if (rc) {
-        team_free(&tm);
+        tool_team_free(&tm);
         run_free(&r);
         return rc;
     }
@@ -1136,8 +1048,8 @@ static int train_in(train_cfg *c, int *saved) {
         float loss = NAN, gnorm = NAN;
         /* (every rank draws the whole batch and takes its share: the same batch as alone) */
         st = pf_corpus_batch(&r.corpus, PF_SPLIT_TRAIN, r.tok, r.tgt, B, T, dseed, (uint64_t)step);
-        if (st == PF_OK) st = team_forward(&tm, r.model, &loss, NULL, r.tok, r.tgt, B, T);
-        if (st == PF_OK) st = team_backward(&tm, r.model);
+        if (st == PF_OK) st = tool_team_forward(&tm, r.model, &loss, NULL, r.tok, r.tgt, B, T);
+        if (st == PF_OK) st = tool_team_backward(&tm, r.model);
         opt.lr = (float)lr;
         /* (the summed gradients are the same bits on every rank: so is this step) */
         if (st == PF_OK) st = pf_model_step(r.model, &opt, &gnorm);
@@ -1206,7 +1118,7 @@ static int train_in(train_cfg *c, int *saved) {
         printf("checkpoint: %s\nlog: %s\n", ckpt, log_path);
         if (!c->no_plot) plot(c, log_path);
     }
-    team_free(&tm);
+    tool_team_free(&tm);
     run_free(&r);
     return rc;
 }

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "tool.h"
-#include "tool_mpi.h"
+#include "mpi/tool_mpi.h"
 
 /* ---- messages ----------------------------------------------------------------------------- */
 
@@ -437,7 +437,6 @@ static int blas_core_restart(void) {
     return 0;
 }
 
-#if !TOOL_MPI_BUILD
 static int launcher_size(void) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
     int n = launcher_value(vars);
@@ -480,7 +479,6 @@ static void mpi_relaunch(char **argv) {
         sleep(1); /* mpirun ends the job at the first failed rank: let rank 0 say why first */
     exit(TOOL_EXIT_USAGE);
 }
-#endif
 
 /* The help of command `cmd` (tool_next's --help). */
 static void command_help(const char *cmd) {
@@ -520,9 +518,8 @@ int main(int argc, char **argv) {
         if (signal(sigs[k], on_signal) == SIG_IGN) signal(sigs[k], SIG_IGN); /* kept ignored */
     }
     int restart = blas_core_restart();
-#if !TOOL_MPI_BUILD
-    mpi_relaunch(argv); /* first: under mpirun, performer-mpi restarts in its place */
-#endif
+    /* first: under mpirun, performer-mpi restarts in the plain performer's place */
+    if (!tool_mpi_build) mpi_relaunch(argv);
     if (restart) {
         fflush(NULL);
         execv("/proc/self/exe", argv);
@@ -530,9 +527,7 @@ int main(int argc, char **argv) {
         unsetenv("PF_BLAS_FALLBACK");
         blas_core_warn(pf_blas_core_advised());
     }
-#if TOOL_MPI_BUILD
-    tool_mpi_init(&argc, &argv);
-#endif
+    tool_mpi_init(&argc, &argv); /* (performer-mpi: MPI starts) */
     /* every rank's verdict agreed on: one message, the same exit status on all */
     return tool_mpi_agree(dispatch(argc, argv));
 }
@@ -557,10 +552,9 @@ static int dispatch(int argc, char **argv) {
         /* (tests/run.sh reads the kernel set performer set from the second form) */
         const char *fallback = getenv("PF_BLAS_FALLBACK");
         char mpi[256] = "";
-#if TOOL_MPI_BUILD
-        snprintf(mpi, sizeof(mpi), "MPI build (%s), %d rank%s; ", tool_mpi_library(),
-                 tool_mpi_size(), tool_mpi_size() == 1 ? "" : "s");
-#endif
+        if (tool_mpi_build)
+            snprintf(mpi, sizeof(mpi), "MPI build (%s), %d rank%s; ", tool_mpi_library(),
+                     tool_mpi_size(), tool_mpi_size() == 1 ? "" : "s");
         if (fallback && !pf_blas_core_advised())
             printf("performer %s (%svector kernels: %s; OpenBLAS kernels: %s, set by performer "
                    "over OpenBLAS's choice of %s)\n",

@@ -1,5 +1,5 @@
-/* tool_mpi.c: the tool under mpirun (tool_mpi.h), compiled into performer-mpi only, the MPI build
- * of the tool's own sources (-DPF_TOOL_MPI). */
+/* tool_mpi.c: the tool under mpirun (tool_mpi.h) over MPI_COMM_WORLD, compiled by mpicc into
+ * performer-mpi only, beside the same objects of the tool's sources as performer's. */
 #include "tool_mpi.h"
 
 #include <limits.h>
@@ -9,6 +9,8 @@
 
 #include "performer_mpi.h"
 #include "tool.h"
+
+const int tool_mpi_build = 1;
 
 static int rank_, size_ = 1;
 static char held[16384]; /* this rank's messages since the last agreement, a line each */
@@ -162,4 +164,53 @@ pf_status tool_mpi_attn_favor_backward(float *dQ, float *dK, float *dV, const fl
                                               MPI_COMM_WORLD, &info);
     snprintf(msg, cap, "%s", st == PF_OK ? "" : info.message);
     return st;
+}
+
+int tool_team_start(tool_team *t, pf_model *model, int sequence, int B, int T, const char *cmd) {
+    memset(t, 0, sizeof(*t));
+    t->rank = rank_;
+    t->size = size_;
+    t->nb = B;
+    t->nt = T;
+    if (size_ == 1) return 0;
+    pf_mpi_info info;
+    pf_status st = pf_mpi_trainer_create(&t->tr, model, sequence ? PF_MPI_SEQUENCE : PF_MPI_DATA,
+                                         MPI_COMM_WORLD, &info);
+    if (st != PF_OK) return tool_fail(cmd, "%d ranks: %s", size_, info.message);
+    if (pf_mpi_trainer_share(t->tr, B, T, &t->b0, &t->nb, &t->t0, &t->nt) != PF_OK)
+        return tool_fail(cmd, "cannot share a batch of %d x %d among %d ranks", B, T, size_);
+    t->tok = malloc(sizeof(int32_t) * (size_t)t->nb * t->nt);
+    t->tgt = malloc(sizeof(int32_t) * (size_t)t->nb * t->nt);
+    if (!t->tok || !t->tgt) return tool_fail(cmd, "out of memory");
+    return 0;
+}
+
+pf_status tool_team_forward(tool_team *t, pf_model *m, float *loss, float *logits,
+                            const int32_t *tok, const int32_t *tgt, int B, int T) {
+    if (t->size == 1) return pf_model_forward(m, loss, logits, tok, tgt, B, T);
+    for (int b = 0; b < t->nb; b++) {
+        memcpy(t->tok + (size_t)b * t->nt, tok + (size_t)(t->b0 + b) * T + t->t0,
+               sizeof(int32_t) * (size_t)t->nt);
+        memcpy(t->tgt + (size_t)b * t->nt, tgt + (size_t)(t->b0 + b) * T + t->t0,
+               sizeof(int32_t) * (size_t)t->nt);
+    }
+    return pf_mpi_trainer_forward(t->tr, loss, logits, t->tok, t->tgt, B, T, NULL);
+}
+
+pf_status tool_team_backward(tool_team *t, pf_model *m) {
+    if (t->size == 1) return pf_model_backward(m);
+    return pf_mpi_trainer_backward(t->tr, NULL);
+}
+
+pf_status tool_team_sum(tool_team *t, double *x, int n) {
+    if (t->size == 1) return PF_OK;
+    return pf_mpi_sum(x, n, MPI_COMM_WORLD);
+}
+
+void tool_team_free(tool_team *t) {
+    pf_mpi_trainer_free(t->tr);
+    t->tr = NULL;
+    free(t->tok);
+    free(t->tgt);
+    t->tok = t->tgt = NULL;
 }
