@@ -10,9 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "tool.h"
 
@@ -91,9 +88,7 @@ int cmd_sample(int argc, char **argv) {
                                "likeliest byte",
                           tool_given(&a, "--top-k") ? "--top-k" : "--seed");
     if (escape < 0) escape = isatty(1);
-#ifdef _OPENMP
-    if (threads > 0) omp_set_num_threads(threads);
-#endif
+    tool_set_threads(threads);
 
     char msg[1024];
     pf_model *m = NULL;

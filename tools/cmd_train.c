@@ -28,9 +28,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "mpi/tool_mpi.h"
 #include "tool.h"
@@ -1141,8 +1138,6 @@ int cmd_train(int argc, char **argv) {
     c.parallel = -1;
     int rc = parse_args(&c, argc, argv);
     if (rc) return rc;
-#ifdef _OPENMP
-    if (c.threads > 0) omp_set_num_threads(c.threads);
-#endif
+    tool_set_threads(c.threads);
     return train(&c);
 }

@@ -14,9 +14,12 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-#include "tool.h"
 #include "mpi/tool_mpi.h"
+#include "tool.h"
 
 /* ---- messages ----------------------------------------------------------------------------- */
 
@@ -341,6 +344,14 @@ double tool_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+void tool_set_threads(int n) {
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------- */

@@ -207,4 +207,8 @@ int tool_crc32_file(const char *path, char hex[9], char *msg, size_t cap);
 /* Milliseconds since an arbitrary start (CLOCK_MONOTONIC). */
 double tool_now_ms(void);
 
+/* --threads N: the OpenMP team size of what the command runs next (n > 0; 0 leaves OpenMP's
+ * default); nothing in a build without OpenMP. */
+void tool_set_threads(int n);
+
 #endif
