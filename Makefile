@@ -133,6 +133,8 @@ $(SHARED): $(BUILD)/$(SONAME)
 $(MAN): $(TOOL) scripts/make_man.py
 	/usr/bin/python3 scripts/make_man.py $(TOOL) >$@.tmp && mv $@.tmp $@
 
+# build/performer links the static library: it runs from anywhere, where the tests copy it too.
+# The installed one links the shared library (make install links it again, for its folders).
 $(TOOL): $(TOOL_OBJ) $(TOOL_ALONE_OBJ) $(STATIC)
 	$(CC) -o $@ $(TOOL_OBJ) $(TOOL_ALONE_OBJ) $(STATIC) $(LDLIBS)
 
@@ -287,6 +289,12 @@ INSTALL_WHAT  = the performer tool, libperformer (.a, .so), performer.h, perform
 # performer.pc: Libs for the shared library (it records its own BLAS, OpenMP, zlib and libm);
 # Libs.private what the static one needs on top, from LDLIBS (-fopenmp as the library it adds).
 PC_LIBS_PRIVATE = $(strip $(patsubst -fopenmp,-lgomp,$(LDLIBS)))
+# The installed performer and performer-mpi link libperformer.so.MAJOR (and libperformer_mpi's),
+# linked at install for the install's folders: their runpath is LIBDIR as seen from BINDIR
+# ($ORIGIN/../lib for the usual folders, so a staged or moved tree runs where it lies), then
+# LIBDIR itself (for a copy of the tool elsewhere).
+INSTALL_TOOL_DIR = $(BUILD)/install
+TOOL_RUNPATH = -Wl,-rpath,'$$ORIGIN/$(call pf_relative,$(BINDIR),$(LIBDIR))' -Wl,-rpath,$(LIBDIR)
 PC_DIR = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 INSTALLED = $(BINDIR)/performer $(INCLUDEDIR)/performer.h $(LIBDIR)/libperformer.a \
             $(LIBDIR)/libperformer.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libperformer.so \
@@ -341,7 +349,10 @@ install-files: all
 	  'Libs.private: $(PC_LIBS_PRIVATE)' 'Cflags: -I$${includedir}' >$(BUILD)/performer.pc
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) \
 	  $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(MANDIR)/man1
-	install -m 755 $(TOOL) $(DESTDIR)$(BINDIR)/performer
+	@mkdir -p $(INSTALL_TOOL_DIR)
+	$(CC) -o $(INSTALL_TOOL_DIR)/performer $(TOOL_OBJ) $(TOOL_ALONE_OBJ) -L$(BUILD) -lperformer \
+	  $(TOOL_RUNPATH) $(LDLIBS)
+	install -m 755 $(INSTALL_TOOL_DIR)/performer $(DESTDIR)$(BINDIR)/performer
 	install -m 644 include/performer.h $(DESTDIR)$(INCLUDEDIR)/performer.h
 	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/libperformer.a
 	install -m 644 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/libperformer.so.$(VERSION)
@@ -360,7 +371,9 @@ install-files: all
 	  'Version: $(VERSION)' 'Requires: performer $(MPI_PC_PKG)' \
 	  'Libs: $(strip -L$${libdir} -lperformer_mpi $(MPI_PC_LIBS))' \
 	  'Cflags: $(strip -I$${includedir} $(MPI_PC_CFLAGS))' >$(BUILD)/performer_mpi.pc)
-	$(if $(MPICC),install -m 755 $(MPI_TOOL) $(DESTDIR)$(BINDIR)/performer-mpi)
+	$(if $(MPICC),$(MPICC) -o $(INSTALL_TOOL_DIR)/performer-mpi $(MPI_TOOL_OBJ) -L$(BUILD) \
+	  -lperformer_mpi -lperformer $(TOOL_RUNPATH) $(LDLIBS))
+	$(if $(MPICC),install -m 755 $(INSTALL_TOOL_DIR)/performer-mpi $(DESTDIR)$(BINDIR)/performer-mpi)
 	$(if $(MPICC),install -m 644 include/performer_mpi.h $(DESTDIR)$(INCLUDEDIR)/performer_mpi.h)
 	$(if $(MPICC),install -m 644 $(MPI_LIB) $(DESTDIR)$(LIBDIR)/libperformer_mpi.a)
 	$(if $(MPICC),install -m 644 $(MPI_SO_REAL) \

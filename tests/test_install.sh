@@ -17,8 +17,9 @@
 # - a C++ program (g++ -std=c++11 -pedantic -Werror) includes the installed header and calls the
 #   library: exact attention with Q = 0 gives the mean of V's rows;
 # - the README's two link lines for build/ without installing give programs that start;
-# - the installed tool runs, and its man page formats without a warning and names every option
-#   of every command's --help;
+# - the installed tool needs libperformer.so.MAJOR (performer-mpi libperformer_mpi.so.MAJOR too),
+#   loads the installed one without LD_LIBRARY_PATH, staged and in PREFIX, and runs; its man
+#   page formats without a warning and names every option of every command's --help;
 # - where mpicc is (the Makefile builds the MPI library there): make install also puts
 #   performer_mpi.h, libperformer_mpi (.a, .so.X.Y.Z named libperformer_mpi.so.MAJOR, needing
 #   libperformer.so.MAJOR), performer_mpi.pc and performer-mpi there; a small MPI program built
@@ -70,6 +71,24 @@ mk() { make -s --no-print-directory BUILD="$BUILD" "$@"; }
 version=$(sed -n 's/^#define PF_VERSION_[A-Z]* *\([0-9][0-9]*\).*/\1/p' include/performer.h |
           paste -sd. -)
 major=${version%%.*}
+# loaded_from PROGRAM LIB: the file the dynamic linker loads for LIB when PROGRAM starts, with
+# links and .. resolved ("" if none)
+loaded_from() {
+    f=$(env -u LD_LIBRARY_PATH ldd "$1" 2>/dev/null |
+        sed -n "s/^[[:space:]]*$2 => \(.*\) (0x.*/\1/p")
+    [ -n "$f" ] && realpath "$f"
+}
+# check_tool PROGRAM LIBDIR: PROGRAM (an installed performer) needs libperformer.so.MAJOR and
+# loads LIBDIR's, and starts without LD_LIBRARY_PATH, printing the version
+check_tool() {
+    check "$1 needs libperformer.so.$major" \
+        sh -c "readelf -d '$1' | grep -q 'NEEDED.*\[libperformer.so.$major\]'"
+    same "$1 loads the installed libperformer.so.$major" "$(realpath "$2/libperformer.so.$major")" \
+        "$(loaded_from "$1" "libperformer.so.$major")"
+    same "$1 --version" "$version" \
+        "$(env -u LD_LIBRARY_PATH "$1" --version 2>&1 | sed -n '1s/^performer \([^ ]*\).*/\1/p')"
+}
+
 same "pf_version() (performer --version) is the header's version" \
     "$version" "$("$P" --version | sed -n '1s/^performer \([^ ]*\).*/\1/p')"
 
@@ -285,6 +304,11 @@ EOF
     else
         fail "mpicc against the staged performer_mpi.pc"; cat "$T/mpi_staged.log"
     fi
+    check "the installed performer-mpi needs libperformer_mpi.so.$major" sh -c "readelf -d \
+        '$S/usr/local/bin/performer-mpi' | grep -q 'NEEDED.*\[libperformer_mpi.so.$major\]'"
+    same "the installed performer-mpi loads the installed libperformer_mpi.so.$major" \
+        "$(realpath "$L/libperformer_mpi.so.$major")" \
+        "$(loaded_from "$S/usr/local/bin/performer-mpi" "libperformer_mpi.so.$major")"
     # the installed performer, started by mpirun with 2 ranks, starts the installed performer-mpi
     v=$(env -u LD_LIBRARY_PATH timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 \
         "$S/usr/local/bin/performer" --version 2>&1 || true)
@@ -336,12 +360,9 @@ EOF
 fi
 unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 
-# The installed tool: starts without LD_LIBRARY_PATH (the static library inside).
-tool_version=$(env -u LD_LIBRARY_PATH "$S/usr/local/bin/performer" --version |
-               sed -n '1s/^performer \([^ ]*\).*/\1/p')
-same "the installed tool's version" "$version" "$tool_version"
-check "the installed tool does not need libperformer.so" \
-    sh -c "! readelf -d '$S/usr/local/bin/performer' | grep -q 'NEEDED.*libperformer'"
+# The installed tool: linked to the shared library, which it finds beside it, in the staged tree
+# ($ORIGIN/../lib), without LD_LIBRARY_PATH.
+check_tool "$S/usr/local/bin/performer" "$L"
 
 # The man page: no formatter warnings (-ww: all of them), and every option the help has.
 M=$S/usr/local/share/man/man1/performer.1
@@ -390,6 +411,7 @@ if [ -n "$cuda" ]; then
     check "... the CUDA library with it" grep -q "^installed under.*libperformer_cuda.*nvcc was found" \
         "$T/install3.log"
 fi
+check_tool "$R/bin/performer" "$R/lib"
 export PKG_CONFIG_PATH="$R/lib/pkgconfig"
 libdir=$(pkg-config --variable=libdir performer)
 same "the .pc's libdir" "$R/lib" "$libdir"
