@@ -683,228 +683,300 @@ static int stage_rows(tool_outputs *outs, int i, pf_array a, const float *rows, 
 
 /* ---- the command --------------------------------------------------------------------------- */
 
+/* One run: its inputs, the options made from them and the flags, and its results, freed together
+ * by state_free. */
+typedef struct attn_state {
+    const attn_cfg *c;
+    /* performer-mpi: FAVOR+ cuts the sequence across the ranks (one rank: all of it, the same
+     * bits as one process), rank 0 checks and writes the outputs; otherwise one process */
+    int split, writer;
+    tool_outputs *outs;
+    attn_inputs in;
+    attn_rows rw;
+    int64_t oshape[4]; /* the output's shape: in.rank dimensions */
+    pf_attn_opts opts;
+    pf_favor_opts fav;
+    pf_sampling_opts samp;
+    float *W;          /* the W drawn (m, d), or NULL (--w, or not FAVOR+) */
+    int64_t wshape[3]; /* fav.W's shape: wrank dimensions */
+    int wrank;
+    float *out, *lse;     /* this process's rows of the output; exact's log-sum-exp (gradients) */
+    float *dq, *dk, *dv;  /* this process's rows of the gradients */
+    float *full;          /* split, rank 0: an output gathered whole */
+    pf_favor_saved *saved; /* FAVOR+'s features kept for the backward, or NULL */
+    char detail[256];     /* split: what the ranks agreed went wrong */
+    double t0, t_read, t_work;
+} attn_state;
+
+static void state_free(attn_state *s) {
+    if (s->outs) tool_outputs_discard(s->outs);
+    free_rows(&s->rw);
+    free_inputs(&s->in);
+    free(s->out);
+    free(s->lse);
+    free(s->W);
+    free(s->dq);
+    free(s->dk);
+    free(s->dv);
+    free(s->full);
+    free(s->outs);
+    pf_favor_saved_free(s->saved);
+}
+
+/* Floats in this process's rows of every (B, H) block: rows of width w. */
+static size_t rows_count(const attn_state *s, int rows, int w) {
+    return (size_t)s->in.shape.B * (size_t)s->in.shape.H * (size_t)rows * (size_t)w;
+}
+
+/* 1. The outputs, then the inputs, all checked before any computing; the output's shape. */
+static int read_inputs(attn_state *s) {
+    const attn_cfg *c = s->c;
+    int rc = 0;
+    if (s->writer) rc = plan_outputs(c, s->outs);
+    if (!rc) rc = load_qkv(c, &s->in);
+    if (!rc && c->key_lengths) rc = load_key_lengths(c, &s->in);
+    if (!rc && c->w) rc = load_w(c, &s->in);
+    if (rc) return rc;
+    const int r = s->in.rank;
+    for (int j = 0; j < r - 2; j++) s->oshape[j] = s->in.q.shape[j];
+    s->oshape[r - 2] = s->in.shape.Lq;
+    s->oshape[r - 1] = s->in.shape.dv;
+    return c->grad_out ? load_dout(c, &s->in, s->oshape) : 0;
+}
+
+/* 2. The attention's options, checked against the inputs, and RA's and LARA's sampling. */
+static int set_options(attn_state *s) {
+    const attn_cfg *c = s->c;
+    const pf_shape *sh = &s->in.shape;
+    s->opts.scale = (float)c->scale;
+    s->opts.causal = c->causal;
+    s->opts.key_len = s->in.key_len;
+    s->opts.threads = c->threads;
+    pf_status st = pf_attn_check(sh, &s->opts);
+    if (st != PF_OK)
+        return tool_fail(CMD, "these inputs and options do not go together (%s)",
+                         pf_status_str(st));
+    if (c->method != 2 && c->method != 3) return 0;
+    /* LARA's proposals: C contiguous chunks, each holding a query and a valid key */
+    int fit = sh->Lq < sh->Lk ? sh->Lq : sh->Lk;
+    for (int b = 0; s->in.key_len && b < sh->B; b++)
+        fit = s->in.key_len[b] < fit ? s->in.key_len[b] : fit;
+    s->samp.seed = c->seed;
+    s->samp.samples = c->samples ? c->samples : c->method == 2 ? 16 : 1;
+    s->samp.deterministic = c->deterministic;
+    s->samp.proposals = c->proposals ? c->proposals : fit < 16 ? fit : 16;
+    if (c->method == 3 && s->samp.proposals > fit)
+        return tool_fail(CMD,
+                         "--proposals %d: LARA needs every chunk to hold a query and a valid "
+                         "key, so at most %d here (Lq = %d, shortest key length %d)",
+                         s->samp.proposals, fit, sh->Lq, fit);
+    return 0;
+}
+
+/* 3. FAVOR+'s options and W: --w's, or drawn (split: every rank draws the same, from the same
+ * seed). */
+static int set_favor(attn_state *s) {
+    const attn_cfg *c = s->c;
+    const attn_inputs *in = &s->in;
+    const int d = in->shape.d;
+    pf_favor_opts *fav = &s->fav;
+    fav->kernel = c->kernel;
+    fav->oprf_a_given = c->oprf_a_given;
+    fav->oprf_a = (float)c->oprf_a;
+    fav->eps = (float)c->eps;
+    fav->chunk = c->chunk;
+    if (c->w) {
+        fav->W = in->w.data;
+        fav->m = (int)in->w.shape[in->w.ndim - 2];
+        fav->w_per_head = in->w.ndim == 3;
+        s->wrank = in->w.ndim;
+        for (int j = 0; j < s->wrank; j++) s->wshape[j] = in->w.shape[j];
+        return 0;
+    }
+    if (!(s->W = malloc(sizeof(float) * (size_t)c->m * (size_t)d)))
+        return tool_fail(CMD, "out of memory for W (%d x %d)", c->m, d);
+    pf_status st = pf_projection_draw(s->W, c->m, d, c->proj, c->norm, c->seed, 0);
+    if (st != PF_OK) return library_error("drawing W", st, "");
+    fav->W = s->W;
+    fav->m = c->m;
+    s->wshape[0] = c->m;
+    s->wshape[1] = d;
+    return 0;
+}
+
+/* After a failed library call: the first NaN or Inf among the inputs if that was it (split: a
+ * collective search), else the library's error. The exit code. */
+static int call_failed(const attn_state *s, const char *what, pf_status st) {
+    int rc = st == PF_ENONFINITE ? find_nonfinite(s->c, &s->in, &s->rw) : 0;
+    return rc ? rc : library_error(what, st, s->detail);
+}
+
+/* The chosen method on this process's rows into s->out (split: collective, the status and
+ * s->detail the same on every rank). */
+static pf_status attention(attn_state *s) {
+    const attn_cfg *c = s->c;
+    const pf_shape *sh = &s->in.shape;
+    const float *Q = s->rw.q, *K = s->rw.k, *V = s->rw.v;
+    if (s->split)
+        return tool_mpi_attn_favor(s->out, Q, K, V, &s->rw.shape, &s->opts, &s->fav, s->detail,
+                                   sizeof(s->detail));
+    switch (c->method) {
+    case 1:
+        return s->saved ? pf_attn_favor_save(s->out, Q, K, V, sh, &s->opts, &s->fav, s->saved)
+                        : pf_attn_favor(s->out, Q, K, V, sh, &s->opts, &s->fav);
+    case 2:
+        return pf_attn_ra(s->out, Q, K, V, sh, &s->opts, &s->samp);
+    case 3:
+        return pf_attn_lara(s->out, Q, K, V, sh, &s->opts, &s->samp);
+    default:
+        return pf_attn_exact(s->out, s->lse, Q, K, V, sh, &s->opts);
+    }
+}
+
+/* 4. The attention on this process's rows, its result checked; the ranks agree. */
+static int forward(attn_state *s) {
+    static const char *const what[4] = {"exact attention", "FAVOR+ attention",
+                                        "randomized attention (RA)", "LARA"};
+    const attn_cfg *c = s->c;
+    const pf_shape *sh = &s->in.shape;
+    const size_t no = rows_count(s, s->rw.shape.Lq, sh->dv);
+    const int want_lse = c->grad_out && !c->favor;
+    int rc = 0;
+    s->out = malloc(sizeof(float) * no);
+    if (want_lse) s->lse = malloc(sizeof(float) * rows_count(s, sh->Lq, 1));
+    if (!s->out || (want_lse && !s->lse)) rc = tool_fail(CMD, "out of memory for the output");
+    if ((rc = tool_mpi_agree(rc))) return rc;
+    /* with gradients, FAVOR+ keeps its features for the backward (or, short of memory for
+     * them, the backward recomputes them: the same bits) */
+    if (!s->split && c->favor && c->grad_out &&
+        pf_favor_saved_create(&s->saved, sh, &s->opts, &s->fav, 0) != PF_OK)
+        s->saved = NULL;
+    /* (split: the ranks agree on the status and its message: all of them stop here together) */
+    pf_status st = attention(s);
+    if (st != PF_OK) return call_failed(s, what[c->method], st);
+    if (first_nonfinite(s->out, no))
+        rc = tool_fail(CMD, "the result contains NaN or Inf; nothing written");
+    return tool_mpi_agree(rc);
+}
+
+/* 5. --grad-out: the gradients of sum(out * dO) on this process's rows, checked; the ranks
+ * agree. */
+static int backward(attn_state *s) {
+    const attn_cfg *c = s->c;
+    const pf_shape *sh = &s->in.shape, *ls = &s->rw.shape;
+    const size_t nq = rows_count(s, ls->Lq, sh->d), nk = rows_count(s, ls->Lk, sh->d);
+    const size_t nv = rows_count(s, ls->Lk, sh->dv);
+    int rc = 0;
+    s->dq = malloc(sizeof(float) * nq);
+    s->dk = malloc(sizeof(float) * nk);
+    s->dv = malloc(sizeof(float) * nv);
+    if (!s->dq || !s->dk || !s->dv) rc = tool_fail(CMD, "out of memory for the gradients");
+    if ((rc = tool_mpi_agree(rc))) return rc;
+    const float *Q = s->rw.q, *K = s->rw.k, *V = s->rw.v, *dO = s->rw.dout;
+    pf_status st;
+    if (s->split)
+        st = tool_mpi_attn_favor_backward(s->dq, s->dk, s->dv, dO, Q, K, V, s->out, ls, &s->opts,
+                                          &s->fav, s->detail, sizeof(s->detail));
+    else if (s->saved)
+        st = pf_attn_favor_backward_saved(s->dq, s->dk, s->dv, dO, Q, K, V, s->out, sh, &s->opts,
+                                          &s->fav, s->saved);
+    else if (c->favor)
+        st = pf_attn_favor_backward(s->dq, s->dk, s->dv, dO, Q, K, V, s->out, sh, &s->opts,
+                                    &s->fav);
+    else
+        st = pf_attn_exact_backward(s->dq, s->dk, s->dv, dO, Q, K, V, s->out, s->lse, sh,
+                                    &s->opts);
+    if (st != PF_OK)
+        return call_failed(s, c->favor ? "the FAVOR+ backward pass" : "the exact backward pass",
+                           st);
+    if (first_nonfinite(s->dq, nq) || first_nonfinite(s->dk, nk) || first_nonfinite(s->dv, nv))
+        rc = tool_fail(CMD, "the gradients contain NaN or Inf; nothing written");
+    return tool_mpi_agree(rc);
+}
+
+/* 6. The outputs, all or none: each to its temporary name, then all renamed (split: rank 0
+ * gathers every rank's rows of each into full, stages it, and renames them all at the end). */
+static int write_outputs(attn_state *s) {
+    const attn_cfg *c = s->c;
+    const pf_shape *sh = &s->in.shape;
+    int rc = 0;
+    if (s->split && s->writer) {
+        size_t most = rows_count(s, sh->Lq, sh->dv);
+        if (c->grad_out) {
+            size_t g = rows_count(s, sh->Lq > sh->Lk ? sh->Lq : sh->Lk,
+                                  sh->d > sh->dv ? sh->d : sh->dv);
+            most = g > most ? g : most;
+        }
+        if (!(s->full = malloc(sizeof(float) * most)))
+            rc = tool_fail(CMD, "out of memory for the outputs (rank 0 writes them whole)");
+    }
+    if ((rc = tool_mpi_agree(rc))) return rc;
+    pf_array a = {.dtype = PF_F32, .ndim = s->in.rank};
+    memcpy(a.shape, s->oshape, sizeof(int64_t) * (size_t)s->in.rank);
+    int i = 0;
+    rc = stage_rows(s->outs, i++, a, s->out, s->full, &s->rw, rc);
+    if (c->save_w) {
+        a = (pf_array){.dtype = PF_F32, .ndim = s->wrank, .data = (void *)s->fav.W};
+        memcpy(a.shape, s->wshape, sizeof(int64_t) * (size_t)s->wrank);
+        if (!rc && s->writer) rc = stage_npy(s->outs, i, &a);
+        i++;
+    }
+    if (c->grad_prefix) {
+        const pf_array *src[3] = {&s->in.q, &s->in.k, &s->in.v};
+        float *g[3] = {s->dq, s->dk, s->dv};
+        for (int t = 0; t < 3; t++)
+            rc = stage_rows(s->outs, i++, *src[t], g[t], s->full, &s->rw, rc);
+    }
+    if (!rc && s->writer) rc = tool_outputs_commit(s->outs);
+    return tool_mpi_agree(rc);
+}
+
+/* --timings (collective: the slowest rank's compute time). */
+static void print_timings(const attn_state *s) {
+    double t_end = tool_now_ms();
+    double slowest = tool_mpi_max(s->t_work - s->t_read);
+    char ranks[96] = "";
+    if (tool_mpi_size() > 1)
+        snprintf(ranks, sizeof(ranks), " (rank 0 of %d; the slowest rank computed %.2f ms)",
+                 tool_mpi_size(), slowest);
+    if (s->writer)
+        fprintf(stderr,
+                "performer attn: read and check %.2f ms, compute %.2f ms, write %.2f ms%s\n",
+                s->t_read - s->t0, s->t_work - s->t_read, t_end - s->t_work, ranks);
+}
+
 /* Under mpirun (performer-mpi) every rank runs this; the ranks agree (tool_mpi_agree) after each
  * step that can fail on some of them, so a failure anywhere ends every rank at the same point,
  * with one message. */
 static int run(const attn_cfg *c) {
-    attn_inputs in;
-    memset(&in, 0, sizeof(in));
-    attn_rows rw;
-    memset(&rw, 0, sizeof(rw));
-    float *out = NULL, *lse = NULL, *W = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *full = NULL;
-    pf_favor_saved *saved = NULL;
-    char detail[256] = "";
-    pf_status st = PF_OK;
-    /* performer-mpi: FAVOR+ cuts the sequence across the ranks (one rank: all of it, the same
-     * bits as one process), rank 0 checks and writes the outputs; otherwise one process */
-    const int split = tool_mpi_build && c->favor, writer = tool_mpi_rank() == 0;
-    tool_outputs *outs = malloc(sizeof(tool_outputs));
-    int rc = outs ? 0 : tool_fail(CMD, "out of memory");
-    if (outs) tool_outputs_init(outs, CMD);
-
-    double t0 = tool_now_ms(), t_read = 0, t_work = 0;
-    /* 1. the outputs, then the inputs, all checked before any computing */
-    if (!rc && writer) rc = plan_outputs(c, outs);
-    if (!rc) rc = load_qkv(c, &in);
-    pf_shape *sh = &in.shape;
-    if (!rc && c->key_lengths) rc = load_key_lengths(c, &in);
-    if (!rc && c->w) rc = load_w(c, &in);
-    int r = in.rank;
-    int64_t oshape[4] = {0};
-    for (int j = 0; !rc && j < r - 2; j++) oshape[j] = in.q.shape[j];
+    attn_state s;
+    memset(&s, 0, sizeof(s));
+    s.c = c;
+    s.split = tool_mpi_build && c->favor;
+    s.writer = tool_mpi_rank() == 0;
+    s.opts = pf_attn_opts_default();
+    s.fav = pf_favor_opts_default();
+    s.samp = pf_sampling_opts_default();
+    s.wrank = 2;
+    s.outs = malloc(sizeof(tool_outputs));
+    int rc = s.outs ? 0 : tool_fail(CMD, "out of memory");
+    if (s.outs) tool_outputs_init(s.outs, CMD);
+    s.t0 = tool_now_ms();
+    if (!rc) rc = read_inputs(&s);
+    if (!rc) rc = set_options(&s);
+    if (!rc && c->favor) rc = set_favor(&s);
+    if (!rc) rc = take_rows(c, &s.rw, &s.in, s.split);
+    if (!(rc = tool_mpi_agree(rc))) {
+        s.t_read = tool_now_ms();
+        rc = forward(&s);
+    }
+    if (!rc && c->grad_out) rc = backward(&s);
     if (!rc) {
-        oshape[r - 2] = sh->Lq;
-        oshape[r - 1] = sh->dv;
+        s.t_work = tool_now_ms();
+        rc = write_outputs(&s);
     }
-    if (!rc && c->grad_out) rc = load_dout(c, &in, oshape);
-
-    pf_attn_opts opts = pf_attn_opts_default();
-    opts.scale = (float)c->scale;
-    opts.causal = c->causal;
-    opts.key_len = in.key_len;
-    opts.threads = c->threads;
-    if (!rc && (st = pf_attn_check(sh, &opts)) != PF_OK)
-        rc = tool_fail(CMD, "these inputs and options do not go together (%s)", pf_status_str(st));
-
-    /* LARA's proposals: C contiguous chunks, each holding a query and a valid key */
-    pf_sampling_opts samp = pf_sampling_opts_default();
-    if (!rc && (c->method == 2 || c->method == 3)) {
-        int fit = sh->Lq < sh->Lk ? sh->Lq : sh->Lk;
-        for (int b = 0; in.key_len && b < sh->B; b++)
-            fit = in.key_len[b] < fit ? in.key_len[b] : fit;
-        samp.seed = c->seed;
-        samp.samples = c->samples ? c->samples : c->method == 2 ? 16 : 1;
-        samp.deterministic = c->deterministic;
-        samp.proposals = c->proposals ? c->proposals : fit < 16 ? fit : 16;
-        if (c->method == 3 && samp.proposals > fit)
-            rc = tool_fail(CMD,
-                           "--proposals %d: LARA needs every chunk to hold a query and a valid "
-                           "key, so at most %d here (Lq = %d, shortest key length %d)",
-                           samp.proposals, fit, sh->Lq, fit);
-    }
-
-    /* 3. W (split: every rank draws the same, from the same seed) */
-    pf_favor_opts fav = pf_favor_opts_default();
-    int64_t wshape[3];
-    int wrank = 2;
-    if (!rc && c->favor) {
-        fav.kernel = c->kernel;
-        fav.oprf_a_given = c->oprf_a_given;
-        fav.oprf_a = (float)c->oprf_a;
-        fav.eps = (float)c->eps;
-        fav.chunk = c->chunk;
-        if (c->w) {
-            fav.W = in.w.data;
-            fav.m = (int)in.w.shape[in.w.ndim - 2];
-            fav.w_per_head = in.w.ndim == 3;
-            wrank = in.w.ndim;
-            for (int j = 0; j < wrank; j++) wshape[j] = in.w.shape[j];
-        } else if (!(W = malloc(sizeof(float) * (size_t)c->m * (size_t)sh->d))) {
-            rc = tool_fail(CMD, "out of memory for W (%d x %d)", c->m, sh->d);
-        } else if ((st = pf_projection_draw(W, c->m, sh->d, c->proj, c->norm, c->seed, 0)) !=
-                   PF_OK) {
-            rc = library_error("drawing W", st, "");
-        } else {
-            fav.W = W;
-            fav.m = c->m;
-            wshape[0] = c->m;
-            wshape[1] = sh->d;
-        }
-    }
-    if (!rc) rc = take_rows(c, &rw, &in, split);
-    if ((rc = tool_mpi_agree(rc))) goto done;
-
-    /* 4. the work, on this process's rows */
-    t_read = tool_now_ms();
-    const pf_shape *ls = &rw.shape;
-    size_t bh = (size_t)sh->B * (size_t)sh->H;
-    size_t nq = bh * (size_t)ls->Lq * (size_t)sh->d, nk = bh * (size_t)ls->Lk * (size_t)sh->d;
-    size_t nv = bh * (size_t)ls->Lk * (size_t)sh->dv, no = bh * (size_t)ls->Lq * (size_t)sh->dv;
-    out = malloc(sizeof(float) * no);
-    if (c->grad_out && !c->favor) lse = malloc(sizeof(float) * bh * (size_t)sh->Lq);
-    if (!out || (c->grad_out && !c->favor && !lse))
-        rc = tool_fail(CMD, "out of memory for the output");
-    if ((rc = tool_mpi_agree(rc))) goto done;
-    static const char *const what[4] = {"exact attention", "FAVOR+ attention",
-                                        "randomized attention (RA)", "LARA"};
-    /* with gradients, FAVOR+ keeps its features for the backward (or, short of memory for
-     * them, the backward recomputes them: the same bits) */
-    if (!split && c->favor && c->grad_out &&
-        pf_favor_saved_create(&saved, sh, &opts, &fav, 0) != PF_OK)
-        saved = NULL;
-    /* (split: the ranks agree on the status and its message: all of them stop here together) */
-    const float *Q = rw.q, *K = rw.k, *V = rw.v;
-    if (split) {
-        st = tool_mpi_attn_favor(out, Q, K, V, ls, &opts, &fav, detail, sizeof(detail));
-    } else {
-        switch (c->method) {
-        case 1:
-            st = saved ? pf_attn_favor_save(out, Q, K, V, sh, &opts, &fav, saved)
-                       : pf_attn_favor(out, Q, K, V, sh, &opts, &fav);
-            break;
-        case 2:
-            st = pf_attn_ra(out, Q, K, V, sh, &opts, &samp);
-            break;
-        case 3:
-            st = pf_attn_lara(out, Q, K, V, sh, &opts, &samp);
-            break;
-        default:
-            st = pf_attn_exact(out, lse, Q, K, V, sh, &opts);
-            break;
-        }
-    }
-    if (st != PF_OK) {
-        rc = st == PF_ENONFINITE ? find_nonfinite(c, &in, &rw) : 0;
-        if (!rc) rc = library_error(what[c->method], st, detail);
-        goto done;
-    }
-    if (first_nonfinite(out, no))
-        rc = tool_fail(CMD, "the result contains NaN or Inf; nothing written");
-    if ((rc = tool_mpi_agree(rc))) goto done;
-    if (c->grad_out) {
-        dq = malloc(sizeof(float) * nq);
-        dk = malloc(sizeof(float) * nk);
-        dv = malloc(sizeof(float) * nv);
-        if (!dq || !dk || !dv) rc = tool_fail(CMD, "out of memory for the gradients");
-        if ((rc = tool_mpi_agree(rc))) goto done;
-        const float *dO = rw.dout;
-        if (split)
-            st = tool_mpi_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, ls, &opts, &fav,
-                                              detail, sizeof(detail));
-        else if (saved)
-            st = pf_attn_favor_backward_saved(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav, saved);
-        else if (c->favor)
-            st = pf_attn_favor_backward(dq, dk, dv, dO, Q, K, V, out, sh, &opts, &fav);
-        else
-            st = pf_attn_exact_backward(dq, dk, dv, dO, Q, K, V, out, lse, sh, &opts);
-        if (st != PF_OK) {
-            rc = st == PF_ENONFINITE ? find_nonfinite(c, &in, &rw) : 0;
-            const char *pass = c->favor ? "the FAVOR+ backward pass" : "the exact backward pass";
-            if (!rc) rc = library_error(pass, st, detail);
-            goto done;
-        }
-        if (first_nonfinite(dq, nq) || first_nonfinite(dk, nk) || first_nonfinite(dv, nv))
-            rc = tool_fail(CMD, "the gradients contain NaN or Inf; nothing written");
-        if ((rc = tool_mpi_agree(rc))) goto done;
-    }
-
-    /* 5. the outputs, all or none: each to its temporary name, then all renamed (split: rank 0
-     * gathers every rank's rows of each into full, stages it, and renames them all at the end) */
-    t_work = tool_now_ms();
-    if (split && writer) {
-        size_t most = bh * (size_t)sh->Lq * (size_t)sh->dv;
-        if (c->grad_out) {
-            size_t g = bh * (size_t)(sh->Lq > sh->Lk ? sh->Lq : sh->Lk) *
-                       (size_t)(sh->d > sh->dv ? sh->d : sh->dv);
-            most = g > most ? g : most;
-        }
-        if (!(full = malloc(sizeof(float) * most)))
-            rc = tool_fail(CMD, "out of memory for the outputs (rank 0 writes them whole)");
-    }
-    if ((rc = tool_mpi_agree(rc))) goto done;
-    pf_array a = {.dtype = PF_F32, .ndim = r};
-    memcpy(a.shape, oshape, sizeof(int64_t) * (size_t)r);
-    int i = 0;
-    rc = stage_rows(outs, i++, a, out, full, &rw, rc);
-    if (c->save_w) {
-        a = (pf_array){.dtype = PF_F32, .ndim = wrank, .data = (void *)fav.W};
-        memcpy(a.shape, wshape, sizeof(int64_t) * (size_t)wrank);
-        if (!rc && writer) rc = stage_npy(outs, i, &a);
-        i++;
-    }
-    if (c->grad_prefix) {
-        const pf_array *src[3] = {&in.q, &in.k, &in.v};
-        float *g[3] = {dq, dk, dv};
-        for (int t = 0; t < 3; t++) rc = stage_rows(outs, i++, *src[t], g[t], full, &rw, rc);
-    }
-    if (!rc && writer) rc = tool_outputs_commit(outs);
-    if ((rc = tool_mpi_agree(rc))) goto done;
-    if (c->timings) {
-        double t_end = tool_now_ms();
-        double slowest = tool_mpi_max(t_work - t_read); /* (collective) */
-        char ranks[96] = "";
-        if (tool_mpi_size() > 1)
-            snprintf(ranks, sizeof(ranks), " (rank 0 of %d; the slowest rank computed %.2f ms)",
-                     tool_mpi_size(), slowest);
-        if (writer)
-            fprintf(stderr,
-                    "performer attn: read and check %.2f ms, compute %.2f ms, write %.2f ms%s\n",
-                    t_read - t0, t_work - t_read, t_end - t_work, ranks);
-    }
-
-done:
-    if (outs) tool_outputs_discard(outs);
-    free_rows(&rw);
-    free_inputs(&in);
-    free(out);
-    free(lse);
-    free(W);
-    free(dq);
-    free(dk);
-    free(dv);
-    free(full);
-    free(outs);
-    pf_favor_saved_free(saved);
+    if (!rc && c->timings) print_timings(&s);
+    state_free(&s);
     return rc;
 }
 
