@@ -698,15 +698,34 @@ static void remove_stale_temps(const char *dir) {
 
 /* ---- the run ----------------------------------------------------------------------------- */
 
+/* A run in DIR, on this rank: what it reads, trains and writes, and where it stands. */
 typedef struct run_state {
+    train_cfg *c;
+    int *saved; /* set once this run has written a checkpoint */
+    int rank0;  /* this rank writes DIR's files and the progress line */
+    char ckpt[4200], log_path[4200], data[4200]; /* DIR's checkpoint and log; the data file */
+    tool_team tm;
     pf_model *model;
+    pf_model_config src_cfg; /* --init-from's model's, for the summary */
     pf_corpus corpus;
-    int32_t *tok, *tgt;
-    float *logits;
+    uint64_t hash;      /* the corpus's (pf_corpus_hash) */
+    uint64_t dseed;     /* the batches' seed */
+    int32_t *tok, *tgt; /* a batch (B, T) */
+    float *logits;      /* (B, T, 256), the evaluations' */
     FILE *log;
+    int64_t log_from;   /* at the first row, the log keeps the rows of steps <= this only */
+    int64_t step;       /* optimizer steps taken */
+    double elapsed;     /* seconds of training and tokens trained on, over every start of the run */
+    int64_t tokens;
+    double session_t;   /* seconds and steps since this start */
+    int64_t session_steps;
+    pf_adamw opt;
+    eval_result ev; /* the last evaluation */
+    int tty, log_every;
 } run_state;
 
 static void run_free(run_state *r) {
+    tool_team_free(&r->tm);
     pf_model_free(r->model);
     pf_corpus_free(&r->corpus);
     free(r->tok);
@@ -715,22 +734,24 @@ static void run_free(run_state *r) {
     if (r->log) fclose(r->log);
 }
 
-static int save(const run_state *r, const train_cfg *c, const char *path, uint64_t hash,
-                double elapsed, int64_t tokens) {
+/* Writes the checkpoint, with the run's settings and counters. 0 or an exit code. */
+static int save(run_state *r) {
     run_meta meta;
-    make_meta(&meta, c, hash, elapsed, tokens);
+    make_meta(&meta, r->c, r->hash, r->elapsed, r->tokens);
     char msg[1024];
-    if (pf_model_save(r->model, path, meta.kv, 1, msg, sizeof(msg)) != PF_OK)
+    if (pf_model_save(r->model, r->ckpt, meta.kv, 1, msg, sizeof(msg)) != PF_OK)
         return tool_fail(CMD, "%s", msg);
+    *r->saved = 1;
     return 0;
 }
 
-/* Appends one row to the log, cutting it back to the rows of steps <= from (truncate_log) and
- * opening it first if this is the run's first row. Every row reaches the file or the run
+/* Appends one row to the log, cutting it back to the rows of steps <= log_from (truncate_log)
+ * and opening it first if this is the run's first row. Every row reaches the file or the run
  * fails: a full disk is an error, not a log that silently stops. 0 or an exit code. */
-static int log_row(run_state *r, const char *path, int64_t from, const char *row) {
+static int log_row(run_state *r, const char *row) {
+    const char *path = r->log_path;
     if (!r->log) {
-        int rc = truncate_log(path, from);
+        int rc = truncate_log(path, r->log_from);
         if (rc) return rc;
         if (!(r->log = fopen(path, "a"))) return tool_fail(CMD, "%s: %s", path, strerror(errno));
     }
@@ -908,214 +929,293 @@ static int init_source(train_cfg *c, pf_model **src) {
     return 0;
 }
 
-static int train_in(train_cfg *c, int *saved) {
-    char ckpt[4200], log_path[4200], data[4200], msg[1024];
-    snprintf(ckpt, sizeof(ckpt), "%s/checkpoint.safetensors", c->out);
-    snprintf(log_path, sizeof(log_path), "%s/log.csv", c->out);
-    run_state r;
-    memset(&r, 0, sizeof(r));
-    tool_team tm;
-    memset(&tm, 0, sizeof(tm));
-    tm.rank = tool_mpi_rank();
-    tm.size = tool_mpi_size();
-    const int rank0 = tm.rank == 0;
-    uint64_t want_hash = 0, hash = 0;
-    double elapsed = 0;
-    int64_t tokens = 0;
-    int format = 0;
+/* ---- setting up ---------------------------------------------------------------------------- */
+/* In phases that every rank ends together (tool_mpi_agree): a failure on any rank stops them
+ * all at the next agreement, with its message printed once. */
 
-    /* Set-up, in phases that every rank ends together (tool_mpi_agree): a failure on any rank
-     * stops them all at the next agreement, with its message printed once. */
-    int rc = rank0 ? check_outputs(c) : 0;
+/* DIR's checkpoint: a resumed run's, read by every rank (rank 0 writes it only once they all
+ * have) with its settings (*want_hash: its data's hash); a new run's must not be there. Then
+ * --init-from's checkpoint into *src. 0 or an exit code, agreed. */
+static int open_run(run_state *r, uint64_t *want_hash, pf_model **src) {
+    train_cfg *c = r->c;
+    char msg[1024];
+    int rc = r->rank0 ? check_outputs(c) : 0;
     if (!rc && c->resume) {
-        /* every rank reads the checkpoint (rank 0 writes it only once they all have) */
-        if (pf_model_load(&r.model, ckpt, msg, sizeof(msg)) != PF_OK)
+        if (pf_model_load(&r->model, r->ckpt, msg, sizeof(msg)) != PF_OK)
             rc = tool_fail(CMD, "cannot resume: %s", msg);
-        else if ((rc = settings_from_meta(c, r.model, ckpt, &want_hash, &elapsed, &tokens)) == 0)
+        else if ((rc = settings_from_meta(c, r->model, r->ckpt, want_hash, &r->elapsed,
+                                          &r->tokens)) == 0)
             rc = parallel_check(c);
-    } else if (!rc && rank0 && access(ckpt, F_OK) == 0) {
+    } else if (!rc && r->rank0 && access(r->ckpt, F_OK) == 0) {
         rc = tool_fail(CMD, "%s exists: use --resume to continue that run, or another --out",
-                       ckpt);
+                       r->ckpt);
     }
+    rc = tool_mpi_agree(rc);
+    if (!rc && c->init_from) rc = init_source(c, src);
+    return tool_mpi_agree(rc);
+}
+
+/* The data: rank 0 first, which may export the Bible into DIR; then the others read it. 0 or an
+ * exit code, not yet agreed. */
+static int read_data(run_state *r, uint64_t want_hash) {
+    int format = 0;
+    int rc = r->rank0 ? data_path(r->c, r->data, sizeof(r->data), &format) : 0;
+    rc = tool_mpi_agree(rc);
+    if (!rc && !r->rank0) rc = data_path(r->c, r->data, sizeof(r->data), &format);
+    if (!rc) rc = load_data(r->c, r, r->data, format, want_hash, &r->hash);
+    return rc;
+}
+
+/* A new run's model, its weights carried from src (--init-from) if not NULL. 0 or an exit
+ * code. */
+static int create_model(run_state *r, const pf_model *src) {
+    char msg[1024];
+    pf_status st = pf_model_create(&r->model, &r->c->model);
+    if (st != PF_OK) return tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
+    if (src && pf_model_init_from(r->model, src, msg, sizeof(msg)) != PF_OK)
+        return tool_fail(CMD, "--init-from %s: %s", r->c->init_from, msg);
+    return 0;
+}
+
+/* Everything before the first step: the checkpoint, the data, the model, a batch's buffers and
+ * the team of ranks. 0 or an exit code, agreed. */
+static int set_up(run_state *r) {
+    const train_cfg *c = r->c;
+    uint64_t want_hash = 0;
     pf_model *src = NULL; /* --init-from's model, until its weights are carried over */
-    rc = tool_mpi_agree(rc);
-    if (!rc && c->init_from) rc = init_source(c, &src);
-    rc = tool_mpi_agree(rc);
-    /* the data: rank 0 first, which may export the Bible into DIR; then the others read it */
-    if (!rc && rank0) rc = data_path(c, data, sizeof(data), &format);
-    rc = tool_mpi_agree(rc);
-    if (!rc && !rank0) rc = data_path(c, data, sizeof(data), &format);
-    if (!rc) rc = load_data(c, &r, data, format, want_hash, &hash);
-    const int B = c->batch, T = c->model.context;
-    size_t bt = (size_t)B * T;
-    if (!rc && !c->resume) {
-        pf_status st = pf_model_create(&r.model, &c->model);
-        if (st != PF_OK) rc = tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
-        if (!rc && src && pf_model_init_from(r.model, src, msg, sizeof(msg)) != PF_OK)
-            rc = tool_fail(CMD, "--init-from %s: %s", c->init_from, msg);
-    }
-    pf_model_config src_cfg = pf_model_get_config(src);
+    int rc = open_run(r, &want_hash, &src);
+    if (!rc) rc = read_data(r, want_hash);
+    if (!rc && !c->resume) rc = create_model(r, src);
+    r->src_cfg = pf_model_get_config(src);
     pf_model_free(src);
-    src = NULL;
+    const size_t bt = (size_t)c->batch * (size_t)c->model.context;
     if (!rc) {
-        r.tok = malloc(sizeof(int32_t) * bt);
-        r.tgt = malloc(sizeof(int32_t) * bt);
-        r.logits = malloc(sizeof(float) * bt * PF_LM_VOCAB);
-        if (!r.tok || !r.tgt || !r.logits) rc = tool_fail(CMD, "out of memory");
+        r->tok = malloc(sizeof(int32_t) * bt);
+        r->tgt = malloc(sizeof(int32_t) * bt);
+        r->logits = malloc(sizeof(float) * bt * PF_LM_VOCAB);
+        if (!r->tok || !r->tgt || !r->logits) rc = tool_fail(CMD, "out of memory");
     }
     rc = tool_mpi_agree(rc);
     /* (collective: fails alike on every rank) */
-    if (!rc) rc = tool_team_start(&tm, r.model, c->parallel == 1, B, T, CMD);
-    rc = tool_mpi_agree(rc);
-    if (rc) {
-        tool_team_free(&tm);
-        run_free(&r);
-        return rc;
-    }
+    if (!rc) rc = tool_team_start(&r->tm, r->model, c->parallel == 1, c->batch, c->model.context,
+                                  CMD);
+    return tool_mpi_agree(rc);
+}
 
-    /* the log is cut back (to the checkpoint's step, or to nothing for a new run) only when the
-     * first row is ready: a run that fails before that leaves an existing log as it was */
-    const int64_t log_from = c->resume ? pf_model_steps(r.model) : -1;
+/* What the run is, on stdout: the data, the model, where its weights came from, the ranks. */
+static void print_run(const run_state *r) {
+    const train_cfg *c = r->c;
     const pf_model_config *mc = &c->model;
-    const uint64_t dseed = mc->seed ^ DATA_SEED_MIX;
-    printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n", data,
-           r.corpus.n[0], r.corpus.docs[0], r.corpus.n[1], r.corpus.docs[1]);
     char att[64];
+    printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n", r->data,
+           r->corpus.n[0], r->corpus.docs[0], r->corpus.n[1], r->corpus.docs[1]);
     printf("model: %lld parameters, %d layers, d_model %d, %d heads, context %d, %s attention, "
            "%s positions\n",
-           (long long)pf_model_num_params(r.model), mc->layers, mc->d_model, mc->heads, mc->context,
-           attention_desc(mc, att, sizeof(att)),
+           (long long)pf_model_num_params(r->model), mc->layers, mc->d_model, mc->heads,
+           mc->context, attention_desc(mc, att, sizeof(att)),
            mc->positions == PF_LM_ROTARY ? "rotary" : "learned");
     if (c->init_from) {
         char satt[64];
         printf("init: every trained tensor from %s (step %s, %s attention); new: FAVOR's W "
                "(seed %llu), FAVOR++'s statistic, AdamW moments, step 0\n",
-               init_rec.path, init_rec.step, attention_desc(&src_cfg, satt, sizeof(satt)),
+               init_rec.path, init_rec.step, attention_desc(&r->src_cfg, satt, sizeof(satt)),
                (unsigned long long)mc->seed);
     }
-    if (tm.size > 1)
-        printf("parallel: %d ranks, %s: each trains %s\n", tm.size,
+    if (r->tm.size > 1)
+        printf("parallel: %d ranks, %s: each trains %s\n", r->tm.size,
                c->parallel == 1 ? "sequence" : "data",
                c->parallel == 1 ? "a slice of every window" : "whole windows of every batch");
     fflush(stdout);
+}
 
-    int64_t step = pf_model_steps(r.model);
-    int tty = rank0 && isatty(2);
-    int log_every = c->log_every ? c->log_every : (c->steps >= 20 ? c->steps / 20 : 1);
-    pf_adamw opt = pf_adamw_default();
-    opt.weight_decay = (float)c->weight_decay;
-    opt.clip = (float)c->clip;
-    eval_result ev = {NAN, NAN};
-    if (c->resume && rank0) ev = last_logged_eval(log_path, step);
-    pf_status st = PF_OK;
+/* Where the steps start: the model's step count, the optimizer's settings, the progress line's
+ * and (resumed) the last evaluation the log holds. */
+static void start_steps(run_state *r) {
+    const train_cfg *c = r->c;
+    r->step = pf_model_steps(r->model);
+    r->tty = r->rank0 && isatty(2);
+    r->log_every = c->log_every ? c->log_every : (c->steps >= 20 ? c->steps / 20 : 1);
+    r->opt = pf_adamw_default();
+    r->opt.weight_decay = (float)c->weight_decay;
+    r->opt.clip = (float)c->clip;
+    r->ev = (eval_result){NAN, NAN};
+    if (c->resume && r->rank0) r->ev = last_logged_eval(r->log_path, r->step);
+}
 
-    /* FAVOR++ (one process: parallel_check): A fitted on training batches of their own, in
-     * training mode without targets, so no weight moves; their statistic is in the checkpoint */
-    for (int i = 0; st == PF_OK && !c->resume && i < c->fit_batches; i++) {
-        st = pf_model_set_training(r.model, 1);
-        if (st == PF_OK)
-            st = pf_corpus_batch(&r.corpus, PF_SPLIT_TRAIN, r.tok, r.tgt, B, T, dseed,
-                                 FIT_STREAM + (uint64_t)i);
-        if (st == PF_OK) st = pf_model_forward(r.model, NULL, NULL, r.tok, NULL, B, T);
-        if (st != PF_OK) rc = tool_fail(CMD, "fitting FAVOR++'s A: %s", pf_status_str(st));
+/* ---- training ------------------------------------------------------------------------------ */
+
+/* --fit-batches (FAVOR++, one process: parallel_check): A fitted on training batches of their
+ * own, in training mode without targets, so no weight moves; their statistic is in the
+ * checkpoint. 0 or an exit code; *st the library's status. */
+static int fit_favorpp(run_state *r, pf_status *st) {
+    const train_cfg *c = r->c;
+    const int B = c->batch, T = c->model.context;
+    int rc = 0;
+    for (int i = 0; *st == PF_OK && i < c->fit_batches; i++) {
+        *st = pf_model_set_training(r->model, 1);
+        if (*st == PF_OK)
+            *st = pf_corpus_batch(&r->corpus, PF_SPLIT_TRAIN, r->tok, r->tgt, B, T, r->dseed,
+                                  FIT_STREAM + (uint64_t)i);
+        if (*st == PF_OK) *st = pf_model_forward(r->model, NULL, NULL, r->tok, NULL, B, T);
+        if (*st != PF_OK) rc = tool_fail(CMD, "fitting FAVOR++'s A: %s", pf_status_str(*st));
     }
-    if (c->fit_batches > 0 && !c->resume && !rc) pf_model_set_training(r.model, 0);
+    if (c->fit_batches > 0 && !rc) pf_model_set_training(r->model, 0);
+    return rc;
+}
 
-    char row[512];
-    if (!rc && (step == 0 || step >= c->steps)) { /* a new run, or a finished one */
-        st = evaluate(r.model, &tm, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
-        /* (row 0 is a new run's: a resumed run at step 0 is an evaluation-only run, done) */
-        if (st == PF_OK && step == 0 && !c->resume && rank0) {
-            snprintf(row, sizeof(row), "0,,,,,0,%.6f,%.6f,%.6f\n", ev.loss, exp(ev.loss), ev.acc);
-            rc = log_row(&r, log_path, log_from, row);
-            /* --steps 0: the evaluation is the run; its checkpoint is the carried model */
-            if (!rc && c->steps == 0) {
-                rc = save(&r, c, ckpt, hash, elapsed, tokens);
-                if (!rc) *saved = 1;
-            }
-        }
-        rc = tool_mpi_agree(rc);
+/* A new run's evaluation before its first step (log row 0), or a finished run's: with --steps 0
+ * (--init-from evaluating only) the evaluation is the run, and its checkpoint the carried model.
+ * 0 or an exit code, agreed; *st the library's status. */
+static int first_evaluation(run_state *r, pf_status *st) {
+    const train_cfg *c = r->c;
+    int rc = 0;
+    *st = evaluate(r->model, &r->tm, &r->corpus, c, r->dseed, r->tok, r->tgt, r->logits, &r->ev);
+    /* (row 0 is a new run's: a resumed run at step 0 is an evaluation-only run, done) */
+    if (*st == PF_OK && r->step == 0 && !c->resume && r->rank0) {
+        char row[512];
+        snprintf(row, sizeof(row), "0,,,,,0,%.6f,%.6f,%.6f\n", r->ev.loss, exp(r->ev.loss),
+                 r->ev.acc);
+        rc = log_row(r, row);
+        if (!rc && c->steps == 0) rc = save(r);
     }
-    pf_model_set_training(r.model, 1);
-    double session_t = 0;
-    int64_t session_steps = 0;
-    while (st == PF_OK && !rc && step < c->steps) {
+    return tool_mpi_agree(rc);
+}
+
+/* One optimizer step at learning rate lr on step r->step's batch: every rank draws the whole
+ * batch and takes its share (the same batch as alone). */
+static pf_status train_step(run_state *r, double lr, float *loss, float *gnorm) {
+    const int B = r->c->batch, T = r->c->model.context;
+    pf_status st = pf_corpus_batch(&r->corpus, PF_SPLIT_TRAIN, r->tok, r->tgt, B, T, r->dseed,
+                                   (uint64_t)r->step);
+    if (st == PF_OK) st = tool_team_forward(&r->tm, r->model, loss, NULL, r->tok, r->tgt, B, T);
+    if (st == PF_OK) st = tool_team_backward(&r->tm, r->model);
+    r->opt.lr = (float)lr;
+    /* (the summed gradients are the same bits on every rank: so is this step) */
+    if (st == PF_OK) st = pf_model_step(r->model, &r->opt, gnorm);
+    return st;
+}
+
+/* Rank 0's part of a step: its log row, the progress line, the checkpoint when one is due. 0 or
+ * an exit code. */
+static int report_step(run_state *r, const char *row, float loss, int evaluated, int stop) {
+    const train_cfg *c = r->c;
+    const double bt = (double)c->batch * c->model.context;
+    int rc = log_row(r, row);
+    double tps = (double)r->session_steps * bt / r->session_t;
+    char eta[32];
+    fmt_time(eta, sizeof(eta), (double)(c->steps - r->step) * r->session_t / r->session_steps);
+    if (!rc && (r->tty || r->step % r->log_every == 0 || r->step == c->steps || evaluated)) {
+        char val[64] = "val -"; /* before the run's first evaluation */
+        if (!isnan(r->ev.loss))
+            snprintf(val, sizeof(val), "val %.4f (acc %.3f)", r->ev.loss, r->ev.acc);
+        fprintf(stderr, "%sstep %lld/%d  loss %.4f  %s  %.0f tok/s  left %s%s",
+                r->tty ? "\r" : "", (long long)r->step, c->steps, loss, val, tps, eta,
+                r->tty ? "   " : "\n");
+    }
+    if (!rc && (r->step % c->checkpoint_every == 0 || r->step == c->steps || stop)) rc = save(r);
+    return rc;
+}
+
+/* The steps, up to --steps (or --stop-after): each logged, evaluated every --eval-every,
+ * checkpointed every --checkpoint-every; the ranks agree after each. 0 or an exit code; *st the
+ * library's status of a step that failed. */
+static int train_steps(run_state *r, pf_status *st) {
+    const train_cfg *c = r->c;
+    const int64_t bt = (int64_t)c->batch * c->model.context;
+    int rc = 0;
+    while (*st == PF_OK && !rc && r->step < c->steps) {
         double t0 = tool_now_ms();
-        double lr = pf_lr_schedule(step, c->steps, c->warmup, c->lr, c->lr_min);
+        double lr = pf_lr_schedule(r->step, c->steps, c->warmup, c->lr, c->lr_min);
         float loss = NAN, gnorm = NAN;
-        /* (every rank draws the whole batch and takes its share: the same batch as alone) */
-        st = pf_corpus_batch(&r.corpus, PF_SPLIT_TRAIN, r.tok, r.tgt, B, T, dseed, (uint64_t)step);
-        if (st == PF_OK) st = tool_team_forward(&tm, r.model, &loss, NULL, r.tok, r.tgt, B, T);
-        if (st == PF_OK) st = tool_team_backward(&tm, r.model);
-        opt.lr = (float)lr;
-        /* (the summed gradients are the same bits on every rank: so is this step) */
-        if (st == PF_OK) st = pf_model_step(r.model, &opt, &gnorm);
-        if (st != PF_OK) break;
+        if ((*st = train_step(r, lr, &loss, &gnorm)) != PF_OK) break;
         double dt = (tool_now_ms() - t0) / 1e3;
-        elapsed += dt;
-        session_t += dt;
-        session_steps++;
-        tokens += (int64_t)bt;
-        step++;
-        int do_eval = step % c->eval_every == 0 || step == c->steps;
-        int n = snprintf(row, sizeof(row), "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)step, lr,
-                         loss, gnorm, (double)bt / dt, elapsed);
+        r->elapsed += dt;
+        r->session_t += dt;
+        r->session_steps++;
+        r->tokens += bt;
+        r->step++;
+        int do_eval = r->step % c->eval_every == 0 || r->step == c->steps;
+        char row[512];
+        int n = snprintf(row, sizeof(row), "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)r->step,
+                         lr, loss, gnorm, (double)bt / dt, r->elapsed);
         if (do_eval) {
-            st = evaluate(r.model, &tm, &r.corpus, c, dseed, r.tok, r.tgt, r.logits, &ev);
-            if (st != PF_OK) break;
-            snprintf(row + n, sizeof(row) - (size_t)n, ",%.6f,%.6f,%.6f\n", ev.loss,
-                     exp(ev.loss), ev.acc);
+            *st = evaluate(r->model, &r->tm, &r->corpus, c, r->dseed, r->tok, r->tgt, r->logits,
+                           &r->ev);
+            if (*st != PF_OK) break;
+            snprintf(row + n, sizeof(row) - (size_t)n, ",%.6f,%.6f,%.6f\n", r->ev.loss,
+                     exp(r->ev.loss), r->ev.acc);
         } else {
             snprintf(row + n, sizeof(row) - (size_t)n, ",,,\n");
         }
-        int stop = c->stop_after && step >= c->stop_after;
-        if (rank0) { /* the files and the progress line are rank 0's */
-            rc = log_row(&r, log_path, log_from, row);
-            double tps = (double)session_steps * (double)bt / session_t;
-            char eta[32];
-            fmt_time(eta, sizeof(eta), (double)(c->steps - step) * session_t / session_steps);
-            if (!rc && (tty || step % log_every == 0 || step == c->steps || do_eval)) {
-                char val[64] = "val -"; /* before the run's first evaluation */
-                if (!isnan(ev.loss))
-                    snprintf(val, sizeof(val), "val %.4f (acc %.3f)", ev.loss, ev.acc);
-                fprintf(stderr, "%sstep %lld/%d  loss %.4f  %s  %.0f tok/s  left %s%s",
-                        tty ? "\r" : "", (long long)step, c->steps, loss, val, tps, eta,
-                        tty ? "   " : "\n");
-            }
-            if (!rc && (step % c->checkpoint_every == 0 || step == c->steps || stop)) {
-                rc = save(&r, c, ckpt, hash, elapsed, tokens);
-                if (!rc) *saved = 1;
-            }
-        }
+        int stop = c->stop_after && r->step >= c->stop_after;
+        if (r->rank0) rc = report_step(r, row, loss, do_eval, stop); /* the files are rank 0's */
         /* (every rank's elapsed time is rank 0's: the checkpoint's, for a resumed run alike) */
-        if (tm.size > 1) elapsed = tool_mpi_max(elapsed);
+        if (r->tm.size > 1) r->elapsed = tool_mpi_max(r->elapsed);
         rc = tool_mpi_agree(rc);
         if (stop) break;
     }
-    if (tty) fputc('\n', stderr);
+    return rc;
+}
+
+/* The end, on every rank: why the steps stopped, the log closed, the ranks agreed; then rank 0's
+ * summary and curves. rc and st: the exit code and library status so far. */
+static int finish_run(run_state *r, pf_status st, int rc) {
+    const train_cfg *c = r->c;
+    if (r->tty) fputc('\n', stderr);
     if (st != PF_OK) {
         if (st == PF_ENONFINITE)
             tool_fail(CMD,
                       "step %lld: the loss or gradient is not finite (diverged; try a "
                       "lower --lr or a smaller --clip); the last checkpoint is kept",
-                      (long long)step + 1);
+                      (long long)r->step + 1);
         else
-            tool_fail(CMD, "step %lld: %s", (long long)step + 1, pf_status_str(st));
+            tool_fail(CMD, "step %lld: %s", (long long)r->step + 1, pf_status_str(st));
         rc = TOOL_EXIT_FAIL;
     }
-    if (r.log && fclose(r.log) != 0 && !rc)
-        rc = tool_fail(CMD, "%s: write error: %s", log_path, strerror(errno));
-    r.log = NULL;
+    if (r->log && fclose(r->log) != 0 && !rc)
+        rc = tool_fail(CMD, "%s: write error: %s", r->log_path, strerror(errno));
+    r->log = NULL;
     rc = tool_mpi_agree(rc);
-    if (!rc && rank0) {
+    if (!rc && r->rank0) {
         printf("step %lld/%d: validation loss %.4f (perplexity %.3f, accuracy %.4f); %.0f "
                "training tokens/s over %.1f s\n",
-               (long long)step, c->steps, ev.loss, exp(ev.loss), ev.acc,
-               elapsed > 0 ? (double)tokens / elapsed : 0.0, elapsed);
-        printf("checkpoint: %s\nlog: %s\n", ckpt, log_path);
-        if (!c->no_plot) plot(c, log_path);
+               (long long)r->step, c->steps, r->ev.loss, exp(r->ev.loss), r->ev.acc,
+               r->elapsed > 0 ? (double)r->tokens / r->elapsed : 0.0, r->elapsed);
+        printf("checkpoint: %s\nlog: %s\n", r->ckpt, r->log_path);
+        if (!c->no_plot) plot(c, r->log_path);
     }
-    tool_team_free(&tm);
+    return rc;
+}
+
+/* The run in DIR (claimed by train): set up, the first evaluation, the steps, the end. */
+static int train_in(train_cfg *c, int *saved) {
+    run_state r;
+    memset(&r, 0, sizeof(r));
+    r.c = c;
+    r.saved = saved;
+    r.rank0 = tool_mpi_rank() == 0;
+    r.tm.rank = tool_mpi_rank();
+    r.tm.size = tool_mpi_size();
+    snprintf(r.ckpt, sizeof(r.ckpt), "%s/checkpoint.safetensors", c->out);
+    snprintf(r.log_path, sizeof(r.log_path), "%s/log.csv", c->out);
+    int rc = set_up(&r);
+    if (rc) {
+        run_free(&r);
+        return rc;
+    }
+    /* the log is cut back (to the checkpoint's step, or to nothing for a new run) only when the
+     * first row is ready: a run that fails before that leaves an existing log as it was */
+    r.log_from = c->resume ? pf_model_steps(r.model) : -1;
+    r.dseed = c->model.seed ^ DATA_SEED_MIX;
+    print_run(&r);
+    start_steps(&r);
+    pf_status st = PF_OK;
+    if (!c->resume) rc = fit_favorpp(&r, &st);
+    if (!rc && (r.step == 0 || r.step >= c->steps)) /* a new run, or a finished one */
+        rc = first_evaluation(&r, &st);
+    pf_model_set_training(r.model, 1);
+    if (!rc) rc = train_steps(&r, &st);
+    rc = finish_run(&r, st, rc);
     run_free(&r);
     return rc;
 }
