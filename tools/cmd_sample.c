@@ -49,6 +49,43 @@ static void put_byte(int c, int escape) {
         fputc(c, stdout);
 }
 
+/* What feeding the decoder took: tokens prefilled and the time of it, single steps. */
+typedef struct feed_stats {
+    int64_t prefilled, steps;
+    double prefill_ms;
+} feed_stats;
+
+/* Feeds text[*fed..n) to the decoder: what was not yet seen (the prompt, or the window kept on a
+ * restart) by one prefill, a new byte by a step; when the position reaches limit the decoder
+ * restarts on the last half-context. logits end as the scores after text[n - 1]. */
+static pf_status feed(pf_decoder *d, const int32_t *text, size_t n, size_t *fed, int64_t limit,
+                      int context, float *logits, feed_stats *fs) {
+    pf_status st = PF_OK;
+    while (*fed < n && st == PF_OK) {
+        const int64_t pos = pf_decoder_position(d);
+        if (pos >= limit) {
+            size_t keep = (size_t)(context / 2 > 0 ? context / 2 : 1);
+            st = pf_decoder_reset(d);
+            *fed = n > keep ? n - keep : 0;
+            continue;
+        }
+        int64_t k = (int64_t)(n - *fed);
+        if (k > limit - pos) k = limit - pos;
+        if (k > (1 << 20)) k = 1 << 20;
+        if (k == 1) {
+            st = pf_decoder_step(d, logits, text[(*fed)++]);
+            fs->steps++;
+            continue;
+        }
+        const double tp = tool_now_ms();
+        st = pf_decoder_prefill(d, logits, text + *fed, (int)k);
+        fs->prefill_ms += tool_now_ms() - tp;
+        *fed += (size_t)k;
+        fs->prefilled += k;
+    }
+    return st;
+}
+
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "";
     int tokens = 200, top_k = 40, threads = 1;
@@ -120,33 +157,10 @@ int cmd_sample(int argc, char **argv) {
     pf_rng rng;
     pf_rng_init(&rng, seed, 0);
     size_t fed = 0; /* text[0..fed) is in the decoder */
-    double t0 = tool_now_ms(), prefill_ms = 0;
-    int64_t steps = 0, prefilled = 0;
+    double t0 = tool_now_ms();
+    feed_stats fs = {0, 0, 0};
     for (int i = 0; i < tokens && st == PF_OK; i++) {
-        /* feed everything not yet seen (the prompt, or the window kept on a restart) by one
-         * prefill, a new byte by a step; restarting on the last half-context when full */
-        while (fed < n && st == PF_OK) {
-            const int64_t pos = pf_decoder_position(d);
-            if (pos >= limit) {
-                size_t keep = (size_t)(c.context / 2 > 0 ? c.context / 2 : 1);
-                st = pf_decoder_reset(d);
-                fed = n > keep ? n - keep : 0;
-                continue;
-            }
-            int64_t k = (int64_t)(n - fed);
-            if (k > limit - pos) k = limit - pos;
-            if (k > (1 << 20)) k = 1 << 20;
-            if (k == 1) {
-                st = pf_decoder_step(d, logits, text[fed++]);
-                steps++;
-                continue;
-            }
-            const double tp = tool_now_ms();
-            st = pf_decoder_prefill(d, logits, text + fed, (int)k);
-            prefill_ms += tool_now_ms() - tp;
-            fed += (size_t)k;
-            prefilled += k;
-        }
+        st = feed(d, text, n, &fed, limit, c.context, logits, &fs);
         if (st != PF_OK) break;
         int32_t next;
         st = pf_sample_logits(&next, logits, PF_LM_VOCAB, (float)temperature, top_k, &rng);
@@ -162,8 +176,8 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr,
                 "performer sample: %lld bytes prefilled in %.2f ms, then %d bytes, %lld decoder "
                 "steps, %.2f ms per step (%s)\n",
-                (long long)prefilled, prefill_ms, tokens, (long long)steps,
-                steps ? (ms - prefill_ms) / (double)steps : 0.0,
+                (long long)fs.prefilled, fs.prefill_ms, tokens, (long long)fs.steps,
+                fs.steps ? (ms - fs.prefill_ms) / (double)fs.steps : 0.0,
                 c.attention == PF_LM_EXACT   ? "exact attention, key/value cache"
                 : c.attention == PF_LM_FAVOR ? "FAVOR+, recurrent state"
                                              : "FAVOR++, recurrent state");
