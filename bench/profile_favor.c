@@ -517,7 +517,7 @@ static void backward_products(const dims *D, peak_isa isa, int md) {
  * and A^T dN~ (1.98x). */
 static int backward_profile(const dims *D, int reps, int md, const float *Q, const float *K,
                             const float *V, const float *W) {
-    const peak_isa isa = peak_isa_of_cpu();
+    const peak_isa isa = peak_isa_of_kernels();
     const long probe_iters = peak_iters(isa, 1, 0.05);
     const size_t n = (size_t)D->H * (size_t)D->L * (size_t)D->d;
     float *out = xmalloc(sizeof(float) * n);
@@ -651,7 +651,7 @@ int main(int argc, char **argv) {
     /* every timed forward is paired with a run of the FMA peak probe (peak.h) of ~50 ms right
      * after it, and each fraction of the peak is the median over the pairs of the ratio within
      * one pair: this machine's speed drifts with other work (and with its host's) */
-    const peak_isa isa = peak_isa_of_cpu();
+    const peak_isa isa = peak_isa_of_kernels();
     const long probe_iters = peak_iters(isa, 1, 0.05);
     char cpu[192];
     printf("performer %s on %s, 1 thread, vector kernels %s\n", pf_version(),
