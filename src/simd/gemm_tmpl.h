@@ -56,10 +56,29 @@ typedef struct {
     int per, n;
 } GT(ahead);
 
+/* Step p of a register tile: acc += A(0..MR-1, p) B(p, cols), the last vector masked by last
+ * unless full. */
+static inline __attribute__((always_inline)) void
+GT(step)(int MR, int NB, int full, VMASK last, VF acc[GEMM_MR][GEMM_NB], const float *ap, size_t rs,
+         const float *bp) {
+    VF bv[GEMM_NB];
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++)
+        bv[b] = (full || b < NB - 1) ? v_load(bp + VW * b) : v_loadm(bp + VW * b, last);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        const VF a = v_set1(ap[(size_t)i * rs]);
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) acc[i][b] = v_fma(a, bv[b], acc[i][b]);
+    }
+}
+
 /* One register tile of the broadcast kernel: MR rows, NB vectors of columns (the last masked by
  * last unless full). MR and NB are constants after inlining. While it runs it fetches the lines
  * of pf (the next tile's rows of A, when A comes from memory: a prefetch in step p, spread
- * over the tile so that the misses overlap the arithmetic, changes no result). */
+ * over the tile so that the misses overlap the arithmetic, changes no result); the steps after
+ * the last fetch run in a loop of their own, with no test of p beside the arithmetic (with 16
+ * registers the tile holds every one, and the test's counters went to the stack). */
 static inline __attribute__((always_inline)) void
 GT(tile)(int MR, int NB, int full, VMASK last, int k, const float *A, size_t rs, size_t cs,
          const float *B, size_t ldb, float alpha, float beta, float *C, size_t ldc, GT(ahead) pf) {
@@ -68,29 +87,21 @@ GT(tile)(int MR, int NB, int full, VMASK last, int k, const float *A, size_t rs,
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) acc[i][b] = v_zero();
-    int pl = 0;            /* line within the row */
-    const char *pr = pf.a; /* the row */
-    for (int p = 0; p < k; p++) {
-        if (p < pf.n) {
+    int p = 0;
+    if (pf.n > 0) {
+        int pl = 0;            /* line within the row */
+        const char *pr = pf.a; /* the row */
+        for (; p < pf.n; p++) {
             __builtin_prefetch(pr + 64 * pl, 0, 3);
             if (++pl == pf.per) {
                 pl = 0;
                 pr += pf.rs * sizeof(float);
             }
-        }
-        const float *bp = B + (size_t)p * ldb;
-        VF bv[GEMM_NB];
-#pragma GCC unroll 8
-        for (int b = 0; b < NB; b++)
-            bv[b] = (full || b < NB - 1) ? v_load(bp + VW * b) : v_loadm(bp + VW * b, last);
-        const float *ap = A + (size_t)p * cs;
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            const VF a = v_set1(ap[(size_t)i * rs]);
-#pragma GCC unroll 8
-            for (int b = 0; b < NB; b++) acc[i][b] = v_fma(a, bv[b], acc[i][b]);
+            GT(step)(MR, NB, full, last, acc, A + (size_t)p * cs, rs, B + (size_t)p * ldb);
         }
     }
+    for (; p < k; p++)
+        GT(step)(MR, NB, full, last, acc, A + (size_t)p * cs, rs, B + (size_t)p * ldb);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
         float *c = C + (size_t)i * ldc;
