@@ -120,10 +120,19 @@ static double exp_sub_sum_avx2(float *y, const float *x, float c, size_t n) {
     return s;
 }
 
+/* Four running maxima, so that a row of 256 is not a chain of 32 dependent vmaxps (4 cycles
+ * each): the max of floats is the same whatever the order. */
 static float max_avx2(const float *x, size_t n) {
-    __m256 m = _mm256_set1_ps(-INFINITY);
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
+        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
+    }
+    for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+    __m256 m = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
     float t[8];
     _mm256_storeu_ps(t, m);
     float r = t[0];
