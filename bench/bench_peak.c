@@ -1,9 +1,9 @@
 /* bench_peak.c: this machine's fp32 FMA peak (peak.h), on 1 thread and on all, with what it
  * means per cycle: the clock is measured too, by a chain of dependent integer adds of a register
  * (one cycle each on every x86-64 core since the Pentium Pro; not adds of an immediate, which
- * Intel cores since Golden Cove fold at rename, several a cycle), since a virtual machine's /proc/cpuinfo gives
- * the nominal clock, not the one the core runs at. Every vector set of the library's that the
- * CPU runs is probed, the widest first; the other benchmarks use the set of the kernels the
+ * Intel cores since Golden Cove fold at rename, several a cycle), since a virtual machine's
+ * /proc/cpuinfo gives the nominal clock, not the one the core runs at. Every vector set of the
+ * library's that the CPU runs is probed, the widest first; the other benchmarks use the set of the kernels the
  * library runs (peak.h: ymm under PF_SIMD=avx2), marked here with a *.
  *
  * Usage: bench_peak */

@@ -44,8 +44,7 @@
 static inline __attribute__((always_inline)) void
 GD(rows)(int MODE, int NB, int full, int NL, VMASK last, float *S, size_t lds, int r,
          const float *qa, const float *k, const VF *wv, const float *wk, float beta, VF *acc,
-         float *Sl,
-         const float *wl, float (*accl)[VW]) {
+         float *Sl, const float *wl, float (*accl)[VW]) {
     const VF vb = v_set1(beta);
     const float wl0 = NL > 0 ? wl[0] : 0.0f, wl1 = NL > 1 ? wl[1] : 0.0f;
     for (int p = 0; p < r; p++) {

@@ -184,9 +184,14 @@ static void GT(column)(int m, int k, const float *A, size_t rs, size_t cs, const
         const int len = m - i0 < VW ? m - i0 : VW;
         const VMASK mk = v_mask(len);
         VF acc = v_zero();
-        for (int p = 0; p < k; p++)
-            acc = v_fma(v_loadm(A + (size_t)p * cs + (size_t)i0 * rs, mk),
-                        v_set1(Bj[(size_t)p * ldb]), acc);
+        if (len == VW) /* (plain loads: a masked one costs more on some cores) */
+            for (int p = 0; p < k; p++)
+                acc = v_fma(v_load(A + (size_t)p * cs + (size_t)i0 * rs),
+                            v_set1(Bj[(size_t)p * ldb]), acc);
+        else
+            for (int p = 0; p < k; p++)
+                acc = v_fma(v_loadm(A + (size_t)p * cs + (size_t)i0 * rs, mk),
+                            v_set1(Bj[(size_t)p * ldb]), acc);
         float s[VW];
         v_store(s, acc);
         for (int i = 0; i < len; i++) {

@@ -6,8 +6,8 @@
  * (VF, VW, v_fma, masked loads) that simd_avx2.c, simd_avx512.c and simd_neon.c define, so both paths give
  * the bits the template's order gives and a fix lands in both. A kernel whose best form differs
  * by instruction set -- exp (2^n by an integer add or in two halves on AVX2, by vscalefps on
- * AVX-512), sincos, the row maxima -- is written out in each file against the shared constants below, and the tests
- * hold every path to the same bits (exp) or bounds (sincos).
+ * AVX-512), sincos, the row maxima -- is written out in each file against the shared constants
+ * below, and the tests hold every path to the same bits (exp) or bounds (sincos).
  *
  * exp in the vector paths: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), exp(r)
  * by a degree-6 polynomial (the Cephes expf coefficients), and 2^n applied so that results from
