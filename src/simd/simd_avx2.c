@@ -7,6 +7,18 @@
 
 #include "simd/simd.h"
 
+/* exp(r) for |r| <= ln2/2: the Cephes polynomial (simd.h) */
+static inline __m256 exp8_poly(__m256 r) {
+    __m256 p = _mm256_set1_ps(PF_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P5));
+    const __m256 r2 = _mm256_mul_ps(r, r);
+    return _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+}
+
 /* exp of 8 floats, any x; see simd.h for the method: 2^n in two halves, NaN by a blend. For the
  * vectors that exp8 cannot do by its shorter way. */
 static __attribute__((noinline)) __m256 exp8_wide(__m256 x) {
@@ -17,14 +29,7 @@ static __attribute__((noinline)) __m256 exp8_wide(__m256 x) {
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(PF_LN2_HI), xc);
     r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(PF_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(PF_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P5));
-    __m256 r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256 p = exp8_poly(r);
     __m256i n = _mm256_cvtps_epi32(fn);
     __m256i n1 = _mm256_srai_epi32(n, 1);
     __m256i n2 = _mm256_sub_epi32(n, n1);
@@ -49,14 +54,7 @@ static inline __m256 exp8(__m256 x) {
     const __m256 fn = _mm256_sub_ps(t, round);
     __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(PF_LN2_HI), x);
     r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(PF_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(PF_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PF_EXP_P5));
-    const __m256 r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256 p = exp8_poly(r);
     const __m256 out = _mm256_or_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-86.5f), _CMP_NGE_UQ),
                                     _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_NLE_UQ));
     if (__builtin_expect(_mm256_movemask_ps(out) != 0, 0)) return exp8_wide(x);
