@@ -1,8 +1,10 @@
 /* bench_peak.c: this machine's fp32 FMA peak (peak.h), on 1 thread and on all, with what it
- * means per cycle: the clock is measured too, by a chain of dependent integer adds (one cycle
- * each on every x86-64 core since the Pentium Pro), since a virtual machine's /proc/cpuinfo gives
- * the nominal clock, not the one the core runs at. Every vector set of the library's that the
- * CPU runs is probed, the widest first (the one the other benchmarks use).
+ * means per cycle: the clock is measured too, by a chain of dependent integer adds of a register
+ * (one cycle each on every x86-64 core since the Pentium Pro; not adds of an immediate, which
+ * Intel cores since Golden Cove fold at rename, several a cycle), since a virtual machine's
+ * /proc/cpuinfo gives the nominal clock, not the one the core runs at. Every vector set of the
+ * library's that the CPU runs is probed, the widest first; the other benchmarks use the set of the kernels the
+ * library runs (peak.h: ymm under PF_SIMD=avx2), marked here with a *.
  *
  * Usage: bench_peak */
 #include <stdio.h>
@@ -22,16 +24,16 @@ static double clock_hz(void) {
     double best = 0;
     long n = 1 << 20;
     for (int r = 0; r < 8; r++) {
-        long x = 0, k = n;
+        long x = 0, k = n, one = 1;
         const double t0 = now();
         __asm__ volatile("1:\n\t"
                          ".rept 16\n\t"
-                         "add $1, %0\n\t"
+                         "add %2, %0\n\t"
                          ".endr\n\t"
                          "dec %1\n\t"
                          "jnz 1b"
                          : "+r"(x), "+r"(k)
-                         :
+                         : "r"(one)
                          : "cc");
         const double t = now() - t0;
         if (x != 16 * n) return 0;
@@ -89,8 +91,10 @@ int main(int argc, char **argv) {
         const double gn = threads > 1 ? peak_gflops((peak_isa)isa, threads, 3, 0.2) : g1;
         char fpc[24] = "-";
         if (hz > 0) snprintf(fpc, sizeof fpc, "%.1f", g1 * 1e9 / hz);
-        printf("%-32s %7.1f GF/s %7.1f GF/s %9.2fx %16s\n", peak_isa_name((peak_isa)isa), g1, gn,
-               gn / g1, fpc);
+        char name[40];
+        snprintf(name, sizeof name, "%s%s", peak_isa_name((peak_isa)isa),
+                 isa == (int)peak_isa_of_kernels() ? " *" : "");
+        printf("%-32s %7.1f GF/s %7.1f GF/s %9.2fx %16s\n", name, g1, gn, gn / g1, fpc);
         if (widest == PEAK_PORTABLE) break;
     }
     printf("\nclock of 1 thread, from a chain of dependent adds: %.2f GHz; /proc/cpuinfo says "

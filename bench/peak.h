@@ -8,11 +8,13 @@
  * lanes are summed at the end and the sum checked, so the compiler cannot drop the loop, and
  * without -ffast-math it may not fold it either.
  *
- * The vector set is the widest of those the library has kernels for that this CPU runs, picked
- * by cpuid as the library's dispatch picks (src/simd/dispatch.c): AVX-512 (F and DQ, with AVX2
- * and FMA), else AVX2 with FMA; else SSE2 multiplies and adds, counted as FMAs (the library's
- * portable path has no FMA). GFLOP/s count 2 flops per lane per FMA. The probe names the set in
- * its result, not the kernels the library is running (PF_SIMD may ask for narrower ones).
+ * The vector set is that of the kernels the library runs (pf_simd_path): AVX-512 (zmm) for the
+ * avx512 kernels, AVX2 with FMA (ymm) for the avx2 ones, so that PF_SIMD=avx2 on an AVX-512 CPU
+ * is measured against the ymm peak its kernels can reach (half the zmm peak on an Intel core
+ * with two 512-bit FMA units; the same on AMD Zen 4). For the portable kernels (ref) it is the
+ * widest set the CPU runs, as the library's dispatch would pick it (src/simd/dispatch.c): the
+ * machine's peak; without AVX2, SSE2 multiplies and adds, counted as FMAs. GFLOP/s count 2 flops
+ * per lane per FMA. Every report names the set its peak was measured with (peak_isa_name).
  *
  * A probe of ~0.2 s per thread count; peak_measure runs a few and keeps the largest: the probe
  * measures what the cores can do, and anything else running on a shared machine only lowers it.
@@ -64,6 +66,14 @@ static inline peak_isa peak_isa_of_cpu(void) {
 #else
     return PEAK_PORTABLE;
 #endif
+}
+
+/* The set of the kernels the library runs (pf_simd_path; PF_SIMD may ask for narrower ones than
+ * the CPU's widest): ymm for avx2, else the CPU's widest. */
+static inline peak_isa peak_isa_of_kernels(void) {
+    const peak_isa cpu = peak_isa_of_cpu();
+    if (cpu >= PEAK_AVX2 && strcmp(pf_simd_path(), "avx2") == 0) return PEAK_AVX2;
+    return cpu;
 }
 
 /* The loops: iters iterations of PEAK_NACC independent FMAs per lane; returns the sum of every
@@ -179,7 +189,7 @@ typedef struct {
 /* Rounds of 0.2 s: 3 on 1 thread and 3 on all, 1.2 s in all. */
 static inline peak_fma peak_measure(int threads) {
     peak_fma p;
-    p.isa = peak_isa_of_cpu();
+    p.isa = peak_isa_of_kernels();
     p.threads = threads;
     p.g1 = peak_gflops(p.isa, 1, 3, 0.2);
     p.gn = threads > 1 ? peak_gflops(p.isa, threads, 3, 0.2) : p.g1;
@@ -203,7 +213,7 @@ typedef struct {
 } peak_sampler;
 
 static inline void peak_sampler_init(peak_sampler *s, int threads, double seconds) {
-    s->isa = peak_isa_of_cpu();
+    s->isa = peak_isa_of_kernels();
     s->threads = threads;
     s->iters = peak_iters(s->isa, threads, seconds);
     s->best = 0;

@@ -25,13 +25,15 @@
  * --library N runs only pf_attn_favor, N times, with no clock reads and no output: for a
  * sampling profiler (perf record -e cpu-clock, see docs/profile_favor.md).
  *
+ * --products runs only the last table, each product of the forward alone (a few seconds).
+ *
  * --backward measures the backward from kept features instead (pf_attn_favor_save, then
  * pf_attn_favor_backward_saved), bidirectional or causal, against the plain forward in the same
  * repeats, each call paired with a probe run as above, then the backward's products alone; with
  * --library N it runs only that backward, N times.
  *
  * Usage: profile_favor [--L N] [--heads H] [--reps R] [--causal|--bidirectional] [--md]
- *                      [--library N] [--backward]
+ *                      [--library N] [--backward] [--products]
  */
 #include <math.h>
 #include <stdio.h>
@@ -517,7 +519,7 @@ static void backward_products(const dims *D, peak_isa isa, int md) {
  * and A^T dN~ (1.98x). */
 static int backward_profile(const dims *D, int reps, int md, const float *Q, const float *K,
                             const float *V, const float *W) {
-    const peak_isa isa = peak_isa_of_cpu();
+    const peak_isa isa = peak_isa_of_kernels();
     const long probe_iters = peak_iters(isa, 1, 0.05);
     const size_t n = (size_t)D->H * (size_t)D->L * (size_t)D->d;
     float *out = xmalloc(sizeof(float) * n);
@@ -589,7 +591,7 @@ static int backward_profile(const dims *D, int reps, int md, const float *Q, con
 
 int main(int argc, char **argv) {
     dims D = {4096, 64, 64, 256, 256, 8, -1};
-    int reps = 9, md = 0, library = 0, backward = 0;
+    int reps = 9, md = 0, library = 0, backward = 0, products = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--L") == 0 && i + 1 < argc)
             D.L = atoi(argv[++i]);
@@ -607,9 +609,12 @@ int main(int argc, char **argv) {
             library = atoi(argv[++i]);
         else if (strcmp(argv[i], "--backward") == 0)
             backward = 1;
+        else if (strcmp(argv[i], "--products") == 0)
+            products = 1;
         else {
             fprintf(stderr, "usage: profile_favor [--L N] [--heads H] [--reps R] "
-                            "[--causal|--bidirectional] [--md] [--library N] [--backward]\n");
+                            "[--causal|--bidirectional] [--md] [--library N] [--backward] "
+                            "[--products]\n");
             return 2;
         }
     }
@@ -622,6 +627,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "profile_favor: the causal profile needs one scan block a head (heads "
                         ">= 4, or L <= 1024)\n");
         return 2;
+    }
+    if (products) { /* the forward's products alone (a few seconds: for work on the kernels) */
+        char cpu[192];
+        printf("performer %s on %s, 1 thread, vector kernels %s, FMA peak %s\n", pf_version(),
+               cpu_name(cpu, sizeof cpu), pf_simd_path(), peak_isa_name(peak_isa_of_kernels()));
+        products_alone(&D, peak_isa_of_kernels(), md);
+        return 0;
     }
     const size_t n = (size_t)D.H * (size_t)D.L * (size_t)D.d;
     float *Q = xmalloc(sizeof(float) * n), *K = xmalloc(sizeof(float) * n);
@@ -651,7 +663,7 @@ int main(int argc, char **argv) {
     /* every timed forward is paired with a run of the FMA peak probe (peak.h) of ~50 ms right
      * after it, and each fraction of the peak is the median over the pairs of the ratio within
      * one pair: this machine's speed drifts with other work (and with its host's) */
-    const peak_isa isa = peak_isa_of_cpu();
+    const peak_isa isa = peak_isa_of_kernels();
     const long probe_iters = peak_iters(isa, 1, 0.05);
     char cpu[192];
     printf("performer %s on %s, 1 thread, vector kernels %s\n", pf_version(),

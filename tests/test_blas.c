@@ -256,12 +256,14 @@ int main(void) {
                         check_case(t, ab == 1, ab == 2, gm[mi], gn[ni], gk[ki],
                                    betas[(mi + ni + ki) % 3]);
         /* decoding passes: r about the vector widths (lone columns' dot tails), n the column
-         * kinds (lone 1 or 2, masked tails, blocks of 4 vectors and more), beta 0, 1, other */
+         * kinds (lone 1 or 2, masked tails, blocks of 4 vectors and more, a first block of as
+         * many vectors as a pass keeps with its last masked: 28, 31, 60, 63), beta 0, 1, other */
         const int dr[8] = {1, 7, 8, 15, 16, 17, 64, 1100};
-        const int dn[15] = {1, 2, 8, 9, 10, 11, 16, 17, 18, 19, 33, 65, 66, 80, 101};
+        const int dn[19] = {1,  2,  8,  9,  10, 11, 16, 17, 18, 19,
+                            28, 31, 33, 60, 63, 65, 66, 80, 101};
         const float dbeta[3] = {0.0f, 1.0f, 0.37f};
         for (int ri = 0; ri < 8; ri++)
-            for (int ni = 0; ni < 15; ni++)
+            for (int ni = 0; ni < 19; ni++)
                 for (int bi = 0; bi < 4; bi++) /* bi 3: nothing pending */
                     check_decode(t, dr[ri], dn[ni], dbeta[bi % 3], bi < 3);
         /* k past the ones column's copy of B's column (1024 floats at a time) */

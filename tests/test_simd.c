@@ -5,10 +5,13 @@
  * +/-inf inputs. The bound: max relative error 2^-22 (about 2.4e-7, i.e. 2 ulp) for normal
  * results (measured here: 1 ulp; the Cephes polynomial with a Cody-Waite split).
  *
+ * The vector paths' exp are the same bits (check_exp_paths: a float in every 97 bit patterns).
+ *
  * sincos: see check_sincos (absolute error 2^-23 for |x| <= 1e4, 2 ulp for |x| <= pi/4, libm's
  * own floats beyond 8192 and for Inf and NaN, every tail length, in place). */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "check.h"
@@ -279,6 +282,30 @@ static void check_stream_rows(const pf_simd_table *t) {
     pf_free(buf);
 }
 
+/* The vector paths' exp give the same bits (simd.h), NaN for NaN: a float in 97 of every bit
+ * pattern, in vectors that mix the AVX2 kernel's two ways (every x in [-86.5, 88], or not). */
+static void check_exp_paths(const pf_simd_table *a, const pf_simd_table *b) {
+    const size_t n = 1u << 20;
+    float *x = xmalloc(n * sizeof *x), *ya = xmalloc(n * sizeof *ya), *yb = xmalloc(n * sizeof *yb);
+    uint64_t u = 0, bad = 0, seen = 0;
+    while (u < (1ull << 32)) {
+        size_t len = 0;
+        for (; len < n && u < (1ull << 32); len++, u += 97) {
+            const uint32_t bits = (uint32_t)u;
+            memcpy(&x[len], &bits, sizeof bits);
+        }
+        a->exp(ya, x, len);
+        b->exp(yb, x, len);
+        for (size_t i = 0; i < len; i++)
+            if (memcmp(&ya[i], &yb[i], sizeof(float)) != 0 && !(isnan(ya[i]) && isnan(yb[i])))
+                bad++;
+        seen += len;
+    }
+    CHECK(bad == 0, "exp: %s and %s differ in %llu of %llu floats", a->name, b->name,
+          (unsigned long long)bad, (unsigned long long)seen);
+    free(x), free(ya), free(yb);
+}
+
 int main(void) {
     const char *names[] = {"ref", "avx2", "avx512", "neon"};
     int ran = 0;
@@ -295,6 +322,8 @@ int main(void) {
         ran++;
     }
     CHECK(ran >= 1, "no table ran");
+    if (pf_simd_get("avx2") && pf_simd_get("avx512"))
+        check_exp_paths(pf_simd_get("avx2"), pf_simd_get("avx512"));
     CHECK(pf_simd() != NULL, "no table chosen");
     printf("chosen: %s\n", pf_simd()->name);
     /* pf_exp, the public face of the chosen table's exp: its bits, in place too, and within

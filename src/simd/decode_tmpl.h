@@ -3,6 +3,8 @@
  * and simd_avx512.c, which also define
  *   v_add(a, b)  a + b (bits as v_fma(1, a, b): one rounding of the exact sum)
  *   DEC_NB       the vectors of columns one pass over the rows keeps (accumulators, w)
+ *   DEC_WMEM     1: the pending w' read from memory (L1) in every row instead of kept in
+ *                registers, so that DEC_NB accumulators fit in 16 registers (AVX2)
  *   DECODE_NAME  the function's name
  *
  * The causal step of one token (favor/scan.c, pf_favor_causal_rows with one row) reads out
@@ -22,8 +24,11 @@
  *                            (the last block masked), then v_sum
  * so a step by this pass gives the bits of the two products. */
 
-#if DEC_NB < 2 || DEC_NB > 4
-#error "decode_tmpl.h: blocks of 2 to 4 vectors (the switch below)"
+#ifndef DEC_WMEM
+#define DEC_WMEM 0
+#endif
+#if DEC_NB < 2 || DEC_NB > 8
+#error "decode_tmpl.h: blocks of 2 to 8 vectors (the switches below)"
 #endif
 
 #define GD_CAT2(a, b) a##b
@@ -38,8 +43,8 @@
  * read). MODE, NB, full and NL are constants after inlining. */
 static inline __attribute__((always_inline)) void
 GD(rows)(int MODE, int NB, int full, int NL, VMASK last, float *S, size_t lds, int r,
-         const float *qa, const float *k, const VF *wv, float beta, VF *acc, float *Sl,
-         const float *wl, float (*accl)[VW]) {
+         const float *qa, const float *k, const VF *wv, const float *wk, float beta, VF *acc,
+         float *Sl, const float *wl, float (*accl)[VW]) {
     const VF vb = v_set1(beta);
     const float wl0 = NL > 0 ? wl[0] : 0.0f, wl1 = NL > 1 ? wl[1] : 0.0f;
     for (int p = 0; p < r; p++) {
@@ -51,7 +56,10 @@ GD(rows)(int MODE, int NB, int full, int NL, VMASK last, float *S, size_t lds, i
             const VF sv = whole ? v_load(s + VW * b) : v_loadm(s + VW * b, last);
             VF ns = sv;
             if (MODE != 3) {
-                const VF x = v_fma(kv, wv[b], v_zero());
+                const VF wb = !DEC_WMEM ? wv[b]
+                              : whole   ? v_load(wk + VW * b)
+                                        : v_loadm(wk + VW * b, last);
+                const VF x = v_fma(kv, wb, v_zero());
                 ns = MODE == 0 ? x : MODE == 1 ? v_add(sv, x) : v_fma(vb, sv, x);
                 if (whole)
                     v_store(s + VW * b, ns);
@@ -96,16 +104,17 @@ GD(block)(int NB, int full, int NL, VMASK last, float *S, size_t lds, int r, con
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
         acc[b] = v_zero();
-        wv[b] = (full || b < NB - 1) ? v_load(wk + VW * b) : v_loadm(wk + VW * b, last);
+        if (!DEC_WMEM)
+            wv[b] = (full || b < NB - 1) ? v_load(wk + VW * b) : v_loadm(wk + VW * b, last);
     }
     if (!k)
-        GD(rows)(3, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
+        GD(rows)(3, NB, full, NL, last, S, lds, r, qa, k, wv, wk, beta, acc, Sl, wl, accl);
     else if (beta == 0.0f)
-        GD(rows)(0, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
+        GD(rows)(0, NB, full, NL, last, S, lds, r, qa, k, wv, wk, beta, acc, Sl, wl, accl);
     else if (beta == 1.0f)
-        GD(rows)(1, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
+        GD(rows)(1, NB, full, NL, last, S, lds, r, qa, k, wv, wk, beta, acc, Sl, wl, accl);
     else
-        GD(rows)(2, NB, full, NL, last, S, lds, r, qa, k, wv, beta, acc, Sl, wl, accl);
+        GD(rows)(2, NB, full, NL, last, S, lds, r, qa, k, wv, wk, beta, acc, Sl, wl, accl);
     const VF av = v_set1(qa[r]);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
@@ -128,22 +137,37 @@ GD(first)(int NL, int nv, float *S, size_t lds, int r, const float *qa, const fl
         GD(block)(DEC_NB, 1, NL, v_mask(VW), S, lds, r, qa, k, wk, beta, w, o, Sl, wl, accl);
         return;
     }
-    const int nb = (nv + VW - 1) / VW;
+    const int nb = (nv + VW - 1) / VW; /* 1 to DEC_NB, the last vector masked */
     const VMASK last = v_mask(nv - VW * (nb - 1));
+    /* (a switch, so that each block has constant sizes; every nb up to DEC_NB has its case) */
+#define GD_FIRST(NB)                                                                               \
+    case NB:                                                                                       \
+        GD(block)(NB, 0, NL, last, S, lds, r, qa, k, wk, beta, w, o, Sl, wl, accl);                \
+        break
     switch (nb) {
+#if DEC_NB > 7
+        GD_FIRST(8);
+#endif
+#if DEC_NB > 6
+        GD_FIRST(7);
+#endif
+#if DEC_NB > 5
+        GD_FIRST(6);
+#endif
+#if DEC_NB > 4
+        GD_FIRST(5);
+#endif
 #if DEC_NB > 3
-    case 3:
-        GD(block)(3, 0, NL, last, S, lds, r, qa, k, wk, beta, w, o, Sl, wl, accl);
-        break;
+        GD_FIRST(4);
 #endif
 #if DEC_NB > 2
-    case 2:
-        GD(block)(2, 0, NL, last, S, lds, r, qa, k, wk, beta, w, o, Sl, wl, accl);
-        break;
+        GD_FIRST(3);
 #endif
+        GD_FIRST(2);
     default:
         GD(block)(1, 0, NL, last, S, lds, r, qa, k, wk, beta, w, o, Sl, wl, accl);
     }
+#undef GD_FIRST
 }
 
 static void DECODE_NAME(float *S, size_t lds, int r, int n, const float *qa, const float *k,
@@ -179,6 +203,18 @@ static void DECODE_NAME(float *S, size_t lds, int r, int n, const float *qa, con
                   NULL);                                                                           \
         break
         switch (nb) {
+#if DEC_NB > 7
+            GD_TAIL(8);
+#endif
+#if DEC_NB > 6
+            GD_TAIL(7);
+#endif
+#if DEC_NB > 5
+            GD_TAIL(6);
+#endif
+#if DEC_NB > 4
+            GD_TAIL(5);
+#endif
 #if DEC_NB > 3
             GD_TAIL(4);
 #endif
@@ -198,3 +234,4 @@ static void DECODE_NAME(float *S, size_t lds, int r, int n, const float *qa, con
 #undef GD
 #undef GD_CAT
 #undef GD_CAT2
+#undef DEC_WMEM

@@ -5,14 +5,16 @@
  * (gemm_tmpl.h) and the decoding pass (decode_tmpl.h) -- is written once over a few macros
  * (VF, VW, v_fma, masked loads) that simd_avx2.c, simd_avx512.c and simd_neon.c define, so both paths give
  * the bits the template's order gives and a fix lands in both. A kernel whose best form differs
- * by instruction set -- exp (2^n by two halves on AVX2, by vscalefps on AVX-512), sincos, the
- * row maxima -- is written out in each file against the shared constants below, and the tests
- * hold every path to the same bits (exp) or bounds (sincos).
+ * by instruction set -- exp (2^n by an integer add or in two halves on AVX2, by vscalefps on
+ * AVX-512), sincos, the row maxima -- is written out in each file against the shared constants
+ * below, and the tests hold every path to the same bits (exp) or bounds (sincos).
  *
  * exp in the vector paths: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), exp(r)
  * by a degree-6 polynomial (the Cephes expf coefficients), and 2^n applied so that results from
  * 2^-149 (subnormal) to FLT_MAX are formed without overflow in between and rounded once: in two
- * halves (AVX2), by vscalefps (AVX-512, the same bits).
+ * halves (AVX2), by vscalefps (AVX-512, the same bits). AVX2 takes a shorter way for vectors
+ * whose every x is in [-86.5, 88], where p 2^n is normal: n rounded by adding 1.5 2^23 and 2^n as
+ * an integer add into the exponent, the same bits (checked over every float).
  * NaN propagates; x > 88.72 gives +inf and x <= -104 gives 0, as expf does.
  *
  * sincos (s = sin x, c = cos x; s or c may be x itself, not a partial overlap; s and c must not
