@@ -163,6 +163,73 @@ PF_API pf_status pf_cuda_ctx_stages(pf_cuda_ctx *ctx, const char **names, double
                                     double *flops, double *bytes);
 
 /* ---------------------------------------------------------------------------------------------
+ * FAVOR+ backward: the gradients dQ, dK, dV of sum(out * dout) (pf_attn_favor_backward's
+ * contract, with device tensors of `dtype`: dQ (B,H,Lq,d), dK (B,H,Lk,d), dV (B,H,Lk,dv) and
+ * dout (B,H,Lq,dv) in dtype, overwritten, never accumulated into). W is a constant. Every product
+ * accumulates in float32; for half inputs the features, the state gradients and dN are rounded
+ * to bfloat16 only as tensor-core inputs, as in the forward. Causal runs the forward's chunks:
+ * the prefix of chunk states for the queries' gradients, a suffix of chunk states (the gradient
+ * reaching each chunk from the later queries) for the keys' and values' gradients, and masked
+ * C x C products inside each chunk: memory is linear in L (never an L x r x dv prefix), in groups
+ * of heads that fit the context's workspace limit. Padded keys get zero gradients.
+ *
+ * Kept or recomputed, as the CPU library offers both: a pf_cuda_favor_saved filled by
+ * pf_cuda_favor_save keeps each head's features (2 L r elements of bfloat16 for half inputs,
+ * float32 otherwise, and 3 L floats), so that the backward does not recompute them (saving the
+ * two projections and feature maps); pf_cuda_favor_backward with saved NULL recomputes them
+ * from Q, K and W (memory: the workspace alone). Both agree to float rounding (the same
+ * kernels make the features; cuBLAS may pick other kernels for another number of heads at a
+ * time).
+ *
+ * Statuses as pf_cuda_favor's: PF_ENONFINITE for a NaN or Inf in Q, K, V, W or dout (the
+ * gradients are then zeros), PF_EDOMAIN for a zero denominator (those rows pass no gradient),
+ * PF_EINVAL for a saved made for other arguments or not filled. Returns when the stream has
+ * finished the call.
+ * ------------------------------------------------------------------------------------------ */
+
+/* What a forward keeps for its backward: the features of every head, on ctx's device. */
+typedef struct pf_cuda_favor_saved pf_cuda_favor_saved;
+
+/* Workspace of a backward, as pf_cuda_favor_workspace says for the forward. */
+PF_API pf_status pf_cuda_favor_backward_workspace(size_t *per_head, size_t *fixed,
+                                                  pf_cuda_dtype dtype, const pf_shape *shape,
+                                                  const pf_attn_opts *opts,
+                                                  const pf_favor_opts *favor);
+
+PF_API pf_status pf_cuda_favor_backward(pf_cuda_ctx *ctx, void *dQ, void *dK, void *dV,
+                                        const void *dout, const void *Q, const void *K,
+                                        const void *V, pf_cuda_dtype dtype, const pf_shape *shape,
+                                        const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                        const pf_cuda_favor_saved *saved,
+                                        cudaStream_t stream);
+
+/* Device bytes a saved for these arguments holds (checked as pf_cuda_favor checks them). */
+PF_API pf_status pf_cuda_favor_saved_size(size_t *bytes, pf_cuda_dtype dtype,
+                                          const pf_shape *shape, const pf_attn_opts *opts,
+                                          const pf_favor_opts *favor);
+
+/* Creates (allocates) one for these arguments; empty until pf_cuda_favor_save fills it.
+ * PF_EINVAL, PF_ENOTSUP, PF_ENOMEM as pf_cuda_favor. It uses ctx, which must outlive it. */
+PF_API pf_status pf_cuda_favor_saved_create(pf_cuda_favor_saved **saved, pf_cuda_ctx *ctx,
+                                            pf_cuda_dtype dtype, const pf_shape *shape,
+                                            const pf_attn_opts *opts,
+                                            const pf_favor_opts *favor);
+
+/* Frees it (waiting for the device); harmless on NULL. */
+PF_API void pf_cuda_favor_saved_free(pf_cuda_favor_saved *saved);
+
+/* Device bytes it holds (0 for NULL). */
+PF_API size_t pf_cuda_favor_saved_bytes(const pf_cuda_favor_saved *saved);
+
+/* pf_cuda_favor (the same out, bit for bit) that also fills saved for a backward of these same
+ * Q, K, V. PF_EINVAL if saved was made for other arguments (shape, dtype, options, W, key
+ * lengths); a failed call leaves it empty. */
+PF_API pf_status pf_cuda_favor_save(pf_cuda_ctx *ctx, void *out, const void *Q, const void *K,
+                                    const void *V, pf_cuda_dtype dtype, const pf_shape *shape,
+                                    const pf_attn_opts *opts, const pf_favor_opts *favor,
+                                    pf_cuda_favor_saved *saved, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
  * Decoding: the causal FAVOR+ states of N sequences x H heads on the GPU, each advanced a token
  * at a time by one launch for the whole batch. A sequence's state is S (r, dv) and z (r) in
  * float32, referenced to its running key maximum M, and its position (tokens consumed). Each
