@@ -510,7 +510,7 @@ all: $(CUDA_LIB) $(CUDA_SO)
 test-fast: $(CUDA_TESTS)
 cuda: $(CUDA_LIB) $(CUDA_SO) $(CUDA_TESTS)
 
-$(BUILD)/src/cuda/%.o: src/cuda/%.cu src/cuda/internal.cuh include/performer_cuda.h \
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu src/cuda/internal.cuh src/cuda/favor_parts.cuh include/performer_cuda.h \
                        include/performer.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CUDA_ALLFLAGS) -c $< -o $@
