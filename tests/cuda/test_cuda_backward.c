@@ -12,7 +12,7 @@
  * dQ, dK and dV.
  *
  * a. float32 (TF32 off, the default): positive, hyperbolic, trig, relu (eps 1e-3) and positive
- *    with eps 0.05 (the gradient of the row maximum), bidirectional (Lq < Lk and Lq > Lk too)
+ *    with eps 0.01 (the gradient of the row maximum), bidirectional (Lq < Lk and Lq > Lk too)
  *    and causal, W shared and per head, B = 2, H = 3, d = 16 and 64, dv != d, m = 32, 256 and
  *    266, L = 1, 2, 127, 128, 129, 1000, 4099, chunk 0 (128), 16 and 1, scale 0 and 0.3.
  * b. bfloat16 and float16: Q, K, V and dout rounded to the dtype on the host and the rounded
@@ -271,14 +271,17 @@ static void count_grads(const grads *g, size_t *nonfinite, size_t *nonzero) {
         }
 }
 
-static void append(char *buf, size_t len, const char *fmt, const char *s) {
+/* s added at the end of buf (len bytes). */
+static void append(char *buf, size_t len, const char *s) {
     const size_t n = strlen(buf);
-    snprintf(buf + n, len - n, fmt, s);
+    snprintf(buf + n, len - n, "%s", s);
 }
 
 /* ---- a. float32 ------------------------------------------------------------------------------ */
 
-/* The maps of a and their eps: the four, and positive with eps 0.05 (the row maximum's term). */
+/* The maps of a and their eps: the four, and positive with eps 0.01 (the row maximum's term).
+ * Not larger: that term's rounding in dQ grows with eps (the CPU's float32 dQ is 8e-6 from
+ * float64 at eps 0.05, L = 4099, bidirectional, 1.5e-6 at 0.01, 9e-7 without it). */
 enum { NMAPS = 5 };
 
 static pf_kernel map_kernel(int kv) {
@@ -286,7 +289,7 @@ static pf_kernel map_kernel(int kv) {
 }
 
 static float map_eps(int kv) {
-    return kv == PF_KERNEL_RELU ? 1e-3f : kv == 4 ? 0.05f : 0.0f;
+    return kv == PF_KERNEL_RELU ? 1e-3f : kv == 4 ? 0.01f : 0.0f;
 }
 
 static void test_fp32(void) {
@@ -336,12 +339,12 @@ static void test_fp32(void) {
                     f.chunk = chunks[i];
                     describe(what, sizeof what, "a.", PF_CUDA_F32, k, &p.s, p.m, causal, wph, scale,
                              f.chunk);
-                    if (kv == 4) append(what, sizeof what, "%s", " eps.05");
+                    if (kv == 4) append(what, sizeof what, " eps.01");
                     pf_status st = bdev_run(&b, &got, &o, &f, NULL, pick_stream(ci + kv + i));
                     if (!check_ok(st, what)) continue;
                     worst = fmax(worst, report3(what, &got, &ref, TOL_F32, &p, b.G, NULL));
                     if (f64) {
-                        append(what, sizeof what, "%s", " vs f64");
+                        append(what, sizeof what, " vs f64");
                         worst64 =
                             fmax(worst64, report3(what, &got, &ref64, TOL_F32, &p, b.G, NULL));
                     }
@@ -535,7 +538,7 @@ static void test_saved(void) {
             const double tol = tol_of(dt);
             char what[200], tag[200];
             describe(tag, sizeof tag, "c.", dt, k, &p.s, p.m, causal, wph, 0, 0);
-            if (o.key_len) append(tag, sizeof tag, "%s", " padded");
+            if (o.key_len) append(tag, sizeof tag, " padded");
             size_t want = 0;
             check_ok(pf_cuda_favor_saved_size(&want, dt, &p.s, &o, &fd),
                      "pf_cuda_favor_saved_size");
@@ -803,7 +806,7 @@ static void test_padding(void) {
                     report3(what, &got, &ref, TOL_F32, &p, b.G, hl);
                 if (f64 && cpu_grads(&ref64, &p, b.G, &oc, &f, 1)) {
                     what[strlen(what) - 3] = '\0';
-                    append(what, sizeof what, "%s", "f64");
+                    append(what, sizeof what, "f64");
                     report3(what, &got, &ref64, TOL_F32, &p, b.G, hl);
                 }
                 /* the padded keys' rows: exactly zero */
