@@ -531,7 +531,8 @@ $(BUILD)/$(CUDA_SONAME): $(CUDA_SO_REAL)
 $(CUDA_SO): $(BUILD)/$(CUDA_SONAME)
 	ln -sf $(CUDA_SONAME) $@
 
-$(BUILD)/tests/cuda/%: tests/cuda/%.c tests/check.h tests/ref.h $(CUDA_LIB) $(STATIC)
+$(BUILD)/tests/cuda/%: tests/cuda/%.c $(wildcard tests/cuda/*.h) tests/check.h tests/ref.h $(CUDA_LIB) \
+                     $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -I$(CUDA_HOME)/include -Itests -o $@ $< $(CUDA_LIB) $(STATIC) \
 	  $(CUDA_LDLIBS) -lstdc++ $(LDLIBS)

@@ -1,17 +1,18 @@
 #!/bin/sh
 # gpu_check.sh: everything that needs an NVIDIA GPU, in one go, each step's log kept:
 #   1. the machine: GPU, driver, CUDA, PyTorch, and what the libraries load (ldd)
-#   2. the CUDA test program (tests/cuda/test_cuda.c) and the CPU emulation of its arithmetic
+#   2. the CUDA test programs (tests/cuda/test_cuda.c, the forward; test_cuda_backward.c, the
+#      backward) and the CPU emulation of the forward's arithmetic
 #   3. the PyTorch tests on CUDA tensors (python/tests/test_torch_cuda.py)
 #   4. the benchmark (bench/cuda/bench_cuda.py): the report and its CSV
-#   5. the test program again under compute-sanitizer memcheck (--quick sizes)
+#   5. the test programs again under compute-sanitizer memcheck (--quick sizes), one step each
 #
 #   make && sh scripts/gpu_check.sh [LOGDIR]     (LOGDIR: build/gpu-logs)
 #
 # BUILD names the build folder (build); BENCH_BUDGET the benchmark's seconds (200),
-# SANITIZER_TIMEOUT memcheck's (600); SKIP lists
-# steps to leave out ("sanitizer bench"). Prints one line per step and "gpu_check: N passed, N
-# failed"; exit 1 on a failure. docs/gpu_runs.md keeps what each run on a GPU showed.
+# SANITIZER_TIMEOUT memcheck's, for each program (600); SKIP lists steps to leave out
+# ("sanitizer sanitizer_backward bench"). Prints one line per step and "gpu_check: N passed,
+# N failed"; exit 1 on a failure. docs/gpu_runs.md keeps what each run on a GPU showed.
 set -u
 BUILD=${BUILD:-build}
 LOG=${1:-$BUILD/gpu-logs}
@@ -49,7 +50,8 @@ step() { # step NAME TIMEOUT COMMAND...: runs it, logs to LOG/NAME.log, counts i
     nvcc --version 2>/dev/null | tail -n 2
     command -v compute-sanitizer || echo "compute-sanitizer: not found"
     $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' || true
-    for f in "$BUILD/libperformer.so.0" "$BUILD/libperformer_cuda.so.0" "$BUILD/tests/cuda/test_cuda"; do
+    for f in "$BUILD/libperformer.so.0" "$BUILD/libperformer_cuda.so.0" \
+        "$BUILD/tests/cuda/test_cuda" "$BUILD/tests/cuda/test_cuda_backward"; do
         echo "ldd $f:"
         ldd "$f" 2>&1 | sed 's/^/    /'
     done
@@ -60,6 +62,7 @@ if grep -q 'not found' "$LOG/machine.log"; then
 fi
 
 step test_cuda 300 "$BUILD/tests/cuda/test_cuda"
+step test_cuda_backward 300 "$BUILD/tests/cuda/test_cuda_backward"
 step emulate 120 $PY tests/cuda/emulate_favor.py
 step torch_cuda 300 $PY -m unittest -v python/tests/test_torch_cuda.py
 step bench $((BENCH_BUDGET + 60)) $PY bench/cuda/bench_cuda.py --budget "$BENCH_BUDGET" \
@@ -68,8 +71,10 @@ step bench $((BENCH_BUDGET + 60)) $PY bench/cuda/bench_cuda.py --budget "$BENCH_
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step sanitizer "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck --error-exitcode 1 \
         "$BUILD/tests/cuda/test_cuda" --quick
+    step sanitizer_backward "$SANITIZER_TIMEOUT" compute-sanitizer --tool memcheck \
+        --error-exitcode 1 "$BUILD/tests/cuda/test_cuda_backward" --quick
 else
-    echo "  skip  sanitizer (compute-sanitizer not on PATH)"
+    echo "  skip  sanitizer, sanitizer_backward (compute-sanitizer not on PATH)"
 fi
 echo "gpu_check: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
