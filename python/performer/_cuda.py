@@ -21,12 +21,15 @@ pf_cuda_last_error()'s words in the message.
 
 Contexts: one pf_cuda_ctx per device index, created on first use (ctx(device)) and freed at
 exit. A context is for one host thread at a time (it holds a cuBLAS handle and a workspace):
-callers hold its lock around every call that uses it (Context.lock).
+callers hold its lock around every call that uses it (Context.lock). Saved wraps a
+pf_cuda_favor_saved (a forward's kept features) made with a context: freed by free(), when it
+is garbage-collected, or with its context at exit, whichever comes first.
 """
 import atexit
 import ctypes
 import os
 import threading
+import weakref
 
 from . import _lib
 
@@ -72,6 +75,21 @@ _PROTOS = {
     # state, out, q, k, v, active (N device int32 or NULL), dtype, stream
     "pf_cuda_favor_state_step": (c_int, [P, P, P, P, P, P, c_int, P]),
     "pf_cuda_favor_state_positions": (c_int, [P, P, P]),  # state, pos (N host int64), stream
+    # the backward: per_head, fixed, dtype, shape, opts, favor
+    "pf_cuda_favor_backward_workspace": (c_int, [_size_p, _size_p, c_int, _shape_p, _attn_p,
+                                                 _favor_p]),
+    # ctx, dQ, dK, dV, dout, Q, K, V, dtype, shape, opts, favor, saved (or NULL), stream
+    "pf_cuda_favor_backward": (c_int, [P, P, P, P, P, P, P, P, c_int, _shape_p, _attn_p,
+                                       _favor_p, P, P]),
+    # bytes, dtype, shape, opts, favor
+    "pf_cuda_favor_saved_size": (c_int, [_size_p, c_int, _shape_p, _attn_p, _favor_p]),
+    # saved, ctx, dtype, shape, opts, favor
+    "pf_cuda_favor_saved_create": (c_int, [ctypes.POINTER(P), P, c_int, _shape_p, _attn_p,
+                                           _favor_p]),
+    "pf_cuda_favor_saved_free": (None, [P]),
+    "pf_cuda_favor_saved_bytes": (c_size_t, [P]),
+    # ctx, out, Q, K, V, dtype, shape, opts, favor, saved, stream
+    "pf_cuda_favor_save": (c_int, [P, P, P, P, P, c_int, _shape_p, _attn_p, _favor_p, P, P]),
 }
 
 _load_lock = threading.Lock()
@@ -187,15 +205,21 @@ def check(st, function, detail=""):
 
 class Context:
     """A pf_cuda_ctx on one device: ptr (the address), device, lock (held around each call
-    that uses it: a context is for one host thread at a time), tf32 (the last setting made)."""
+    that uses it: a context is for one host thread at a time), tf32 (the last setting made),
+    saved (the live Saved made with it, freed before it is).
 
-    __slots__ = ("ptr", "device", "lock", "tf32")
+    The lock is reentrant: a Saved dropped by the garbage collector frees itself under it, and
+    the collector may run in a thread that holds it already (between two calls, never inside
+    one: ctypes calls run no Python code)."""
+
+    __slots__ = ("ptr", "device", "lock", "tf32", "saved")
 
     def __init__(self, device):
         p = ctypes.c_void_p()
         check(lib().pf_cuda_ctx_create(ctypes.byref(p), device), "pf_cuda_ctx_create",
               f"device {device}")
-        self.ptr, self.device, self.lock, self.tf32 = p.value, device, threading.Lock(), None
+        self.ptr, self.device, self.lock, self.tf32 = p.value, device, threading.RLock(), None
+        self.saved = weakref.WeakSet()
 
     def set_tf32(self, allow):
         """pf_cuda_ctx_set_tf32 when allow differs from the last setting (hold self.lock)."""
@@ -205,10 +229,55 @@ class Context:
             self.tf32 = allow
 
     def free(self):
+        """Frees the kept features made with the context, then the context (the header: the
+        context must outlive them)."""
         with self.lock:
+            for s in list(self.saved):
+                s.free()
             if self.ptr:
                 lib().pf_cuda_ctx_free(self.ptr)
                 self.ptr = None
+
+
+class Saved:
+    """A pf_cuda_favor_saved: what a forward keeps for its backward (the features of every
+    head), nbytes of device memory on ctx's device. Saved(ctx, dtype, shape, opts, favor), the
+    last three as the C calls take them (pointers to the structs), makes an empty one for those
+    arguments (pf_cuda_favor_saved_create; the library's exception when it cannot, MemoryError
+    for device memory); pf_cuda_favor_save fills it, pf_cuda_favor_backward reads it (as ptr).
+    free() gives the memory back (pf_cuda_favor_saved_free, under the context's lock, which
+    waits for the device); so does the garbage collector when the object is dropped, and
+    Context.free before it frees the context. free() twice is harmless."""
+
+    __slots__ = ("ptr", "ctx", "nbytes", "__weakref__")
+
+    def __init__(self, c, dtype, shape, opts, favor):
+        self.ptr, self.ctx, self.nbytes = None, c, 0
+        p = ctypes.c_void_p()
+        with c.lock:
+            check(lib().pf_cuda_favor_saved_create(ctypes.byref(p), c.ptr, dtype, shape, opts,
+                                                   favor), "pf_cuda_favor_saved_create")
+            self.ptr = p.value
+            self.nbytes = lib().pf_cuda_favor_saved_bytes(self.ptr)
+            c.saved.add(self)
+
+    def free(self):
+        c = self.ctx
+        if self.ptr is None:
+            return
+        with c.lock:
+            if self.ptr is not None:
+                if c.ptr:  # else Context.free has run (it frees its Saved first)
+                    lib().pf_cuda_favor_saved_free(self.ptr)
+                self.ptr = None
+                self.nbytes = 0
+                c.saved.discard(self)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # at interpreter exit, ctypes or the lock may be gone: the OS frees
+            pass
 
 
 _contexts = {}
@@ -237,8 +306,9 @@ def contexts():
 
 
 def free_all():
-    """Frees every context (each waits for the work it queued). At exit, before the CUDA
-    runtime is torn down (Python's exit handlers run first)."""
+    """Frees every context and the kept features made with it (each waits for the work it
+    queued). At exit, before the CUDA runtime is torn down (Python's exit handlers run
+    first)."""
     with _ctx_lock:
         cs = list(_contexts.values())
         _contexts.clear()

@@ -12,9 +12,11 @@
         model = performer_pytorch.PerformerLM(...)
     model = pt.convert_performer_pytorch(built_model)  # or convert one already built
 
-    with torch.no_grad():                              # CUDA tensors: the forward on the GPU
-        out = pt.attention(q.cuda(), k.cuda(), v.cuda(), W=W, causal=True)   # pf_cuda_favor
-        out = attn.cuda()(q.cuda(), k.cuda(), v.cuda())
+    qc, kc, vc = (x.cuda().requires_grad_() for x in (q, k, v))  # CUDA tensors: on the GPU
+    out = pt.attention(qc, kc, vc, W=W, causal=True)   # pf_cuda_favor_save
+    out.sum().backward()                               # pf_cuda_favor_backward
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # q, k, v cast to bfloat16, as a matmul's
+        out = attn.cuda()(qc, kc, vc)
 
 Tensors: CPU, strided. float32 in C order is passed to C as it is (zero copy); float64,
 float16 and bfloat16 are converted to float32 (by a differentiable .to(), so gradients come
@@ -22,23 +24,41 @@ back in the input's dtype, and the output is in q's dtype); a non-contiguous ten
 contiguous once. Other dtypes (integers, complex) and tensors on another device (meta, ...)
 are refused with TypeError. Shapes as in performer.attention: (L,d), (H,L,d) or (B,H,L,d).
 
-CUDA tensors run the FAVOR+ forward in libperformer_cuda (include/performer_cuda.h, built by
-`make` where nvcc is found; loaded on the first CUDA call, never by importing this module, and
-a RuntimeError saying how to get it when it is missing). q, k and v on one CUDA device (else
-ValueError naming their devices) and of one dtype, float32, bfloat16 or float16, used as they
-are (TypeError for a mix, or float64: cast it); the output is in that dtype, allocated by torch
-on the device. The call runs on the device's current stream (torch.cuda.current_stream, so
-inside `with torch.cuda.stream(s)` on s) and returns when that stream has finished it: the
-library reads its error flags back at the end. float32 products use TF32 when torch allows it
-for cuBLAS matmuls (torch.backends.cuda.matmul.allow_tf32, or fp32_precision = "tf32"), read
-at each call. Forward only: under torch.no_grad() or torch.inference_mode(), or with no input
-requiring grad; otherwise NotImplementedError at once (train on CPU tensors). Kernels
-positive, hyperbolic, trig and relu (FAVOR++ and FAVOR# are CPU only); method "exact" is
-NotImplementedError on the GPU (torch.nn.functional.scaled_dot_product_attention is exact
-attention there). W, a constant, may be on the CPU or any CUDA device in any float dtype: a
-float32 contiguous W on q's device is used as it is, any other is copied there once and the
-copy kept until W changes (see _cuda_w). cuda_available(), cuda_profile() and
-cuda_stage_times() say whether the GPU path can run and what its stages cost.
+CUDA tensors run FAVOR+ forward and backward in libperformer_cuda (include/performer_cuda.h,
+built by `make` where nvcc is found; loaded on the first CUDA call, never by importing this
+module, and a RuntimeError saying how to get it when it is missing). q, k and v on one CUDA
+device (else ValueError naming their devices) and of one dtype, float32, bfloat16 or float16,
+used as they are (TypeError for a mix, or float64: cast it); the output is in that dtype,
+allocated by torch on the device. Inside torch.autocast("cuda", dtype=bfloat16 or float16) the
+inputs are first cast to the autocast dtype (by a differentiable .to(), as autocast casts a
+matmul's: float32 and the other half type are cast, float64 is not, and is refused), so the call
+runs and returns in it. The calls run on the device's current stream
+(torch.cuda.current_stream, so inside `with torch.cuda.stream(s)` on s; a backward on its
+forward's stream, as torch's autograd runs it) and return when that stream has finished them:
+the library reads its error flags back at the end. float32 products use TF32 when torch allows
+it for cuBLAS matmuls (torch.backends.cuda.matmul.allow_tf32, or fp32_precision = "tf32"), read
+at each call, backward included. Kernels positive, hyperbolic, trig and relu (FAVOR++ and
+FAVOR# are CPU only); method "exact" is NotImplementedError on the GPU
+(torch.nn.functional.scaled_dot_product_attention is exact attention there). W, a constant, may
+be on the CPU or any CUDA device in any float dtype: a float32 contiguous W on q's device is
+used as it is, any other is copied there once and the copy kept until W changes (see _cuda_w).
+cuda_available(), cuda_profile() and cuda_stage_times() say whether the GPU path can run and
+what its forward stages cost.
+
+Training on CUDA tensors (grad mode on and q, k or v requiring grad): the forward keeps every
+head's features on the device for the backward (pf_cuda_favor_save: 2 L r elements a head,
+bfloat16 for half inputs, float32 otherwise, and 3 L floats) when pf_cuda_favor_saved_size says
+they fit save_bytes (None: SAVE_BYTES; 0: always), and when the device has the memory; else
+the backward recomputes them from q, k and W (pf_cuda_favor_backward with no saved features;
+the same gradients to float rounding, for the cost of the two projections again). Unlike the
+CPU's budget, which keeps as many heads as fit, the GPU keeps all or none. The first backward
+frees the kept features as soon as it has run (the memory goes back to the device during the
+backward pass, layer by layer); a second backward of the same graph (retain_graph=True)
+recomputes them. Features kept by a forward never backpropagated are freed with its graph.
+Gradients come in the inputs' dtype (dout is cast to the forward's dtype and made contiguous
+first); products accumulate in float32. q, k, v and W are saved for the backward, so changing
+one in place before it is torch's RuntimeError; a NaN or Inf in the upstream gradient is
+FloatingPointError. Double backward is not supported (as on the CPU).
 
 Threads: `threads=None`, the default, is torch.get_num_threads() read at each call in the
 calling thread (a backward runs on its forward's count): the threads torch's own CPU operators
@@ -431,11 +451,13 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
     mode, or when no input requires grad, the plain forward runs (nothing is kept). Double
     backward is not supported.
 
-    CUDA tensors (q, k, v on one CUDA device, one dtype of float32, bfloat16, float16): the
-    FAVOR+ forward of libperformer_cuda on the device's current stream, output in that dtype;
-    kernels positive, hyperbolic, trig and relu; no grad (NotImplementedError if grad mode is
-    on and an input requires grad); W anywhere, copied to the device once while unchanged;
-    threads and save_bytes are checked and not used. The module docstring has the details."""
+    CUDA tensors (q, k, v on one CUDA device, one dtype of float32, bfloat16, float16): FAVOR+
+    forward and backward in libperformer_cuda on the device's current stream, output and
+    gradients in that dtype (inside torch.autocast("cuda"), the inputs are cast to its dtype
+    first); kernels positive, hyperbolic, trig and relu; the features are kept for the backward
+    when they fit save_bytes (all heads or none), else recomputed there; W anywhere, copied to
+    the device once while unchanged; threads is checked and not used. The module docstring has
+    the details."""
     if _on_cuda(q) or _on_cuda(k) or _on_cuda(v):
         return _cuda_attention(q, k, v, W=W, causal=causal, kernel=kernel, method=method,
                                key_lengths=key_lengths, scale=scale, eps=eps, chunk=chunk,
@@ -463,18 +485,24 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
     return out if q0.dtype is torch.float32 else out.to(q0.dtype)
 
 
-# ---- CUDA tensors: libperformer_cuda's forward ----------------------------------------------
+# ---- CUDA tensors: libperformer_cuda's forward and backward ---------------------------------
 #
-# What a call does, in order: checks (types, grad, devices, dtypes, method, kernel, shapes,
-# options; nothing is computed or copied before they pass), loads libperformer_cuda if this is
-# the first CUDA call (RuntimeError if it is not there), takes the device's pf_cuda_ctx (made on
-# first use, one per device, freed at exit) and its lock (a context is for one host thread at a
-# time), makes q, k, v contiguous (and 16-byte aligned) on the device's current stream if they
-# are not, finds W's device copy (below), allocates the output with torch.empty on the device,
-# sets the context's TF32 switch from torch's, and calls pf_cuda_favor on the current stream,
-# which returns when the stream has finished the call (it reads the kernels' error flags back).
-# Everything a call queued has therefore run when it returns: the inputs' and the output's
-# memory can be reused at once by torch's caching allocator, on any stream.
+# What a call does, in order: checks (types, devices, dtypes (autocast's where a region is on),
+# method, kernel, shapes, options; nothing is computed or copied before they pass), loads
+# libperformer_cuda if this is the first CUDA call (RuntimeError if it is not there), takes the
+# device's pf_cuda_ctx (made on first use, one per device, freed at exit), casts q, k, v to
+# autocast's dtype and makes them contiguous (and 16-byte aligned) on the device's current
+# stream where they are not (differentiable copies), finds W's device copy (below), allocates
+# the output with torch.empty on the device, and, holding the context's lock (a context is for
+# one host thread at a time), sets its TF32 switch from torch's and calls pf_cuda_favor on the
+# current stream, which returns when the stream has finished the call (it reads the kernels'
+# error flags back). Everything a call queued has therefore run when it returns: the inputs' and
+# the output's memory can be reused at once by torch's caching allocator, on any stream.
+#
+# In grad mode with an input requiring grad, _CudaFavorFunction makes the same call with
+# pf_cuda_favor_save into a _cuda.Saved (the features, within the budget), and its backward
+# calls pf_cuda_favor_backward the same way, with the arguments the forward checked (a
+# _CudaCall, kept by the autograd graph).
 #
 # W: a float32 contiguous (and 16-byte aligned) W on q's device is passed as it is. Any other
 # (on the CPU, on another GPU, another dtype, a view) is copied to q's device as float32 and the
@@ -493,8 +521,6 @@ _CUDA_KERNELS = ("positive", "hyperbolic", "trig", "relu")  # pf_kernel 0..3
 _ALIGN = 16  # bytes: what vector loads of float4 / 8 halves need
 _W_CACHE = {}
 _W_CACHE_MAX = 8
-_CUDA_GRAD = ("the CUDA backward of FAVOR+ is not implemented yet: run under torch.no_grad() / "
-              "inference_mode, or on CPU tensors for training")
 
 
 def _on_cuda(x):
@@ -583,13 +609,12 @@ def _cuda_raise(st, function, named):
 
 def _cuda_attention(q, k, v, *, W, causal, kernel, method, key_lengths, scale, eps, chunk,
                     oprf_a, threads, save_bytes):
-    """attention() of CUDA tensors: checks, then pf_cuda_favor (see the comment above)."""
+    """attention() of CUDA tensors: checks, then pf_cuda_favor, or _CudaFavorFunction where a
+    gradient is needed (see the comment above)."""
     named = (("q", q), ("k", k), ("v", v))
     for name, x in named:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(_CUDA_GRAD)
     dev = q.device
     if not (_on_cuda(q) and k.device == dev and v.device == dev):
         raise ValueError(f"q, k and v must be on one device: q is on {q.device}, k on "
@@ -597,15 +622,23 @@ def _cuda_attention(q, k, v, *, W, causal, kernel, method, key_lengths, scale, e
     for name, x in named:
         if x.layout is not torch.strided:
             raise TypeError(f"{name} has layout {x.layout}: dense (strided) tensors only")
-    dt = q.dtype
+    # inside torch.autocast("cuda"), the dtypes q, k, v will be cast to (as autocast casts a
+    # matmul's inputs: every floating dtype but float64); the casts are made after the checks
+    ac = _autocast_dtype()
+    if ac not in _CUDA_DTYPES:
+        ac = None
+    dts = [ac if ac is not None and x.dtype.is_floating_point and x.dtype is not torch.float64
+           else x.dtype for x in (q, k, v)]
+    dt = dts[0]
     if dt not in _CUDA_DTYPES:
         hint = (": cast to float32 (.float()), or bfloat16 / float16 for tensor cores"
                 if dt is torch.float64 else "")
         raise TypeError(f"q: dtype {dt} is not supported on CUDA: float32, bfloat16 or "
                         f"float16{hint}")
-    if k.dtype is not dt or v.dtype is not dt:
+    if dts[1] is not dt or dts[2] is not dt:
         raise TypeError(f"q, k and v must have one dtype on CUDA (float32, bfloat16 or "
-                        f"float16): q is {q.dtype}, k {k.dtype}, v {v.dtype}")
+                        f"float16): q is {q.dtype}, k {k.dtype}, v {v.dtype}"
+                        + (f" (inside autocast to {ac})" if ac is not None else ""))
     if method == "exact":
         raise NotImplementedError("method='exact' has no CUDA kernel here: on the GPU use "
                                   "torch.nn.functional.scaled_dot_product_attention, or move "
@@ -642,25 +675,155 @@ def _cuda_attention(q, k, v, *, W, causal, kernel, method, key_lengths, scale, e
         raise ValueError(f"save_bytes must be >= 0, got {save_bytes}")
     eps = _pf._nonneg(eps, "eps")
     chunk = _pf._int(chunk, "chunk", 0, 2**31 - 1)
-    L = _cuda.lib()  # RuntimeError when libperformer_cuda is not there
-    ctx = _cuda.ctx(dev.index)
+    c = _CudaCall()
+    c.dev, c.dt, c.sh, c.opts, c.key_len = dev, _CUDA_DTYPES[dt], sh, opts, key_len
+    c.oshape = tuple(q.shape[:-1]) + (sh.dv,)
+    c.budget = SAVE_BYTES if save_bytes is None else int(save_bytes)
+    _cuda.lib()  # RuntimeError when libperformer_cuda is not there
+    c.ctx = _cuda.ctx(dev.index)
     with torch.cuda.device(dev):
-        stream = torch.cuda.current_stream(dev)
-        q, k, v = (x if x.is_contiguous() and x.data_ptr() % _ALIGN == 0
-                   else x.clone(memory_format=torch.contiguous_format) for x in (q, k, v))
-        Wd = _cuda_w(W, dev)
-        fav = _lib.pf_favor_opts(kid, Wd.data_ptr(), W.shape[-2], 1 if W.ndim == 3 else 0,
-                                 eps, chunk, 0, 0.0)
-        out = torch.empty(tuple(q.shape[:-1]) + (sh.dv,), dtype=dt, device=dev)
-        allow = _tf32_allowed()
-        with ctx.lock:
-            ctx.set_tf32(allow)
-            st = L.pf_cuda_favor(ctx.ptr, out.data_ptr(), q.data_ptr(), k.data_ptr(),
-                                 v.data_ptr(), _CUDA_DTYPES[dt], _P(sh), _P(opts), _P(fav),
-                                 stream.cuda_stream)
-            if st:
-                _cuda_raise(st, "pf_cuda_favor", (("q", q), ("k", k), ("v", v), ("W", Wd)))
+        q, k, v = (_aligned(x if x.dtype is dt else x.to(dt)) for x in (q, k, v))
+        c.Wd = _cuda_w(W, dev)
+        c.fav = _lib.pf_favor_opts(kid, c.Wd.data_ptr(), W.shape[-2], 1 if W.ndim == 3 else 0,
+                                   eps, chunk, 0, 0.0)
+        c.args = (_P(c.sh), _P(c.opts), _P(c.fav))
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _CudaFavorFunction.apply(q, k, v, c)
+        out = torch.empty(c.oshape, dtype=dt, device=dev)
+        _cuda_forward(c, out, q, k, v, None)
     return out
+
+
+def _aligned(x):
+    """x contiguous and 16-byte aligned on its device: itself, or a copy (differentiable)."""
+    if x.is_contiguous() and x.data_ptr() % _ALIGN == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _autocast_dtype():
+    """The dtype torch.autocast("cuda") casts to inside an enabled region, else None. torch 2.4
+    names the device (is_autocast_enabled("cuda"), get_autocast_dtype("cuda")) and deprecates
+    the CUDA-only calls (is_autocast_enabled(), get_autocast_gpu_dtype()), all torch 1.13 has."""
+    get = getattr(torch, "get_autocast_dtype", None)
+    if get is not None:
+        try:
+            return get("cuda") if torch.is_autocast_enabled("cuda") else None
+        except TypeError:  # a torch between the two APIs
+            pass
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
+class _CudaCall:
+    """One CUDA call's arguments as libperformer_cuda takes them, kept alive together for the
+    forward and its backward: ctx (the device's _cuda.Context), dev, dt (the pf_cuda_dtype), sh,
+    opts, key_len (host int32 that opts points into, or None), Wd (float32 W on dev, which fav
+    points into), fav, args (pointers to sh, opts, fav), oshape (the output's shape), budget
+    (save_bytes as a number: 0 keeps the features whatever their size)."""
+
+    __slots__ = ("ctx", "dev", "dt", "sh", "opts", "key_len", "Wd", "fav", "args", "oshape",
+                 "budget")
+
+
+def _cuda_forward(c, out, q, k, v, saved):
+    """pf_cuda_favor into out on dev's current stream, or pf_cuda_favor_save filling saved (a
+    _cuda.Saved) as well; statuses raised."""
+    L = _cuda.lib()
+    stream = torch.cuda.current_stream(c.dev).cuda_stream
+    allow = _tf32_allowed()
+    ptrs = (out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), c.dt) + c.args
+    with c.ctx.lock:
+        c.ctx.set_tf32(allow)
+        if saved is None:
+            st, fn = L.pf_cuda_favor(c.ctx.ptr, *ptrs, stream), "pf_cuda_favor"
+        else:
+            st, fn = L.pf_cuda_favor_save(c.ctx.ptr, *ptrs, saved.ptr, stream), \
+                "pf_cuda_favor_save"
+        if st:
+            _cuda_raise(st, fn, (("q", q), ("k", k), ("v", v), ("W", c.Wd)))
+
+
+def _cuda_saved(c):
+    """A _cuda.Saved for call c when its kept features fit c.budget (pf_cuda_favor_saved_size)
+    and the device's memory; None to recompute them in the backward."""
+    n = ctypes.c_size_t()
+    st = _cuda.lib().pf_cuda_favor_saved_size(_P(n), c.dt, *c.args)
+    if st:
+        _cuda_raise(st, "pf_cuda_favor_saved_size", ())
+    if c.budget and n.value > c.budget:
+        return None
+    try:
+        return _cuda.Saved(c.ctx, c.dt, *c.args)
+    except MemoryError:  # no room on the device: the backward recomputes (the same results)
+        return None
+
+
+def _cuda_backward(ctx, dout):
+    c = ctx.call
+    kept, ctx.kept = ctx.kept, None  # a later backward (retain_graph) recomputes
+    try:
+        q, k, v = ctx.saved_tensors[:3]  # torch checks that none was changed in place since
+        if dout.dtype is not q.dtype:
+            dout = dout.to(q.dtype)
+        with torch.cuda.device(c.dev):
+            dout = _aligned(dout)
+            dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format)
+                          for x in (q, k, v))
+            L = _cuda.lib()
+            stream = torch.cuda.current_stream(c.dev).cuda_stream
+            allow = _tf32_allowed()
+            with c.ctx.lock:
+                c.ctx.set_tf32(allow)
+                st = L.pf_cuda_favor_backward(c.ctx.ptr, dq.data_ptr(), dk.data_ptr(),
+                                              dv.data_ptr(), dout.data_ptr(), q.data_ptr(),
+                                              k.data_ptr(), v.data_ptr(), c.dt, *c.args,
+                                              None if kept is None else kept.ptr, stream)
+                if st:
+                    _cuda_raise(st, "pf_cuda_favor_backward", (("q", q), ("k", k), ("v", v),
+                                                               ("W", c.Wd), ("dout", dout)))
+    finally:
+        if kept is not None:
+            kept.free()  # the call has finished on the stream: its memory goes back at once
+    return dq, dk, dv, None
+
+
+_cuda_backward_once = once_differentiable(_cuda_backward)
+
+
+class _CudaFavorFunction(torch.autograd.Function):
+    """FAVOR+ on CUDA tensors, differentiable in q, k and v (contiguous, aligned, of one dtype).
+    The forward keeps the features (pf_cuda_favor_save into a _cuda.Saved) when
+    pf_cuda_favor_saved_size is within the call's budget, else runs pf_cuda_favor; the backward
+    is pf_cuda_favor_backward with the kept features, which it frees at once, or with NULL
+    (recomputing them from q, k and W: a second backward, retain_graph=True, does that; the
+    results agree to float rounding). Kept features never backpropagated are freed with the
+    graph. W is a constant: the call holds it as the library reads it, and saves it with q, k
+    and v (when it has a version counter: not an inference tensor), so an in-place change to
+    any of them before the backward is an error."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, c):
+        out = torch.empty(c.oshape, dtype=q.dtype, device=c.dev)
+        saved = _cuda_saved(c)
+        try:
+            _cuda_forward(c, out, q, k, v, saved)
+        except BaseException:
+            if saved is not None:
+                saved.free()
+            raise
+        if _w_version(c.Wd) is None:
+            ctx.save_for_backward(q, k, v)
+        else:
+            ctx.save_for_backward(q, k, v, c.Wd)
+        ctx.call, ctx.kept = c, saved
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        # as _FavorFunction: once_differentiable only where the backward runs in grad mode
+        if torch.is_grad_enabled():
+            return _cuda_backward_once(ctx, dout)
+        return _cuda_backward(ctx, dout)
 
 
 def cuda_available():
@@ -744,10 +907,10 @@ class FastAttention(torch.nn.Module):
       performer-pytorch lacks (it masks values in its SelfAttention instead).
     Gradients flow to q, k and v (through pf_attn_favor_save / _backward_saved), never to
     projection_matrix, as there (it is a buffer). CPU tensors: float64/16 converted. CUDA
-    tensors (the forward only, under torch.no_grad() or inference_mode): module.cuda() moves
-    the buffer to the GPU, where it is used as it is (a buffer left on the CPU is copied to the
-    device once, and again after each redraw); float32, bfloat16 or float16 inputs, output in
-    their dtype, as attention() says.
+    tensors (forward and backward): module.cuda() moves the buffer to the GPU, where it is used
+    as it is (a buffer left on the CPU is copied to the device once, and again after each
+    redraw); float32, bfloat16 or float16 inputs, output in their dtype (or autocast's), as
+    attention() says.
     Extra keyword arguments: threads (None: torch.get_num_threads() at each call, as
     attention()), save_bytes (the kept features' budget per call, None: SAVE_BYTES).
 

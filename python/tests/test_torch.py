@@ -37,9 +37,10 @@ def rel(a, b):
 
 
 def ref_phi(x, W, kernel, scale, eps=0.0, A=None, sderf=None):
-    """phi(x) in float64 from performer.h's formulas. x (..,H,L,d); W (m,d) or (H,m,d)."""
+    """phi(x) in float64 from performer.h's formulas. x (..,H,L,d); W (m,d) or (H,m,d), moved
+    to x's device."""
     x = x.double() * math.sqrt(scale)
-    W = W.double()
+    W = W.to(device=x.device, dtype=torch.float64)
     m, d = W.shape[-2], W.shape[-1]
     Wh = W  # (H,m,d): its leading H meets x's heads in the batched product
     if sderf is not None:
@@ -67,14 +68,16 @@ def ref_phi(x, W, kernel, scale, eps=0.0, A=None, sderf=None):
 
 
 def ref_linear(pq, pk, v, causal, lens):
-    """out = (pq pk^T masked) v / row sums, float64; pq (B,H,Lq,r), pk (B,H,Lk,r)."""
-    Lq, Lk = pq.shape[-2], pk.shape[-2]
+    """out = (pq pk^T masked) v / row sums, float64; pq (B,H,Lq,r), pk (B,H,Lk,r), on any one
+    device."""
+    Lq, Lk, dev = pq.shape[-2], pk.shape[-2], pq.device
     if lens is not None:
-        keep = torch.arange(Lk)[None, :] < torch.as_tensor(lens)[:, None]  # (B,Lk)
+        keep = (torch.arange(Lk, device=dev)[None, :]
+                < torch.as_tensor(lens, device=dev)[:, None])  # (B,Lk)
         pk = pk * keep[:, None, :, None]
     S = pq @ pk.transpose(-1, -2)
     if causal:
-        S = S * torch.tril(torch.ones(Lq, Lk, dtype=S.dtype))
+        S = S * torch.tril(torch.ones(Lq, Lk, dtype=S.dtype, device=dev))
     return (S @ v.double()) / S.sum(-1, keepdim=True)
 
 
@@ -139,6 +142,25 @@ class TestGradients(unittest.TestCase):
                                         key_lengths=lens, eps=eps, oprf_a=A)
                     ref = ref_attention(q, k, v, W, kernel, causal, lens, eps=eps, A=A)
                     self.compare(ours, ref, q, k, v, G, f"{kernel} causal={causal}", lens)
+
+    def test_reference_gradcheck(self):
+        """The float64 reference's own gradients (torch autograd through it, what every gradient
+        test here and in test_torch_cuda compares with) against finite differences: gradcheck's
+        defaults (eps 1e-6, atol 1e-5, rtol 1e-3) suit float64 on inputs of norm about 1."""
+        g = torch.Generator().manual_seed(20)
+        q, k = (torch.randn(2, 2, 6, 4, generator=g, dtype=torch.float64) * 0.5 for _ in "qk")
+        v = torch.randn(2, 2, 6, 3, generator=g, dtype=torch.float64)
+        W = torch.from_numpy(performer.projection(8, 4, seed=20))
+        Wh = torch.from_numpy(np.stack([performer.projection(8, 4, seed=s) for s in (21, 22)]))
+        for kernel in ("positive", "hyperbolic", "trig", "relu"):
+            for causal in (False, True):
+                eps = 1e-3 if kernel == "relu" else 0.0
+                with self.subTest(kernel=kernel, causal=causal):
+                    for Wx in (W, Wh):
+                        def f(q, k, v):
+                            return ref_attention(q, k, v, Wx, kernel, causal, [6, 4], eps=eps)
+                        xs = tuple(x.clone().requires_grad_() for x in (q, k, v))
+                        self.assertTrue(torch.autograd.gradcheck(f, xs))
 
     def test_fitted_oprf_and_sderf(self):
         """Bidirectional FAVOR++ and FAVOR# fit their A per head to the valid rows (a constant of
