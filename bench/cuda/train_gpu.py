@@ -224,9 +224,27 @@ def train_one(torch, a, impl, init_state, data, windows, val_x, rows):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    res = {"impl": impl, "steps": 0, "stopped": None, "val": [], "loss": [], "times": []}
-    train_s = 0.0
+    res = {"impl": impl, "steps": 0, "stopped": None, "val": [], "loss": [], "times": [],
+           "train_s": 0.0}
     t_start = time.perf_counter()
+    try:
+        steps(torch, a, impl, model, opt, amp, batch, evaluate, windows, rows, res, t_start)
+    except Exception as e:  # noqa: BLE001 - a failing step ends this run, keeping its curve
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        res["stopped"] = f"failed at step {res['steps']}: {msg}"
+        log(f"  {impl}: {res['stopped']}")
+    res["wall_s"] = time.perf_counter() - t_start
+    res["peak"] = torch.cuda.max_memory_allocated() if cuda else None
+    t = res["times"][WARMUP:] or res["times"]
+    res["step_med"] = statistics.median(t) if t else None
+    return res
+
+
+def steps(torch, a, impl, model, opt, amp, batch, evaluate, windows, rows, res, t_start):
+    """The training loop of train_one: evaluations, steps, CSV rows; res updated as it goes."""
+    F = torch.nn.functional
+    cuda = a.device == "cuda"
+    train_s = 0.0
     for step in range(a.steps + 1):
         if step % a.eval_every == 0 or step == a.steps:
             v = evaluate()
@@ -238,7 +256,7 @@ def train_one(torch, a, impl, init_state, data, windows, val_x, rows):
         if step == a.steps:
             break
         if a.max_seconds and time.perf_counter() - t_start > a.max_seconds:
-            res["stopped"] = step
+            res["stopped"] = f"stopped at step {step}: --max-seconds {a.max_seconds:g} reached"
             log(f"  {impl}: stopped at step {step}: --max-seconds {a.max_seconds:.0f} reached")
             v = evaluate()
             res["val"].append((step, v))
@@ -265,8 +283,8 @@ def train_one(torch, a, impl, init_state, data, windows, val_x, rows):
         train_s += dt
         lv = float(loss)
         if not math.isfinite(lv):
-            res["stopped"] = step
-            log(f"  {impl}: loss {lv} at step {step}: stopped")
+            res["stopped"] = f"stopped at step {step}: loss {lv}"
+            log(f"  {impl}: {res['stopped']}")
             break
         res["loss"].append((step, lv))
         res["times"].append(dt)
@@ -274,14 +292,9 @@ def train_one(torch, a, impl, init_state, data, windows, val_x, rows):
         rows.append(dict(impl=impl, device=a.device, dtype=a.dtype, step=step,
                          loss=f"{lv:.5f}", val_loss="", lr=f"{lr:.6g}", time_s=f"{train_s:.3f}",
                          step_ms=f"{dt * 1e3:.3f}"))
+        res["train_s"] = train_s
         if step % 50 == 0:
             log(f"  {impl:5s} step {step:4d}: loss {lv:.4f}  {dt * 1e3:.1f} ms")
-    res["train_s"] = train_s
-    res["wall_s"] = time.perf_counter() - t_start
-    res["peak"] = torch.cuda.max_memory_allocated() if cuda else None
-    t = res["times"][WARMUP:] or res["times"]
-    res["step_med"] = statistics.median(t) if t else None
-    return res
 
 
 # ---- the report -----------------------------------------------------------------------------
@@ -397,10 +410,8 @@ def report(torch, a, results, base_nats, n_train, n_val, wall):
         w(f"{r['impl']:6s} {r['steps']:>5} {num(tl, '.4f', 10)} {num(vl, '.4f', 9)} "
           f"{num(med and med * 1e3, '.2f', 8)} {num(tps, ',.0f', 10)} {num(rel, '.2f', 7)} "
           f"{num(peak, '.0f', 9)} {r['train_s']:>8.1f}")
-        if isinstance(r["stopped"], str):
+        if r["stopped"] is not None:
             w(f"       {r['stopped']}")
-        elif r["stopped"] is not None:
-            w(f"       stopped at step {r['stopped']} (--max-seconds or a loss not finite)")
     w("train loss: the mean of the last 20 steps' batch losses; val loss: the last evaluation; "
       f"step ms: median after {WARMUP} steps, synchronised; t/ours: this one's step time / "
       "ours's (> 1: ours is faster); peak: torch's allocator (libperformer_cuda's workspace is "
