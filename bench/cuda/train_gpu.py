@@ -395,6 +395,16 @@ def report(torch, a, results, base_nats, n_train, n_val, wall):
     w(f"validation: {a.eval_windows} windows of the validation split every {a.eval_every} "
       f"steps; no-context baseline (training byte frequencies) {base_nats:.4f} nats/byte")
     w(f"config: {config_line(a, n_train + n_val)}")
+    if a.device == "cpu":
+        w("note: step times on a machine whose cores other work may share vary from run to run;"
+          " the losses do not (a run on the CPU repeats bit for bit)")
+    elif "sdpa" in a.impls:
+        b = torch.backends.cuda
+        flags = [n for n, f in (("flash", "flash_sdp_enabled"), ("cudnn", "cudnn_sdp_enabled"),
+                                ("mem_efficient", "mem_efficient_sdp_enabled"),
+                                ("math", "math_sdp_enabled"))
+                 if getattr(b, f, lambda: False)()]
+        w(f"sdpa: torch's own choice among the enabled backends ({', '.join(flags)})")
     w("")
     w(f"{'impl':6s} {'steps':>5} {'train loss':>10} {'val loss':>9} {'step ms':>8} "
       f"{'tokens/s':>10} {'t/ours':>7} {'peak MiB':>9} {'train s':>8}")
