@@ -11,6 +11,13 @@
         first evaluation after step 0 (the untrained value would flatten the curves), and a
         dashed reference line at VALUE on the loss panel
 
+    plot_train.py --impls OUT.png [--title TITLE] CSV [CSV ...]
+        the CSVs of bench/cuda/train_gpu.py (columns impl, device, dtype, step, loss, val_loss,
+        ...): one line per (impl, device, dtype) on three panels, the training loss (a 10-step
+        mean over the raw losses), the validation loss, and each run's training loss less the
+        CPU float32 run's of `ours` (the reference: how far bfloat16 on the GPU, or another
+        attention, moves the curve), 10-step means, over the steps both have
+
 The log's columns: step, lr, train_loss, grad_norm, tokens_per_s, elapsed_s, val_loss,
 val_ppl, val_acc (the val_* columns only on evaluation steps). Needs numpy and matplotlib.
 """
@@ -102,8 +109,98 @@ def compare(png, title, runs, baseline=None):
     fig.savefig(png, dpi=110, format="png")
 
 
+def read_impls(paths):
+    """[(label, key, {"step", "loss", "val_step", "val_loss"})] from train_gpu CSVs, one entry
+    per (file, impl, device, dtype); the label is "impl device dtype", with the file's name
+    when that key is in more than one file."""
+    runs = []
+    for path in paths:
+        mine = {}
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                key = (row["impl"], row["device"], row["dtype"])
+                r = mine.setdefault(key, {"step": [], "loss": [], "val_step": [],
+                                          "val_loss": []})
+                if row["loss"]:
+                    r["step"].append(int(row["step"]))
+                    r["loss"].append(float(row["loss"]))
+                if row["val_loss"]:
+                    r["val_step"].append(int(row["step"]))
+                    r["val_loss"].append(float(row["val_loss"]))
+        for key, r in mine.items():
+            runs.append((path, key, {c: np.asarray(v) for c, v in r.items()}))
+    count = {}
+    for _, key, _ in runs:
+        count[key] = count.get(key, 0) + 1
+    out = []
+    for path, key, r in runs:
+        label = " ".join(key)
+        if count[key] > 1:
+            label += f" ({path.rsplit('/', 1)[-1]})"
+        out.append((label, key, r))
+    return out
+
+
+def impls(png, title, paths):
+    runs = read_impls(paths)
+    if not runs:
+        sys.exit("plot_train.py: no rows in " + ", ".join(paths))
+    ref = next((r for _, key, r in runs if key == ("ours", "cpu", "fp32")), None)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax1, ax2, ax3 = axes
+    n, skip = 10, 25  # the moving mean's length; the axes' range ignores the first steps
+    lo, hi = [], []
+    for i, (label, key, r) in enumerate(runs):
+        style = "--" if key[1] == "cpu" else "-"
+        if len(r["step"]):
+            sm = smooth(r["loss"], n)
+            ax1.plot(r["step"], r["loss"], color=f"C{i}", lw=0.5, alpha=0.25)
+            ax1.plot(r["step"], sm, style, color=f"C{i}", lw=1.5, label=label)
+            late = r["step"] >= skip
+            if late.any():
+                lo.append(r["loss"][late].min())
+                hi.append(sm[late].max())
+        keep = r["val_step"] > 0
+        if keep.any():
+            ax2.plot(r["val_step"][keep], r["val_loss"][keep], "o" + style, color=f"C{i}",
+                     ms=3, label=label)
+        if ref is not None and r is not ref and len(r["step"]):
+            common, ia, ib = np.intersect1d(r["step"], ref["step"], return_indices=True)
+            if len(common):
+                diff = r["loss"][ia] - ref["loss"][ib]
+                ax3.plot(common, smooth(diff, n), style, color=f"C{i}", lw=1.5,
+                         label=f"{label} - ours cpu fp32")
+    if lo:
+        ax1.set_ylim(min(lo) - 0.05, max(hi) + 0.15)
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("training cross-entropy (nats per byte)")
+    ax1.set_title(f"training loss ({n}-step mean; raw faint; range from step {skip})",
+                  fontsize=10)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("validation cross-entropy (nats per byte)")
+    ax2.set_title("validation loss (after step 0)", fontsize=10)
+    ax3.set_xlabel("step")
+    ax3.set_ylabel("difference (nats per byte)")
+    ax3.set_title(f"training loss less the CPU fp32 run's ({n}-step mean)", fontsize=10)
+    ax3.axhline(0.0, color="0.4", lw=0.8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110, format="png")
+
+
 def main(argv):
-    if len(argv) >= 3 and argv[1] == "--compare":
+    if len(argv) >= 3 and argv[1] == "--impls":
+        png, rest, title = argv[2], argv[3:], "train_gpu.py: loss curves"
+        if len(rest) >= 2 and rest[0] == "--title":
+            title, rest = rest[1], rest[2:]
+        if not rest:
+            sys.exit("usage: plot_train.py --impls OUT.png [--title T] CSV ...")
+        impls(png, title, rest)
+    elif len(argv) >= 3 and argv[1] == "--compare":
         png, rest, title, baseline = argv[2], argv[3:], "validation curves", None
         if len(rest) >= 2 and rest[0] == "--title":
             title, rest = rest[1], rest[2:]

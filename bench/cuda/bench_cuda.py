@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """bench_cuda.py: FAVOR+ on an NVIDIA GPU (libperformer_cuda) against FlashAttention, FAVOR+ in
-pure torch and flash-linear-attention, forward and decoding, every ratio from the same run.
+pure torch and flash-linear-attention, forward, forward + backward and decoding, every ratio from
+the same run.
 
     PYTHONPATH=python python3 bench/cuda/bench_cuda.py --out docs/bench_cuda.txt [--csv FILE]
                                                        [--budget SECONDS] [--no-fla]
+                                                       [--only all|fwd|fwdbwd]
     PYTHONPATH=python /usr/bin/python3 bench/cuda/bench_cuda.py --dry-run   # CPU, tiny sizes
 
 1. Header: the GPU (name, SMs, memory, clocks, driver), CUDA, torch, triton and fla versions,
@@ -43,24 +45,44 @@ pure torch and flash-linear-attention, forward and decoding, every ratio from th
    ours after one call of the shape, the workspace trimmed before it. Ratios are peer time
    / ours (> 1: ours is faster). Correctness guard, one small case per method, against the pure
    torch formulation in float32: normwise differences ||a - b|| / ||b||, reported, never failed.
-4. Stage profile of our forward at the largest L that fits at B = 1, d = 64, both modes, from
+4. FAVOR+ forward + backward (the gradients of sum(out * dout) for Q, K, V; dout N(0, 1)), the
+   same sizes, modes and dtype, in phases after the forward's (--only fwdbwd: alone). Ours
+   through ctypes on our own context: "ours" pf_cuda_favor_save + pf_cuda_favor_backward on a
+   pf_cuda_favor_saved made once per shape (kept features), "rc" pf_cuda_favor +
+   pf_cuda_favor_backward with saved NULL (features recomputed), "fwd" pf_cuda_favor alone (for
+   fwd+bwd / fwd); "pt" performer.torch.attention under autograd where it runs on CUDA tensors;
+   SDPA (FlashAttention backend) and the pure-torch formulation under torch's autograd,
+   torch.autograd.grad(out, (q, k, v), dout). Each call allocates its output and gradients
+   (torch's allocator). Memory: torch's peak over the inputs and dout (the output and gradients
+   included) plus the library's own bytes (the context's workspace after one call of the shape,
+   trimmed before, and the saved's pf_cuda_favor_saved_bytes), and per token (/ B L): flat or
+   falling as L grows is memory linear in L. Correctness guard: the gradients of one small case
+   of each method against the pure-torch formulation in float32 with eps 0 (the estimator's own
+   gradients), SDPA's against exact softmax's.
+5. Stage profile of our forward at the largest L that fits at B = 1, d = 64, both modes, from
    pf_cuda_ctx_profile / pf_cuda_ctx_stages on performer.torch's context (performer._cuda
    .profile / .stages, what pt.cuda_profile / pt.cuda_stage_times call; else a context of our
    own driving pf_cuda_favor): per stage the median ms over 5 forwards, each read on its own,
    TFLOP/s against the GEMM yardstick (matrix stages) and GB/s against the copy bandwidth.
-5. Decoding: pf_cuda_favor_state_step on N = 1, 64, 256 sequences x H = 16 heads, d = dv = 64,
+6. Decoding: pf_cuda_favor_state_step on N = 1, 64, 256 sequences x H = 16 heads, d = dv = 64,
    m = 256, bf16 and fp32; the median over 200 steps of each call's wall time (a step waits for
    its stream, as the API does), tokens/s, and the state bytes each step reads and writes
    (2 N H r (dv + 1) 4) as a fraction of the copy bandwidth.
-6. Targets, PASS/MISS: causal FAVOR+ faster than SDPA from L = 4096 on and >= 10x at L = 65536;
+7. Targets, PASS/MISS: causal FAVOR+ faster than SDPA from L = 4096 on and >= 10x at L = 65536;
    >= 5x the pure-torch formulation, causal; one decode step of 64 x 16 (bf16) under 50 us.
+   Forward + backward: causal ours (kept features) faster than SDPA from L = 8192 on; ours at
+   most 3x fwd, both modes; memory linear in L (ours and rc: bytes per token at most 1.1x those
+   at the L before, in every series).
 
 Time budget (--budget, default 200 s of wall time from the start of the process): the cases
-run in priority order (causal B = 1, bidirectional B = 1, causal B = 8, bidirectional B = 8),
-each phase given a share of what is left; ours always runs (it is cheap); a peer case runs
-only if its cost, predicted from the same method's time at the next shorter L (scaled by L^2
-for SDPA, L otherwise) and taken SAFETY times, fits in its phase's share, and only if its
-memory estimate fits in what the GPU has free; a skipped case is printed with its reason.
+run in priority order (causal B = 1, bidirectional B = 1, causal B = 8, bidirectional B = 8;
+the forward's phases, then the forward + backward's), each phase given a share of what is
+left; ours always runs (it is cheap) while the budget lasts; a peer case runs only if its
+cost, predicted from the same method's time at the next shorter L (scaled by L^2 for SDPA, L
+otherwise) and taken SAFETY times, fits in its phase's share, and only if its memory estimate
+fits in what the GPU has free (ours too); a skipped case is printed with its reason.
+--only fwd runs the forward's sections (guard, decoding, stage profile, sweep), --only fwdbwd
+the forward + backward's (its guard and sweep; no fla), for a short GPU call.
 After the phases, a fill-in pass runs the cases skipped for time that still fit, in the same
 order. END_RESERVE_S is kept for the report. Memory errors are caught and reported as "oom";
 fla's first call of each (B, d) (Triton compile and autotune) needs --fla-first-s seconds
@@ -77,7 +99,8 @@ need transformers >= 5.6.2 and are imported by `import fla` when present).
 
 --dry-run runs the same code on the CPU at tiny sizes (H = 2, d = 16 and 32, m = 32, L <= 512;
 SDPA replaced by a plain softmax where torch has none; CUDA-only parts need a libperformer_cuda,
-e.g. a host-memory stub named by PERFORMER_CUDA_LIB) to find errors before a GPU run.
+e.g. bench/cuda/host_stub.c, the CPU library behind the same functions on host memory, named by
+PERFORMER_CUDA_LIB) to find errors before a GPU run.
 """
 import argparse
 import csv
@@ -109,6 +132,13 @@ PHASE_WEIGHTS = (3.0, 2.0, 3.0, 2.0)
 CUDA_SONAME = "libperformer_cuda.so.0"
 PF_CUDA_STAGES = 8
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+# forward + backward: ours alone (fwd), with kept features (ours), recomputed (rc), through
+# performer.torch's autograd (pt), SDPA and pure torch under torch's autograd
+FB_METHODS = ("fb:fwd", "fb:ours", "fb:rc", "fb:pt", "fb:sdpa", "fb:torch")
+FB_OURS = ("fb:fwd", "fb:ours", "fb:rc")
+FB_FROM_L = 8192         # target: causal forward + backward faster than SDPA from this L on
+FB_OVER_FWD = 3.0        # target: forward + backward at most this many times the forward
+FB_MEM_GROWTH = 1.1      # target: bytes per token from one L to the next grow at most this much
 
 
 def now():
@@ -339,6 +369,13 @@ class CudaLib:
                                                ctypes.c_float, fv]),
             "pf_cuda_favor_state_free": (None, [P]),
             "pf_cuda_favor_state_step": (I, [P, P, P, P, P, P, I, P]),
+            # ctx, out, Q, K, V, dtype, shape, opts, favor, saved, stream
+            "pf_cuda_favor_save": (I, [P, P, P, P, P, I, sh, op, fv, P, P]),
+            # ctx, dQ, dK, dV, dout, Q, K, V, dtype, shape, opts, favor, saved (or NULL), stream
+            "pf_cuda_favor_backward": (I, [P, P, P, P, P, P, P, P, I, sh, op, fv, P, P]),
+            "pf_cuda_favor_saved_create": (I, [ctypes.POINTER(P), P, I, sh, op, fv]),
+            "pf_cuda_favor_saved_free": (None, [P]),
+            "pf_cuda_favor_saved_bytes": (S, [P]),
         }
         self.missing = []
         for name, (res, args) in protos.items():
@@ -464,6 +501,8 @@ class Bench:
         self.args = args
         self.header, self.yard, self.setup, self.guard = [], [], [], []
         self.fwd = {}          # (mode, B, d, L) -> {method: Res}
+        self.fb = {}           # (mode, B, d, L) -> {"fb:...": Res}, forward + backward
+        self.fb_guard = []
         self.phi = {}          # (B, d, L) -> Res of the features in torch
         self.skips = []        # (mode, B, d, L, method, reason)
         self.fla_first = []    # lines: the first call of each fla shape
@@ -500,11 +539,19 @@ class Bench:
             w("\n== Correctness guard (normwise ||a - b|| / ||b||; reported, not failed) ==\n")
             for line in self.guard:
                 w(line + "\n")
+        if self.fb_guard:
+            w("\n== Correctness guard, gradients (normwise; reported, not failed) ==\n")
+            for line in self.fb_guard:
+                w(line + "\n")
         for mode in ("causal", "bidirectional"):
             keys = sorted(k for k in self.fwd if k[0] == mode)
             if not keys:
                 continue
             self._render_mode(w, mode, keys)
+        for mode in ("causal", "bidirectional"):
+            keys = sorted(k for k in self.fb if k[0] == mode)
+            if keys:
+                self._render_fb(w, mode, keys)
         if self.fla_first:
             w("\nflash-linear-attention, first call of each shape (Triton compile + autotune "
               f"over <= {FLA_CONFIGS} configs a kernel; not in the times above):\n")
@@ -513,7 +560,7 @@ class Bench:
         if self.skips:
             w("\nSkipped or failed cases:\n")
             for mode, B, d, L, meth, why in self.skips:
-                w(f"  {mode:13s} B={B} d={d:3d} L={L:6d} {meth:5s}: {why}\n")
+                w(f"  {mode:13s} B={B} d={d:3d} L={L:6d} {meth:8s}: {why}\n")
         if self.profile:
             w(f"\n== Stage profile of our forward ({self.gpu_label}) ==\n")
             for line in self.profile:
@@ -604,6 +651,64 @@ class Bench:
                         f"{fmt(ph.ms if ph is not None and ph.status == 'ok' else None, 7)}"
             w(line + "\n")
 
+    def _render_fb(self, w, mode, keys):
+        a = self.args
+        w(f"\n== FAVOR+ forward + backward, {mode}, {a.dtype}, H = {a.heads}, m = {a.features}, "
+          f"dv = d ({self.gpu_label}) ==\n")
+        w("median ms of one forward and backward (the gradients of sum(out * dout) for Q, K and "
+          "V). ours: pf_cuda_favor_save +\npf_cuda_favor_backward (kept features); rc: "
+          "pf_cuda_favor + pf_cuda_favor_backward, saved NULL (recomputed);\nfwd: pf_cuda_favor "
+          "alone; /fwd: that method's time / fwd's; pt: performer.torch.attention under "
+          "autograd;\nSDPA, torch: torch.autograd.grad after the forward. x PEER = peer time / "
+          "ours (> 1: ours faster).\n")
+        w(f"targets: causal ours faster than SDPA from L = {FB_FROM_L}; ours <= {FB_OVER_FWD:g}x"
+          f" fwd; memory linear in L\n\n")
+        w(f"{'B':>2} {'d':>4} {'L':>7}  {'fwd ms':>8} {'ours ms':>9} {'/fwd':>5} "
+          f"{'rc ms':>9} {'/fwd':>5} {'pt ms':>9} {'SDPA ms':>9} {'x SDPA':>7} "
+          f"{'torch ms':>9} {'x torch':>7}\n")
+
+        def ok(r):
+            return r is not None and r.status == "ok"
+
+        def cell(r, wd=9):
+            if r is None:
+                return "-".rjust(wd)
+            return fmt(r.ms, wd) if r.status == "ok" else r.status.rjust(wd)
+
+        def ratio(r, base, wd):
+            return fmt_ratio(r.t.med / base.t.med if ok(r) and ok(base) else None, wd)
+
+        for k in keys:
+            _, B, d, L = k
+            rs = self.fb[k]
+            f, o, rc = rs.get("fb:fwd"), rs.get("fb:ours"), rs.get("fb:rc")
+            sd, tt = rs.get("fb:sdpa"), rs.get("fb:torch")
+            w(f"{B:>2} {d:>4} {L:>7}  {cell(f, 8)} {cell(o)} {ratio(o, f, 5)} {cell(rc)} "
+              f"{ratio(rc, f, 5)} {cell(rs.get('fb:pt'))} {cell(sd)} {ratio(sd, o, 7)} "
+              f"{cell(tt)} {ratio(tt, o, 7)}\n")
+        w("\npeak memory of a forward + backward: MiB over the inputs and dout (4 B H L d "
+          "elements), torch's allocator\n(the output and gradients included) + the library's "
+          "own (lib: workspace, and for ours the saved features);\nKiB/tok = that / (B L): "
+          "memory linear in L keeps it flat or falling as L grows\n\n")
+        meths = (("fb:ours", "ours"), ("fb:rc", "rc"), ("fb:pt", "pt"), ("fb:sdpa", "SDPA"),
+                 ("fb:torch", "torch"))
+        w(f"{'B':>2} {'d':>4} {'L':>7}  {'lib MiB':>8}"
+          + "".join(f" | {nm + ' MiB':>9} {'KiB/tok':>7}" for _, nm in meths) + "\n")
+        for k in keys:
+            _, B, d, L = k
+            rs = self.fb[k]
+            o = rs.get("fb:ours")
+            lib = o.ws / 2**20 if ok(o) and o.ws is not None else None
+            line = f"{B:>2} {d:>4} {L:>7}  {fmt(lib, 8)}"
+            for meth, _ in meths:
+                r = rs.get(meth)
+                if ok(r) and r.peak is not None:
+                    tot = r.peak + (r.ws or 0)
+                    line += f" | {fmt(tot / 2**20, 9)} {fmt(tot / (B * L) / 1024, 7)}"
+                else:
+                    line += f" | {fmt(None, 9)} {fmt(None, 7)}"
+            w(line + "\n")
+
     def write(self, final=False):
         """The report (--out) and the CSV (--csv), each written whole to a temporary name and
         renamed. While the run goes on, and when it stops short, they go to OUT.partial and
@@ -668,6 +773,8 @@ class Run:
         self.ours_via = None   # "performer.torch" or "pf_cuda_favor"
         self.dead = False      # the CUDA context is unusable: stop
         self.decode64 = None   # seconds of one bf16 decode step of 64 sequences
+        self.fb_why = "not set up"     # why ours cannot run forward + backward (None: it can)
+        self.pt_fb_why = "not set up"  # likewise performer.torch under autograd
 
     # -- memory -------------------------------------------------------------------------------
     def free_bytes(self):
@@ -723,8 +830,8 @@ class Run:
         import performer
         from performer import _lib as pl
         h = rep.header
-        h.append("bench_cuda.py: FAVOR+ forward and decoding on the GPU against FlashAttention "
-                 "(SDPA), performer-pytorch")
+        h.append("bench_cuda.py: FAVOR+ forward, forward + backward and decoding on the GPU "
+                 "against FlashAttention (SDPA), performer-pytorch")
         h.append("in pure torch and flash-linear-attention; every ratio from this one run")
         h.append(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
         if self.cuda:
@@ -763,7 +870,8 @@ class Run:
             commit += " (with uncommitted changes)" if dirty else ""
         h.append(f"repository commit: {commit or 'unknown (no git)'}")
         h.append(f"sizes: B {a.batches}, H {a.heads}, d = dv {a.dims}, m {a.features}, "
-                 f"L {a.lengths[0]}..{a.lengths[-1]}, {a.dtype}; budget {a.budget:.0f} s")
+                 f"L {a.lengths[0]}..{a.lengths[-1]}, {a.dtype}; budget {a.budget:.0f} s; "
+                 f"--only {a.only}")
         for line in h:
             print(line, flush=True)
 
@@ -878,7 +986,7 @@ class Run:
             rep.setup.append("workspace (ws) of ours: pf_cuda_ctx_bytes of our own context "
                              "after one pf_cuda_favor of the same shape, trimmed before")
         # wrapper overhead at a small size: performer.torch against pf_cuda_favor, same call
-        if self.ours_via == "performer.torch" and direct_ok:
+        if self.ours_via == "performer.torch" and direct_ok and a.only != "fwdbwd":
             self.wrapper_overhead()
         for line in rep.setup:
             log(line)
@@ -1076,12 +1184,35 @@ class Run:
             # (q * scale * k_cum), o and o / denominator
             h = B * H * (-(-L // 64)) * m * d * e
             return max(4 * F, 5 * F + h + 2 * BHL * d * e)
+        # forward + backward: the output and three gradients, besides what each keeps
+        grads = 4 * BHL * d * e
+        if meth == "fb:fwd":
+            return BHL * d * e + (1 << 30)
+        if meth == "fb:rc":
+            return grads + (1 << 30)
+        if meth in ("fb:ours", "fb:pt"):
+            return grads + self.saved_estimate(B, H, L, m) + (1 << 30)
+        if meth == "fb:sdpa":
+            # the log-sum-exp, and dQ accumulated in float32
+            return grads + BHL * d * 4 + 2 * BHL * 4
+        if meth == "fb:torch":
+            # the autograd graph keeps the features and their exponentials; causal also every
+            # piece's prefix states k v^T (L m dv in all), which the last einsum saves
+            if causal:
+                return BHL * m * d * e + 8 * F + 2 * grads
+            return 10 * F + 2 * grads
         return 0
+
+    def saved_estimate(self, B, H, L, m):
+        """Device bytes of a pf_cuda_favor_saved (the header's count: 2 L r features, bfloat16
+        for half inputs, float32 otherwise, and 3 L floats a head)."""
+        e = 2 if self.dtype != self.torch.float32 else 4
+        return B * H * L * (2 * m * e + 12)
 
     def predict(self, meth, mode, B, d, L):
         """Seconds per call predicted from the same method's last time in this series (or at
         the other batch size), scaled by L^2 for SDPA and L otherwise; None if never run."""
-        p = 2 if meth == "sdpa" else 1
+        p = 2 if meth in ("sdpa", "fb:sdpa") else 1
         known = self.pred.get((meth, mode, B, d))
         if known is not None:
             L0, t0 = known
@@ -1092,31 +1223,44 @@ class Run:
         return None
 
     # -- one configuration --------------------------------------------------------------------
+    def table(self, meth):
+        """The results table and CSV section of a method: the forward sweep's, or the forward +
+        backward one's for the methods named "fb:..."."""
+        if meth.startswith("fb:"):
+            return self.rep.fb, "fwdbwd"
+        return self.rep.fwd, "forward"
+
     def forget(self, key, meth):
         """Drops what was recorded for meth at key (a skip that is being retried)."""
         mode, B, d, L = key
+        tab, section = self.table(meth)
         self.rep.skips = [x for x in self.rep.skips if x[:5] != (mode, B, d, L, meth)]
         drop = {meth, "phi"} if meth == "fla" else {meth}
         self.rep.csv = [r for r in self.rep.csv if not (
-            r["section"] == "forward" and (r["mode"], r["B"], r["d"], r["L"]) == (mode, B, d, L)
+            r["section"] == section and (r["mode"], r["B"], r["d"], r["L"]) == (mode, B, d, L)
             and r["method"] in drop)]
-        self.rep.fwd.get(key, {}).pop(meth, None)
+        tab.get(key, {}).pop(meth, None)
 
     def skip(self, key, meth, why, status="skip"):
         mode, B, d, L = key
+        tab, section = self.table(meth)
         self.forget(key, meth)
-        self.rep.fwd.setdefault(key, {})[meth] = Res(status, note=why)
+        tab.setdefault(key, {})[meth] = Res(status, note=why)
         self.rep.skips.append((mode, B, d, L, meth, why))
-        self.rep.row(section="forward", mode=mode, method=meth, dtype=self.args.dtype, B=B,
+        self.rep.row(section=section, mode=mode, method=meth, dtype=self.args.dtype, B=B,
                      H=self.args.heads, L=L, d=d, dv=d, m=self.args.features, status=status,
                      note=why)
         log(f"  {meth}: {status}: {why}")
 
     def measure(self, key, meth, fn, pred, ws=None, base=None):
         """Times fn as the case key/meth, records it and returns the Res (or None). Memory is
-        counted from base (default: what is allocated when the case starts)."""
+        counted from base (default: what is allocated when the case starts); ws is what the
+        library holds outside torch's allocator (a number, or a function called after the
+        timing that gives it)."""
         mode, B, d, L = key
         a = self.args
+        tab, section = self.table(meth)
+        ref = "fb:ours" if section == "fwdbwd" else "ours"
         b0 = self.mem_start()
         base = b0 if base is None else base
         warm = 0 if (pred is not None and pred >= NO_WARMUP_S) else 1
@@ -1138,14 +1282,16 @@ class Run:
                 log("the CUDA context no longer works: stopping the sweep")
             return None
         peak = self.mem_peak(base)
+        if callable(ws):
+            ws = ws()
         res = Res("ok", r, peak, ws)
-        self.rep.fwd.setdefault(key, {})[meth] = res
+        tab.setdefault(key, {})[meth] = res
         self.pred[(meth, mode, B, d)] = (L, r.med)
-        ours = self.rep.fwd[key].get("ours")
+        ours = tab[key].get(ref)
         ratio = ""
-        if meth != "ours" and ours is not None and ours.status == "ok":
+        if meth not in (ref, "fb:fwd") and ours is not None and ours.status == "ok":
             ratio = r.med / ours.t.med
-        self.rep.row(section="forward", mode=mode, method=meth, dtype=a.dtype, B=B, H=a.heads,
+        self.rep.row(section=section, mode=mode, method=meth, dtype=a.dtype, B=B, H=a.heads,
                      L=L, d=d, dv=d, m=a.features, status="ok", ms_median=r.med * 1e3,
                      ms_min=r.lo * 1e3, ms_max=r.hi * 1e3, runs=r.runs, warmup=r.warm,
                      tokens_per_s=B * L / r.med,
@@ -1154,7 +1300,7 @@ class Run:
                      ratio_peer_over_ours=ratio, note="" if warm else "no warm-up")
         extra = f", x{ratio:.2f}" if ratio != "" else ""
         mem = "" if peak is None else f", {peak / 2**20:.0f} MiB"
-        log(f"  {meth:5s} {r.med * 1e3:10.3f} ms (median of {r.runs}{extra}{mem}; "
+        log(f"  {meth:8s} {r.med * 1e3:10.3f} ms (median of {r.runs}{extra}{mem}; "
             f"case {r.wall:.2f} s)")
         return res
 
@@ -1296,25 +1442,306 @@ class Run:
         except Exception as e:  # noqa: BLE001
             log(f"  phi: failed ({e})")
 
+    # -- forward + backward -------------------------------------------------------------------
+    def setup_fb(self):
+        """Which forward + backward methods can run: ours through ctypes needs the library's
+        backward functions and a context of our own; performer.torch under autograd is tried
+        on a small case of this device."""
+        t, rep = self.torch, self.rep
+        need = ("pf_cuda_favor", "pf_cuda_favor_save", "pf_cuda_favor_backward",
+                "pf_cuda_favor_saved_create", "pf_cuda_favor_saved_free",
+                "pf_cuda_favor_saved_bytes")
+        if self.cu is None or self.ctx is None:
+            self.fb_why = "libperformer_cuda or a context of our own missing (see above)"
+        elif not self.cu.has(*need):
+            self.fb_why = "libperformer_cuda lacks " + ", ".join(
+                n for n in need if not self.cu.has(n))
+        else:
+            self.fb_why = None
+        if self.fb_why is None:
+            rep.setup.append("forward + backward, ours: pf_cuda_favor_save + "
+                             "pf_cuda_favor_backward (kept features) and pf_cuda_favor + "
+                             "pf_cuda_favor_backward with saved NULL (rc: recomputed), through "
+                             "ctypes on our own context; fwd: pf_cuda_favor alone, the same "
+                             "context")
+        else:
+            rep.setup.append(f"forward + backward, ours: NOT AVAILABLE ({self.fb_why})")
+        H, d = 2, 32 if not self.cuda else 64
+        q, k, v = self.inputs(1, H, 256, d, d, seed=9)
+        dout = self.cotangent(1, H, 256, d, seed=10)
+        W = self.weights(d)
+        try:
+            g = self.pt_fb(q, k, v, W, True, dout)()
+            bad = [n for n, x, y in zip(("dq", "dk", "dv"), g, (q, k, v))
+                   if x is None or tuple(x.shape) != tuple(y.shape) or x.device != y.device
+                   or not bool(t.isfinite(x.float()).all())]
+            self.pt_fb_why = f"gradients {', '.join(bad)} wrong" if bad else None
+        except Exception as e:  # noqa: BLE001
+            self.pt_fb_why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if self.pt_fb_why is None:
+            rep.setup.append("forward + backward, pt: performer.torch.attention(q, k, v, W=W, "
+                             "causal=..., kernel='positive') under autograd, "
+                             "torch.autograd.grad(out, (q, k, v), dout)")
+        else:
+            rep.setup.append(f"forward + backward, pt: not run (performer.torch under autograd "
+                             f"on {self.dev.type}: {self.pt_fb_why[:200]})")
+        rep.setup.append("forward + backward, SDPA and torch: torch.autograd.grad(out, (q, k, v),"
+                         " dout) after the forward, SDPA held to the FlashAttention backend")
+        log(rep.setup[-3])
+        log(rep.setup[-2])
+
+    def cotangent(self, B, H, L, dv, seed):
+        """dout (B,H,L,dv): N(0, 1) entries in the run's dtype."""
+        t = self.torch
+        g = t.Generator(device=self.dev).manual_seed(seed)
+        return t.randn((B, H, L, dv), generator=g, device=self.dev).to(self.dtype)
+
+    def direct_fb(self, q, k, v, W, causal, dout, keep):
+        """A function of no arguments running one forward and backward on our context, giving
+        (out, dQ, dK, dV): pf_cuda_favor_save + pf_cuda_favor_backward on a saved made here
+        (keep), else pf_cuda_favor + pf_cuda_favor_backward with saved NULL. Returns it and the
+        saved (None unless keep), which the caller frees (cu.cuda_favor_saved_free)."""
+        t, cu, ctx = self.torch, self.cu, self.ctx
+        B, H, L, d = q.shape
+        dv = v.shape[-1]
+        sh, opts, fav = structs(cu.pl, B, H, L, d, dv, causal, W.data_ptr(), W.shape[0])
+        code = {t.float32: 0, t.bfloat16: 1, t.float16: 2}[q.dtype]
+        stream = t.cuda.current_stream().cuda_stream if self.cuda else None
+        common = (code, ctypes.byref(sh), ctypes.byref(opts), ctypes.byref(fav))
+        saved = None
+        if keep:
+            saved = ctypes.c_void_p()
+            cu.check(cu.cuda_favor_saved_create(ctypes.byref(saved), ctx, *common),
+                     "pf_cuda_favor_saved_create")
+        qp, kp, vp, gp = q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr()
+
+        def run():
+            out = t.empty((B, H, L, dv), dtype=q.dtype, device=q.device)
+            dq, dk, dvv = t.empty_like(q), t.empty_like(k), t.empty_like(v)
+            if keep:
+                cu.check(cu.cuda_favor_save(ctx, out.data_ptr(), qp, kp, vp, *common, saved,
+                                            stream), "pf_cuda_favor_save")
+            else:
+                cu.check(cu.cuda_favor(ctx, out.data_ptr(), qp, kp, vp, *common, stream),
+                         "pf_cuda_favor")
+            cu.check(cu.cuda_favor_backward(ctx, dq.data_ptr(), dk.data_ptr(), dvv.data_ptr(),
+                                            gp, qp, kp, vp, *common, saved, stream),
+                     "pf_cuda_favor_backward")
+            return out, dq, dk, dvv
+        run.keep = (sh, opts, fav, q, k, v, W, dout)
+        return run, saved
+
+    def autograd_fb(self, f, q, k, v, dout):
+        """A function of no arguments running out = f(q, k, v) under autograd and giving
+        torch.autograd.grad(out, (q, k, v), dout) (leaves sharing q, k, v's storage)."""
+        t = self.torch
+        qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+
+        def run():
+            with t.enable_grad():
+                o = f(qg, kg, vg)
+                return t.autograd.grad(o, (qg, kg, vg), dout)
+        return run
+
+    def pt_fb(self, q, k, v, W, causal, dout):
+        pt = self.pt
+        return self.autograd_fb(
+            lambda a, b, c: pt.attention(a, b, c, W=W, causal=causal, kernel="positive"),
+            q, k, v, dout)
+
+    def lib_bytes(self, run, saved=None):
+        """Bytes our context holds after one run of this shape alone (trimmed before), plus the
+        saved's; None if unknown."""
+        cu = self.cu
+        if not cu.has("pf_cuda_ctx_bytes", "pf_cuda_ctx_trim"):
+            return None
+        try:
+            cu.cuda_ctx_trim(self.ctx)
+            run()
+            n = cu.cuda_ctx_bytes(self.ctx)
+            cu.cuda_ctx_trim(self.ctx)
+        except Exception as e:  # noqa: BLE001
+            log(f"  workspace probe failed: {e}")
+            return None
+        return n + (cu.cuda_favor_saved_bytes(saved) if saved is not None else 0)
+
+    def pt_bytes(self, run):
+        """What performer.torch's context holds after one run alone (None if unreachable)."""
+        if self.pc is None or not self.cuda:
+            return None
+        try:
+            self.pc.trim()
+            run()
+            return self.pc.ctx_bytes(0)
+        except Exception as e:  # noqa: BLE001
+            log(f"  workspace probe failed: {e}")
+            return None
+
+    def fb_guard(self):
+        """Gradients of one small case of each method against the pure-torch formulation in
+        float32 (eps 0: the FAVOR+ estimator's own gradients) and, for SDPA, exact softmax's."""
+        a, rep = self.args, self.rep
+        B, H, d = 1, a.heads, a.dims[0]
+        L = a.lengths[0]
+        q, k, v = self.inputs(B, H, L, d, d, seed=13)
+        dout = self.cotangent(B, H, L, d, seed=14)
+        W = self.weights(d)
+        f32 = [x.float() for x in (q, k, v)]
+        g32 = dout.float()
+        rep.fb_guard.append(f"B={B} H={H} L={L} d={d} m={a.features}, {a.dtype} inputs and dout;"
+                            " normwise ||g - g_ref|| / ||g_ref|| of dQ, dK, dV; ref0: the "
+                            "pure-torch formulation with eps 0 in float32, ref: with its eps")
+        for causal in (False, True):
+            mode = "causal" if causal else "bidirectional"
+
+            def grads(f, xs, dy):
+                return self.autograd_fb(f, *xs, dy)()
+            ref0 = grads(lambda x, y, z: pp_attention(x, y, z, W, causal, eps=0.0), f32, g32)
+            ref = grads(lambda x, y, z: pp_attention(x, y, z, W, causal), f32, g32)
+            exact = grads(lambda x, y, z: exact_softmax(x, y, z, causal), f32, g32)
+            items = []
+            kept = None
+            for meth, keep in (("ours", True), ("rc", False)):
+                if self.fb_why is not None:
+                    items.append((meth, f"not run: {self.fb_why}", None))
+                    continue
+                saved = None
+                try:
+                    run, saved = self.direct_fb(q, k, v, W, causal, dout, keep)
+                    g = run()[1:]
+                    items.append((meth, "ref0", [rel_diff(x, y) for x, y in zip(g, ref0)]))
+                    if kept is None:
+                        kept = g
+                    else:
+                        items.append((meth, "ours (kept)",
+                                      [rel_diff(x, y) for x, y in zip(g, kept)]))
+                except Exception as e:  # noqa: BLE001
+                    items.append((meth, f"failed: {e}"[:200], None))
+                finally:
+                    if saved is not None:
+                        self.cu.cuda_favor_saved_free(saved)
+            if self.pt_fb_why is None:
+                try:
+                    g = self.pt_fb(q, k, v, W, causal, dout)()
+                    items.append(("pt", "ref0", [rel_diff(x, y) for x, y in zip(g, ref0)]))
+                except Exception as e:  # noqa: BLE001
+                    items.append(("pt", f"failed: {e}"[:200], None))
+            g = grads(lambda x, y, z: pp_attention(x, y, z, W, causal), (q, k, v), dout)
+            items.append(("torch", "ref", [rel_diff(x, y) for x, y in zip(g, ref)]))
+            try:
+                sd = self.sdpa_fn  # sdpa_fn(q, k, v, causal) closes over its tensors: rebuild
+                with self.sdpa_backend():
+                    g = grads(lambda x, y, z: sd(x, y, z, causal)(), (q, k, v), dout)
+                items.append(("SDPA", "exact softmax (fp32)",
+                              [rel_diff(x, y) for x, y in zip(g, exact)]))
+            except Exception as e:  # noqa: BLE001
+                items.append(("SDPA", f"failed: {type(e).__name__}: {e}"[:200], None))
+            items.append(("ref0", "exact softmax (fp32): the estimator's own error",
+                          [rel_diff(x, y) for x, y in zip(ref0, exact)]))
+            for meth, against, vals in items:
+                txt = ("" if vals is None else
+                       "dQ {:.2e}  dK {:.2e}  dV {:.2e}  ".format(*vals))
+                rep.fb_guard.append(f"  {mode:13s} {meth:5s} "
+                                    + (against if vals is None else f"{txt}vs {against}"))
+                rep.row(section="guard_fwdbwd", mode=mode, method=meth, dtype=a.dtype, B=B,
+                        H=H, L=L, d=d, dv=d, m=a.features,
+                        status="ok" if vals is not None else "fail",
+                        value="" if vals is None else max(vals), unit="rel_l2 (largest)",
+                        note=against if vals is None else
+                        f"{against}; dQ {vals[0]:.3e} dK {vals[1]:.3e} dV {vals[2]:.3e}")
+        for line in rep.fb_guard:
+            log(line)
+
+    def config_fb(self, mode, B, d, L, phase_deadline, methods=FB_METHODS):
+        """Forward + backward of every method at one configuration."""
+        t, a = self.torch, self.args
+        causal = mode == "causal"
+        key = (mode, B, d, L)
+        H = a.heads
+        log(f"fwd+bwd {mode} B={B} H={H} d={d} L={L}" + (
+            "" if "fb:ours" in methods else f" (again: {', '.join(methods)})"))
+        self.rep.fb.setdefault(key, {})
+        e = 2 if self.dtype != t.float32 else 4
+        need = 4 * B * H * L * d * e + self.mem_estimate("fb:rc", B, H, L, d, a.features, causal)
+        if need > 0.9 * self.free_bytes():
+            for meth in methods:
+                self.skip(key, meth, "memory: the inputs, dout, our output and gradients do "
+                          "not fit")
+            return
+        seed = 2000 * B + 10 * d + int(math.log2(L))
+        q, k, v = self.inputs(B, H, L, d, d, seed=seed)
+        dout = self.cotangent(B, H, L, d, seed=seed + 1)
+        W = self.weights(d)
+        for meth in methods:
+            if self.dead:
+                return
+            ours = meth in ("fb:fwd", "fb:ours", "fb:rc")
+            if (ours and self.fb_why) or (meth == "fb:pt" and self.pt_fb_why):
+                self.rep.fb[key][meth] = Res("n/a", note=self.fb_why or self.pt_fb_why)
+                continue
+            why = self.gate(key, meth, self.hard_deadline if ours else phase_deadline, causal)
+            if why:
+                self.skip(key, meth, why)
+                continue
+            pred = self.predict(meth, mode, B, d, L)
+            saved = None
+            try:
+                if meth == "fb:fwd":
+                    fn = self.direct(q, k, v, W, causal)
+                    self.measure(key, meth, fn, pred, ws=lambda: self.lib_bytes(fn))
+                elif meth in ("fb:ours", "fb:rc"):
+                    fn, saved = self.direct_fb(q, k, v, W, causal, dout, meth == "fb:ours")
+                    self.measure(key, meth, fn, pred,
+                                 ws=lambda: self.lib_bytes(fn, saved))
+                elif meth == "fb:pt":
+                    fn = self.pt_fb(q, k, v, W, causal, dout)
+                    self.measure(key, meth, fn, pred, ws=lambda: self.pt_bytes(fn))
+                elif meth == "fb:sdpa":
+                    fn = self.autograd_fb(lambda x, y, z: self.sdpa_fn(x, y, z, causal)(),
+                                          q, k, v, dout)
+                    with self.sdpa_backend():
+                        self.measure(key, meth, fn, pred)
+                elif meth == "fb:torch":
+                    fn = self.autograd_fb(lambda x, y, z: pp_attention(x, y, z, W, causal),
+                                          q, k, v, dout)
+                    self.measure(key, meth, fn, pred)
+            except self.oom:
+                if self.cuda:
+                    t.cuda.empty_cache()
+                self.skip(key, meth, "out of memory", "oom")
+            except Exception as e:  # noqa: BLE001
+                self.skip(key, meth, f"{type(e).__name__}: {e}"[:160], "fail")
+            finally:
+                if saved is not None:
+                    self.cu.cuda_favor_saved_free(saved)
+            if self.cuda:
+                t.cuda.empty_cache()
+
     # -- sweep --------------------------------------------------------------------------------
     def sweep(self):
+        """The phases in priority order: the forward's (causal B=1, bidirectional B=1, causal
+        B=8, ...), then the forward + backward's in the same order (--only keeps one kind), each
+        given a share of the budget left; then the fill-in."""
         a = self.args
+        kinds = {"all": ("fwd", "fb"), "fwd": ("fwd",), "fwdbwd": ("fb",)}[a.only]
         phases = []
-        for B in a.batches:
-            for mode in ("causal", "bidirectional"):
-                phases.append((mode, B))
+        for kind in kinds:
+            for B in a.batches:
+                for mode in ("causal", "bidirectional"):
+                    phases.append((kind, mode, B))
         weights = [PHASE_WEIGHTS[i % len(PHASE_WEIGHTS)] for i in range(len(phases))]
-        for i, (mode, B) in enumerate(phases):
+        for i, (kind, mode, B) in enumerate(phases):
             left = self.hard_deadline - now()
             share = left * weights[i] / sum(weights[i:])
             deadline = now() + share
-            log(f"== phase {i + 1}/{len(phases)}: {mode}, B={B}: {share:.0f} s of the "
+            what = "forward" if kind == "fwd" else "forward + backward"
+            log(f"== phase {i + 1}/{len(phases)}: {what}, {mode}, B={B}: {share:.0f} s of the "
                 f"{left:.0f} s left")
             for L in a.lengths:
                 for d in a.dims:
                     if self.dead:
                         break
-                    self.config(mode, B, d, L, deadline)
+                    (self.config if kind == "fwd" else self.config_fb)(mode, B, d, L, deadline)
                     if self.cuda:
                         self.torch.cuda.empty_cache()
             self.rep.write()
@@ -1330,20 +1757,25 @@ class Run:
         order = {p: i for i, p in enumerate(phases)}
         todo = {}
         for mode, B, d, L, meth, why in self.rep.skips:
-            if why.startswith("time:") and meth != "ours":
-                todo.setdefault((mode, B, d, L), []).append(meth)
+            if why.startswith("time:") and meth != "ours" and meth not in FB_OURS:
+                kind = "fb" if meth.startswith("fb:") else "fwd"
+                todo.setdefault((kind, mode, B, d, L), []).append(meth)
         if not todo:
             return
         log(f"== fill-in: {sum(map(len, todo.values()))} peer cases skipped for time, "
             f"{self.hard_deadline - now():.0f} s left")
-        for key in sorted(todo, key=lambda k: (order[(k[0], k[1])], k[3], k[2])):
-            mode, B, d, L = key
+        for item in sorted(todo, key=lambda k: (order[k[:3]], k[4], k[3])):
+            kind, mode, B, d, L = item
+            key = (mode, B, d, L)
             if self.dead or now() > self.hard_deadline - 1:
                 break
-            meths = [m for m in ("sdpa", "torch", "fla") if m in todo[key]
+            peers = ("sdpa", "torch", "fla") if kind == "fwd" else ("fb:pt", "fb:sdpa",
+                                                                     "fb:torch")
+            meths = [m for m in peers if m in todo[item]
                      and self.gate(key, m, self.hard_deadline, mode == "causal") is None]
             if meths:
-                self.config(mode, B, d, L, self.hard_deadline, tuple(meths))
+                (self.config if kind == "fwd" else self.config_fb)(
+                    mode, B, d, L, self.hard_deadline, tuple(meths))
                 if self.cuda:
                     self.torch.cuda.empty_cache()
 
@@ -1534,51 +1966,91 @@ class Run:
 
     # -- targets ------------------------------------------------------------------------------
     def targets(self):
-        rep = self.rep
+        rep, a = self.rep, self.args
         out = rep.targets
 
         def verdict(ok):
             return "PASS" if ok else "MISS"
 
-        def ratios(meth, pred):
+        def ratios(meth, pred, ref="ours", table=None, modes=("causal",)):
+            """(time of meth / time of ref, B, d, L) over the cases of table where both ran."""
             res = []
-            for (mode, B, d, L), rs in sorted(rep.fwd.items()):
-                if mode != "causal" or not pred(L):
+            for (mode, B, d, L), rs in sorted((rep.fwd if table is None else table).items()):
+                if mode not in modes or not pred(L):
                     continue
-                o, p = rs.get("ours"), rs.get(meth)
+                o, p = rs.get(ref), rs.get(meth)
                 if o is not None and p is not None and o.status == "ok" and p.status == "ok":
                     res.append((p.t.med / o.t.med, B, d, L))
             return res
 
-        def line(name, rs, bound, full):
+        def line(name, rs, bound, full, most=False):
+            """PASS when the lowest ratio is >= bound (most: the highest is <= bound)."""
             if not rs:
                 out.append(f"NOT MEASURED  {name}")
                 rep.row(section="target", method=name, status="not measured")
                 return
-            worst = min(rs)
-            ok = worst[0] >= bound
-            out.append(f"{verdict(ok)}  {name}: lowest {worst[0]:.2f}x (B={worst[1]} d={worst[2]} "
-                       f"L={worst[3]}) over {len(rs)} cases{'' if full else ' measured'}")
+            worst = max(rs) if most else min(rs)
+            ok = worst[0] <= bound if most else worst[0] >= bound
+            where = f"B={worst[1]} d={worst[2]} L={worst[3]}" + "".join(
+                f" {x}" for x in worst[4:])
+            out.append(f"{verdict(ok)}  {name}: {'highest' if most else 'lowest'} "
+                       f"{worst[0]:.2f}x ({where}) over {len(rs)} cases"
+                       f"{'' if full else ' measured'}")
             rep.row(section="target", method=name, status=verdict(ok), value=worst[0],
-                    unit="x", note=f"B={worst[1]} d={worst[2]} L={worst[3]}; {len(rs)} cases")
+                    unit="x", note=f"{where}; {len(rs)} cases")
 
-        big = 4096 if self.cuda else self.args.lengths[0]
-        at = 65536 if self.cuda else self.args.lengths[-1]
-        line(f"causal FAVOR+ faster than SDPA (flash) from L = {big} on",
-             ratios("sdpa", lambda L: L >= big), 1.0 + 1e-9, False)
-        line(f"causal FAVOR+ >= 10x SDPA (flash) at L = {at}",
-             ratios("sdpa", lambda L: L == at), 10.0, False)
-        line("causal FAVOR+ >= 5x the pure-torch formulation (performer-pytorch, bf16)",
-             ratios("torch", lambda L: True), 5.0, False)
-        t64 = self.decode64
-        if t64 is None:
-            out.append("NOT MEASURED  one decode step of 64 x 16 (bf16) under 50 us")
-        else:
-            ok = t64 < 50e-6
-            out.append(f"{verdict(ok)}  one decode step of 64 x {self.args.heads} (bf16) under "
-                       f"50 us: {t64 * 1e6:.1f} us")
-            rep.row(section="target", method="decode step 64 x 16 bf16 < 50 us",
-                    status=verdict(ok), value=t64 * 1e6, unit="us")
+        def info(name, rs, most=False):
+            if rs:
+                worst = max(rs) if most else min(rs)
+                out.append(f"      {name}: {'highest' if most else 'lowest'} {worst[0]:.2f}x "
+                           f"(B={worst[1]} d={worst[2]} L={worst[3]}) over {len(rs)} cases")
+
+        if a.only != "fwdbwd":
+            big = 4096 if self.cuda else a.lengths[0]
+            at = 65536 if self.cuda else a.lengths[-1]
+            line(f"causal FAVOR+ faster than SDPA (flash) from L = {big} on",
+                 ratios("sdpa", lambda L: L >= big), 1.0 + 1e-9, False)
+            line(f"causal FAVOR+ >= 10x SDPA (flash) at L = {at}",
+                 ratios("sdpa", lambda L: L == at), 10.0, False)
+            line("causal FAVOR+ >= 5x the pure-torch formulation (performer-pytorch, bf16)",
+                 ratios("torch", lambda L: True), 5.0, False)
+            t64 = self.decode64
+            if t64 is None:
+                out.append("NOT MEASURED  one decode step of 64 x 16 (bf16) under 50 us")
+            else:
+                ok = t64 < 50e-6
+                out.append(f"{verdict(ok)}  one decode step of 64 x {a.heads} (bf16) under "
+                           f"50 us: {t64 * 1e6:.1f} us")
+                rep.row(section="target", method="decode step 64 x 16 bf16 < 50 us",
+                        status=verdict(ok), value=t64 * 1e6, unit="us")
+        if a.only != "fwd":
+            fb = rep.fb
+            both = ("causal", "bidirectional")
+            big = FB_FROM_L if self.cuda else a.lengths[0]
+            line(f"causal forward + backward faster than SDPA (flash) from L = {big} on "
+                 "(ours, kept features)",
+                 ratios("fb:sdpa", lambda L: L >= big, "fb:ours", fb), 1.0 + 1e-9, False)
+            info("recomputed features (rc)", ratios("fb:sdpa", lambda L: L >= big, "fb:rc", fb))
+            line(f"forward + backward <= {FB_OVER_FWD:g}x the forward (ours, kept features; "
+                 "both modes)",
+                 ratios("fb:ours", lambda L: True, "fb:fwd", fb, both), FB_OVER_FWD, False,
+                 most=True)
+            info("recomputed features (rc)",
+                 ratios("fb:rc", lambda L: True, "fb:fwd", fb, both), most=True)
+            growth = []
+            for meth in ("fb:ours", "fb:rc"):
+                series = {}
+                for (mode, B, d, L), rs in sorted(fb.items()):
+                    r = rs.get(meth)
+                    if r is not None and r.status == "ok" and r.peak is not None:
+                        series.setdefault((mode, B, d), []).append(
+                            (L, (r.peak + (r.ws or 0)) / (B * L)))
+                for (mode, B, d), pts in series.items():
+                    for (L0, b0), (L1, b1) in zip(pts, pts[1:]):
+                        growth.append((b1 / b0, B, d, L1, mode, meth[3:]))
+            line(f"memory linear in L (ours, kept and recomputed): bytes per token at most "
+                 f"{FB_MEM_GROWTH:g}x those at the L before, in every series",
+                 growth, FB_MEM_GROWTH, False, most=True)
         for x in out:
             print(x, flush=True)
 
@@ -1619,6 +2091,10 @@ def parse_args(argv):
     ap.add_argument("--fla-first-s", type=float, default=25.0,
                     help="time a phase must have left to start fla's first call of a shape")
     ap.add_argument("--decode-steps", type=int, default=200)
+    ap.add_argument("--only", choices=("all", "fwd", "fwdbwd"), default="all",
+                    help="fwd: the forward sweep, its guard, the stage profile and decoding; "
+                         "fwdbwd: the forward + backward sweep and its guard; all: both "
+                         "(default)")
     a = ap.parse_args(argv)
     if a.device is None:
         a.device = "cpu" if a.dry_run else "cuda"
@@ -1675,8 +2151,9 @@ def _main(args, run, rep):
     rep.write()
     run.yardsticks()
     rep.write()
-    if args.no_fla:
-        run.fla, run.fla_why = None, "left out (--no-fla)"
+    if args.no_fla or args.only == "fwdbwd":
+        run.fla, run.fla_why = None, ("left out (--no-fla)" if args.no_fla
+                                      else "left out (--only fwdbwd)")
     else:
         t0 = time.perf_counter()
         fn, info = import_fla(FLA_CONFIGS)
@@ -1691,12 +2168,20 @@ def _main(args, run, rep):
         print(rep.setup[-1], flush=True)
     run.setup_ours()
     rep.write()
-    run.correctness()
-    rep.write()
-    run.decoding()
-    rep.write()
-    run.stage_profile()
-    rep.write()
+    if args.only != "fwd":
+        run.setup_fb()
+        rep.write()
+    if args.only != "fwdbwd":
+        run.correctness()
+        rep.write()
+    if args.only != "fwd":
+        run.fb_guard()
+        rep.write()
+    if args.only != "fwdbwd":
+        run.decoding()
+        rep.write()
+        run.stage_profile()
+        rep.write()
     run.sweep()
     run.targets()
     rep.complete = not run.dead
