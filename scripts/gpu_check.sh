@@ -72,12 +72,12 @@ fi
 step test_cuda 300 "$BUILD/tests/cuda/test_cuda"
 step test_cuda_backward 300 "$BUILD/tests/cuda/test_cuda_backward"
 step emulate 120 $PY tests/cuda/emulate_favor.py
-step torch_cuda 300 $PY -m unittest -v python/tests/test_torch_cuda.py
+step torch_cuda 300 $PY -m unittest discover -v -s python/tests -p test_torch_cuda.py
 # a byte-level Transformer trained in bf16 through performer.torch on the GPU, and the same model
 # with performer-pytorch's formulation in pure torch and with SDPA (the text: TRAIN_DATA)
 step train $((3 * TRAIN_SECONDS + 60)) $PY bench/cuda/train_gpu.py --device cuda --dtype bf16 \
     --data "$TRAIN_DATA" --max-seconds "$TRAIN_SECONDS" --csv "$LOG/train_gpu_cuda_bf16.csv" \
-    --report "$LOG/train_gpu_cuda_bf16.txt"
+    --report "$LOG/train_gpu_cuda_bf16.txt" --reference docs/train_gpu_cpu_fp32.csv
 # shellcheck disable=SC2086 # BENCH_ARGS: words
 step bench $((BENCH_BUDGET + 60)) $PY bench/cuda/bench_cuda.py --budget "$BENCH_BUDGET" \
     --out "$LOG/bench_cuda.txt" --csv "$LOG/bench_cuda.csv" $BENCH_ARGS

@@ -401,7 +401,8 @@ struct bwd_io {
 static pf_status unproject(const favor_run &R, const float *W, const float *A, float *T, int n,
                            int rows_alloc, int bh0, int G) {
     const favor_plan *p = R.p;
-    const cublasComputeType_t ct = p->tin == 2 ? CUBLAS_COMPUTE_32F_FAST_TF32 : R.compute;
+    const cublasComputeType_t ct =
+        p->tin == 2 && p->fm.kernel != PF_KERNEL_RELU ? CUBLAS_COMPUTE_32F_FAST_TF32 : R.compute;
     int g = 0;
     while (g < G) {
         int run = G - g, woff = 0;

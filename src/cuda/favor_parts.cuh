@@ -315,8 +315,10 @@ __device__ void feature_row(Tc *out, double *c, float *top_out, const float *u, 
         break;
     }
     case PF_KERNEL_RELU:
+        /* rounded up where u > 0 and down elsewhere, so that the stored phi~ is above eps exactly
+         * where u > 0: the backward takes relu's kink from it (in float32 nothing changes) */
         for (int f = lane; f < m; f += 32)
-            pf_st(out + f, (u[f] > 0.0f ? u[f] : 0.0f) * fm.inv_sqrt_m + fm.eps);
+            pf_st_dir(out + f, (u[f] > 0.0f ? u[f] : 0.0f) * fm.inv_sqrt_m + fm.eps, u[f] > 0.0f);
         cr = 0;
         break;
     default: { /* positive */
@@ -715,7 +717,9 @@ static pf_status project(const favor_run &R, const favor_bufs &b, const void *X,
         k_widen<Tin><<<grid_for(nx, 256), 256, 0, R.stream>>>(b.x, (const Tin *)xbase, nx);
         xbase = (const char *)b.x;
         xes = 4;
-        ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+        /* (relu: float32, as its gradient jumps at u = 0 and TF32 would move u by 2^-11 of its
+         * terms, putting many more u near 0 on the other side than float32 does) */
+        ct = p->fm.kernel == PF_KERNEL_RELU ? R.compute : CUBLAS_COMPUTE_32F_FAST_TF32;
     }
     int g = 0;
     while (g < G) {

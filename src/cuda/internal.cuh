@@ -96,6 +96,15 @@ __device__ __forceinline__ float pf_ld(const __half *p) { return __half2float(*p
 __device__ __forceinline__ void pf_st(float *p, float x) { *p = x; }
 __device__ __forceinline__ void pf_st(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void pf_st(__half *p, float x) { *p = __float2half_rn(x); }
+/* Stores rounded toward +inf (up) or -inf (down): relu's features, whose kink the backward reads
+ * from the stored value (phi~ > eps exactly where u > 0, whatever eps's rounding). */
+__device__ __forceinline__ void pf_st_dir(float *p, float x, int) { *p = x; }
+__device__ __forceinline__ void pf_st_dir(__nv_bfloat16 *p, float x, int up) {
+    *p = up ? __float2bfloat16_ru(x) : __float2bfloat16_rd(x);
+}
+__device__ __forceinline__ void pf_st_dir(__half *p, float x, int up) {
+    *p = up ? __float2half_ru(x) : __float2half_rd(x);
+}
 
 /* ---- the feature map of one row (SPEC §2, the CPU library's pf_fmap_map_rows) ----------------
  * Given u_f = sqrt(s) w_f.x (f < m) and h = s' |x|^2 / 2 (s' = float(sqrt(s))^2, in double),
