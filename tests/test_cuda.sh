@@ -14,14 +14,17 @@ TEST=test_cuda; . "$(dirname "$0")/lib.sh"
 # The forward's arithmetic, with its buffers' layouts and cuBLAS arguments, emulated on the CPU
 # against pf_attn_favor (tests/cuda/emulate_favor.py): runs everywhere, GPU or not, but for the
 # sanitizer build (python would need the ASan runtime preloaded; test_python covers that build).
+# The backward's likewise (tests/cuda/emulate_backward.py), and with its half-precision roundings.
 lib="${BUILD:-build}/libperformer.so.0"
 if [ -f "$lib" ] && ! nm -D "$lib" 2>/dev/null | grep -q __asan_init; then
-    if PYTHONPATH=python PERFORMER_LIB="$lib" /usr/bin/python3 tests/cuda/emulate_favor.py \
-        >"$T/emulate.log" 2>&1; then
-        pass; tail -n 1 "$T/emulate.log"
-    else
-        fail "tests/cuda/emulate_favor.py:"; grep -v '^ok' "$T/emulate.log" | tail -n 20
-    fi
+    for emu in emulate_favor emulate_backward; do
+        if PYTHONPATH=python PERFORMER_LIB="$lib" /usr/bin/python3 "tests/cuda/$emu.py" \
+            >"$T/$emu.log" 2>&1; then
+            pass; tail -n 1 "$T/$emu.log"
+        else
+            fail "tests/cuda/$emu.py:"; grep -v '^ok' "$T/$emu.log" | tail -n 20
+        fi
+    done
 else
     echo "test_cuda.sh: the emulation is not run on a sanitizer build"
 fi

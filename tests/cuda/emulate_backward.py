@@ -7,6 +7,13 @@ and chunks longer than L. A wrong transpose, stride, leading dimension, rebase, 
 in backward.cu shows here, without a GPU; the kernels' own code runs only on a GPU
 (tests/cuda/test_cuda_backward.c).
 
+The second part emulates half inputs: the same steps with every buffer that backward.cu keeps
+in bfloat16 rounded to it where the GPU rounds it (features, [V|1] and Vs, the prefix and suffix
+states, A', B', dN and dNf), inputs and dout in float16, against the float64 gradients of the
+same rounded inputs (the CPU library's float32 backward, itself within ~1e-6 of float64), over many seeds at the smallest shapes (few keys and features: there the
+gradient is the smallest difference of rounded terms). Its largest error is what bounds
+test_cuda_backward.c's half-precision tolerance (HALF_BOUND).
+
     PYTHONPATH=python /usr/bin/python3 tests/cuda/emulate_backward.py
 """
 import math
@@ -20,6 +27,23 @@ import emulate_favor as ef  # noqa: E402
 from emulate_favor import HYP, POS, RELU, TRIG, gemm  # noqa: E402
 
 import performer  # noqa: E402
+
+# The rounding of a buffer the GPU keeps in its product type Tc: the identity for float32 inputs,
+# bfloat16 (round to nearest even) for half inputs (half_rounding sets it).
+TC = None
+
+
+def tc(a):
+    return a if TC is None else TC(a)
+
+
+def bf16(a):
+    """a rounded to bfloat16, as float64."""
+    a = np.asarray(a, np.float64).astype(np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
 
 
 def features_top(U, X, rows_alloc, n, valid, m, kernel, eps, s2):
@@ -113,6 +137,7 @@ def head_bidirectional(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen):
                                 kernel, eps, s2)
     phq, _, topq = features_top(ef.project(Q, W, m, d, sqrt_s, Lq, Lq), Q, Lq, Lq, Lq, m, kernel,
                                 eps, s2)
+    phk, phq = tc(phk), tc(phq)
     M = c.max()
     vs = np.zeros(Lk * dw)
     for j in range(Lk):
@@ -121,15 +146,18 @@ def head_bidirectional(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen):
             row[:dv] = V[j]
             row[dv] = 1.0
             vs[j * dw:(j + 1) * dw] = key_weight(c, None, M, j, Lk, 1) * row
+    vs = tc(vs)
     S = np.zeros(per)
     gemm(0, 1, dw, r, Lk, 1.0, vs, dw, Lk * dw, phk, r, Lk * r, 0.0, S, dw, per, 1)
+    S = tc(S)
     O = np.zeros(Lq * dw)
     gemm(0, 0, dw, Lq, r, 1.0, S, dw, per, phq, r, Lq * r, 0.0, O, dw, Lq * dw, 1)
-    dn, _ = dnorm(O, None, None, dout, Lq, Lq, dv, dw)
+    dn = tc(dnorm(O, None, None, dout, Lq, Lq, dv, dw)[0])
     gq = np.zeros(Lq * r)
     gemm(1, 0, r, Lq, dw, 1.0, S, dw, per, dn, dw, Lq * dw, 0.0, gq, r, Lq * r, 1)
     dS = np.zeros(per)
     gemm(0, 1, dw, r, Lq, 1.0, dn, dw, Lq * dw, phq, r, Lq * r, 0.0, dS, dw, per, 1)
+    dS = tc(dS)
     gk = np.zeros(Lk * r)
     gemm(1, 0, r, Lk, dw, 1.0, dS, dw, per, vs, dw, Lk * dw, 0.0, gk, r, Lk * r, 1)
     Y = np.zeros(Lk * dw)
@@ -168,6 +196,7 @@ def head_causal(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen, C):
                                 eps, s2)
     phq, _, topq = features_top(ef.project(Q, W, m, d, sqrt_s, L, Lp), Q, Lp, L, L, m, kernel,
                                 eps, s2)
+    phk, phq = tc(phk), tc(phq)
     P = np.maximum.accumulate(c)
     eref = np.array([P[t * C - 1] if t > 0 else -np.inf for t in range(nch)])
     E = np.array([P[(t + 1) * C - 1] for t in range(nch)])
@@ -184,6 +213,7 @@ def head_causal(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen, C):
         row[dv] = 1.0
         vw[j * dw:(j + 1) * dw] = row
         vs[j * dw:(j + 1) * dw] = key_weight(c, P, None, j, Lp, C) * row
+    vw, vs = tc(vw), tc(vs)
     sC, sV, sA = C * r, C * dw, C * C
     st = np.zeros(nch * per)
     gemm(0, 1, dw, r, C, 1.0, vs, dw, sV, phk, r, sC, 0.0, st, dw, per, nch)
@@ -192,9 +222,10 @@ def head_causal(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen, C):
     for t in range(nch):
         Sb[t * per:(t + 1) * per] = cur
         cur = alpha[t] * cur + st[t * per:(t + 1) * per]
+    Sb = tc(Sb)
     a32 = np.zeros(Lp * C)
     gemm(1, 0, C, C, r, 1.0, phk, r, sC, phq, r, sC, 0.0, a32, C, sA, nch)
-    A = mask(a32, P, c, Lp, C)
+    A = tc(mask(a32, P, c, Lp, C))
     O = np.zeros(Lp * dw)
     O2 = np.zeros(Lp * dw)
     gemm(0, 0, dw, C, r, 1.0, Sb, dw, per, phq, r, sC, 0.0, O, dw, sV, nch)
@@ -203,10 +234,11 @@ def head_causal(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen, C):
                   (1.0 if eref[i // C] == P[i] else math.exp(eref[i // C] - P[i]))
                   for i in range(Lp)])
     dn, dnf = dnorm(O, O2, f, dout, Lp, L, dv, dw)
+    dn, dnf = tc(dn), tc(dnf)
     gq = np.zeros(Lp * r)
     gemm(1, 0, r, C, dw, 1.0, Sb, dw, per, dnf, dw, sV, 0.0, gq, r, sC, nch)
     gemm(1, 0, C, C, dw, 1.0, vw, dw, sV, dn, dw, sV, 0.0, a32, C, sA, nch)
-    Bm = mask(a32, P, c, Lp, C)
+    Bm = tc(mask(a32, P, c, Lp, C))
     gemm(0, 0, r, C, C, 1.0, phk, r, sC, Bm, C, sA, 1.0, gq, r, sC, nch)
     gemm(0, 1, dw, r, C, 1.0, dnf, dw, sV, phq, r, sC, 0.0, st, dw, per, nch)
     Rb = np.zeros(nch * per)
@@ -214,6 +246,7 @@ def head_causal(Q, K, V, dout, W, m, kernel, eps, sqrt_s, klen, C):
     for t in range(nch - 1, -1, -1):
         Rb[t * per:(t + 1) * per] = cur
         cur = alpha[t] * cur + st[t * per:(t + 1) * per]
+    Rb = tc(Rb)
     gk = np.zeros(Lp * r)
     gemm(1, 0, r, C, dw, 1.0, Rb, dw, per, vs, dw, sV, 0.0, gk, r, sC, nch)
     gemm(0, 1, r, C, C, 1.0, phq, r, sC, Bm, C, sA, 1.0, gk, r, sC, nch)
@@ -276,8 +309,58 @@ def main():
                 print(f"{'ok  ' if ok else 'FAIL'} {kernel:10s} causal={causal} L={L} Lk={Lk} "
                       f"chunk={chunk} pad={pad} w_per_head={wph} eps={eps}: rel err dQ "
                       f"{errs[0]:.2e} dK {errs[1]:.2e} dV {errs[2]:.2e}")
-    print(f"emulate_backward: {cases - fails} passed, {fails} failed")
-    return 1 if fails else 0
+    half_fails, half_cases = half_rounding()
+    print(f"emulate_backward: {cases + half_cases - fails - half_fails} passed, "
+          f"{fails + half_fails} failed")
+    return 1 if fails or half_fails else 0
+
+
+# test_cuda_backward.c's tolerance for half-precision gradients (TOL_HALF there): normwise
+# max|g - ref| / max|ref| of each of dQ, dK, dV
+HALF_BOUND = 4e-2
+HALF_SEEDS = 40
+
+
+def half_rounding():
+    """Half inputs at test_cuda_backward.c's smallest shapes (d = 16, dv = 40, m = 32; rows of
+    norm 0.3..1.2, trig's 0.3 times that), HALF_SEEDS seeds each: the largest error of the
+    emulated GPU rounding against float64 on the same float16 inputs must stay under
+    HALF_BOUND."""
+    global TC
+    fails = cases = 0
+    for kernel in (POS, HYP, TRIG):
+        for causal, L in ((1, 7), (0, 7), (1, 64)):
+            worst = np.zeros(3)
+            for seed in range(HALF_SEEDS):
+                rng = np.random.default_rng(1000 + seed)
+                d, dv, m = 16, 40, 32
+                x = [rng.normal(size=(1, 1, L, d)) for _ in range(2)]
+                for a in x:
+                    nrm = np.linalg.norm(a, axis=-1, keepdims=True)
+                    a *= rng.uniform(0.3, 1.2, size=nrm.shape) / nrm
+                    if kernel == TRIG:
+                        a *= 0.3
+                f16 = [np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+                       for a in x + [rng.normal(size=(1, 1, L, dv)) for _ in range(2)]]
+                q, k, v, dout = f16
+                W = performer.projection(m, d, seed=seed).astype(np.float32)
+                ref = performer.attention_grad(q.astype(np.float64), k.astype(np.float64),
+                                               v.astype(np.float64), dout.astype(np.float64),
+                                               W=W, kernel=kernel, causal=bool(causal))[1:]
+                TC = bf16
+                try:
+                    got = emulate(q, k, v, dout, W, kernel, causal, None, 0, 0.0, False)
+                finally:
+                    TC = None
+                worst = np.maximum(worst, [np.abs(g - r).max() / np.abs(r).max()
+                                           for g, r in zip(got, ref)])
+            cases += 1
+            ok = worst.max() < HALF_BOUND
+            fails += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} half rounding {kernel:10s} causal={causal} L={L} "
+                  f"d=16 m=32, worst of {HALF_SEEDS} seeds: dQ {worst[0]:.2e} dK {worst[1]:.2e} "
+                  f"dV {worst[2]:.2e} (bound {HALF_BOUND:g})")
+    return fails, cases
 
 
 if __name__ == "__main__":

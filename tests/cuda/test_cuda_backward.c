@@ -49,12 +49,18 @@
  * Tolerances. float32, 1e-5 (TOL_F32): both sides compute in float32 with sums in other orders,
  * on inputs kept well conditioned as test_cuda.c's (norms_for: positive features, or trig
  * estimates that stay near e^(q'.k') > 0, so no denominator cancels); the CPU's float32
- * backward is itself within ~1e-6 of float64 on such inputs. Half precision, 2e-2 (TOL_HALF):
+ * backward is itself within ~1e-6 of float64 on such inputs. Half precision, 4e-2 (TOL_HALF):
  * the gradients are stored in the dtype (a relative 2^-8 at most in bfloat16), the products
- * read features, state gradients and dN rounded to bfloat16 (2^-8 each, several in a chain: the
- * state gradient is itself a sum of rounded products) and the projection of half inputs runs on
- * TF32; twice the forward's bound (test_cuda.c), since a gradient passes through about twice
- * the rounded products of the output. Where two GPU runs differ only in kept or recomputed
+ * read features, [V|1], the states, A', B' and dN rounded to bfloat16 (2^-8 each), and the
+ * projection of half inputs runs on TF32. A gradient is a difference of such terms (dN's two
+ * parts, G/D and -(G.out)/D, rounded apart, meet [V|1] in one product: g.(v_j - out_i)/D), so
+ * its normwise error exceeds the output's where few keys and features make it small: the
+ * GPU's roundings emulated in tests/cuda/emulate_backward.py at this program's smallest shapes
+ * (d = 16, m = 32, L = 7 and 64) reach 2.2e-2 (40 seeds; 2.9e-2 once in 150), an H100 measured
+ * 2.4e-2 once at L = 7 (float16, hyperbolic), 1.7e-3 to 8.9e-3 at L = 300 to 4099 (relu
+ * 1.3e-2) and 2.6e-3 to 6.5e-3 at L = 65536; 4e-2 holds them
+ * all with the margin of the TF32 projection and the output's own rounding, which the
+ * emulation leaves out. Where two GPU runs differ only in kept or recomputed
  * features or in heads at a time, cuBLAS may pick other kernels: the dtype's tolerance, bits
  * reported.
  *
@@ -67,7 +73,7 @@
 #include "cuda_check.h"
 
 static const double TOL_F32 = 1e-5;   /* float32 gradients against the CPU */
-static const double TOL_HALF = 2e-2;  /* bfloat16 and float16 gradients against the CPU */
+static const double TOL_HALF = 4e-2;  /* bfloat16 and float16 gradients against the CPU */
 static const double TOL_LATER = 1e-6; /* d: float32 rows t.. when rows before t change */
 /* The float64 reference where B H (Lq + Lk) (m d + r (dv + 1)) is at most this: it runs at
  * ~5e8 of these units a second on one core, so each call costs at most ~0.1 s. */
