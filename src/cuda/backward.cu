@@ -103,15 +103,9 @@ struct bwd_bufs {
 static bwd_bufs bwd_carve(const bwd_plan *bp, void *ws, int G) {
     bwd_bufs b;
     memset(&b, 0, sizeof b);
-    char *x = (char *)ws;
-    b.W = (float *)x;
-    x += bp->fixed;
-    auto take = [&](size_t per) -> void * {
-        if (per == 0) return NULL;
-        void *r = x;
-        x += per * (size_t)G;
-        return r;
-    };
+    b.W = (float *)ws;
+    ws_carver cv = {(char *)ws + bp->fixed, G};
+    auto take = [&](size_t per) { return cv.take(per); };
     b.u = (float *)take(bp->b_u);
     b.phq = take(bp->b_phq);
     b.phk = take(bp->b_phk);
@@ -695,31 +689,21 @@ PF_CUDA_API pf_status pf_cuda_favor_backward(pf_cuda_ctx *ctx, void *dQ, void *d
             return pf_cuda_fail(PF_EINVAL, "the pf_cuda_favor_saved was filled with other key "
                                            "lengths (opts.key_len)");
     }
-    const int BH = p.B * p.H;
-    size_t G = ctx->ws_limit > bp.fixed + 256 ? (ctx->ws_limit - bp.fixed - 256) / bp.per_head : 0;
-    G = std::max((size_t)1, std::min(G, (size_t)std::min(BH, 65535)));
-    if ((st = workspace(ctx, bp.fixed + 256 + G * bp.per_head)) != PF_OK) return st;
-    if ((st = pf_cuda_flags_reset(ctx, stream)) != PF_OK) return st;
-    cublasStatus_t be = cublasSetStream(ctx->blas, stream);
-    if (be != CUBLAS_STATUS_SUCCESS) return pf_cublas_err(be, "cublasSetStream");
-    ctx->stream = stream;
     favor_run R;
-    R.ctx = ctx;
-    R.p = &p;
-    R.stream = stream;
-    R.tc_t = p.tc == 4 ? CUDA_R_32F : CUDA_R_16BF;
-    R.compute = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    R.klen = klen;
-    R.sv = (pf_cuda_favor_saved *)saved; /* read only here */
+    int G;
+    /* (saved is read only here) */
+    if ((st = run_begin(&R, &G, ctx, &p, bp.per_head, bp.fixed, klen,
+                        (pf_cuda_favor_saved *)saved, (int)p.tc, stream)) != PF_OK)
+        return st;
     /* the stage profile is the forward's: the backward's features are not counted in it */
     const int profile = ctx->profile;
     ctx->profile = 0;
     const bwd_io io = {dQ, dK, dV, dout, Q, K, V};
     const float *W = favor->W;
     switch (dtype) {
-    case PF_CUDA_F32: st = bwd_all<float, float>(R, &bp, io, W, (int)G); break;
-    case PF_CUDA_BF16: st = bwd_all<__nv_bfloat16, __nv_bfloat16>(R, &bp, io, W, (int)G); break;
-    case PF_CUDA_F16: st = bwd_all<__half, __nv_bfloat16>(R, &bp, io, W, (int)G); break;
+    case PF_CUDA_F32: st = bwd_all<float, float>(R, &bp, io, W, G); break;
+    case PF_CUDA_BF16: st = bwd_all<__nv_bfloat16, __nv_bfloat16>(R, &bp, io, W, G); break;
+    case PF_CUDA_F16: st = bwd_all<__half, __nv_bfloat16>(R, &bp, io, W, G); break;
     }
     ctx->profile = profile;
     if (st != PF_OK) {

@@ -230,29 +230,17 @@ static pf_status favor_call(pf_cuda_ctx *ctx, void *out, const void *Q, const vo
     std::vector<int32_t> klen_host;
     if ((st = key_lengths(ctx, opts->key_len, p.B, p.Lk, stream, &klen, &klen_host)) != PF_OK)
         return st;
-    /* heads at a time: as many as the limit allows, at least one */
-    const int BH = p.B * p.H;
-    size_t G = ctx->ws_limit > p.fixed + 256 ? (ctx->ws_limit - p.fixed - 256) / p.per_head : 0;
-    G = std::max((size_t)1, std::min(G, (size_t)std::min(BH, 65535))); /* (a grid's y) */
-    if ((st = workspace(ctx, p.fixed + 256 + G * p.per_head)) != PF_OK) return st;
-    if ((st = pf_cuda_flags_reset(ctx, stream)) != PF_OK) return st;
-    cublasStatus_t be = cublasSetStream(ctx->blas, stream);
-    if (be != CUBLAS_STATUS_SUCCESS) return pf_cublas_err(be, "cublasSetStream");
-    ctx->stream = stream;
     favor_run R;
-    R.ctx = ctx;
-    R.p = &p;
-    R.stream = stream;
-    R.tc_t = p.tc == 4 ? CUDA_R_32F : CUDA_R_16BF;
-    R.compute = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    R.klen = klen;
-    R.sv = saved;
+    int G;
+    if ((st = run_begin(&R, &G, ctx, &p, p.per_head, p.fixed, klen, saved, (int)p.tc, stream)) !=
+        PF_OK)
+        return st;
     ctx->nmarks = 0;
     const float *W = favor->W;
     switch (dtype) {
-    case PF_CUDA_F32: st = run_all<float, float>(R, out, Q, K, V, W, (int)G); break;
-    case PF_CUDA_BF16: st = run_all<__nv_bfloat16, __nv_bfloat16>(R, out, Q, K, V, W, (int)G); break;
-    case PF_CUDA_F16: st = run_all<__half, __nv_bfloat16>(R, out, Q, K, V, W, (int)G); break;
+    case PF_CUDA_F32: st = run_all<float, float>(R, out, Q, K, V, W, G); break;
+    case PF_CUDA_BF16: st = run_all<__nv_bfloat16, __nv_bfloat16>(R, out, Q, K, V, W, G); break;
+    case PF_CUDA_F16: st = run_all<__half, __nv_bfloat16>(R, out, Q, K, V, W, G); break;
     }
     if (st != PF_OK) {
         cudaStreamSynchronize(stream);

@@ -162,6 +162,18 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
     return PF_OK;
 }
 
+/* Carves a workspace: the fixed part first, then buffers of `per` bytes a head for G heads. */
+struct ws_carver {
+    char *x;
+    int G;
+    void *take(size_t per) {
+        if (per == 0) return NULL;
+        void *r = x;
+        x += per * (size_t)G;
+        return r;
+    }
+};
+
 /* A group's buffers: every buffer holds G heads back to back. */
 struct favor_bufs {
     float *u, *st, *a32, *o, *o2;
@@ -175,15 +187,9 @@ struct favor_bufs {
 static favor_bufs bufs_carve(const favor_plan *p, void *ws, int G) {
     favor_bufs b;
     memset(&b, 0, sizeof b);
-    char *x = (char *)ws;
-    b.W = (float *)x;
-    x += p->fixed;
-    auto take = [&](size_t per) -> void * {
-        if (per == 0) return NULL;
-        void *r = x;
-        x += per * (size_t)G;
-        return r;
-    };
+    b.W = (float *)ws;
+    ws_carver cv = {(char *)ws + p->fixed, G};
+    auto take = [&](size_t per) { return cv.take(per); };
     b.u = (float *)take(p->b_u);
     b.phq = take(p->b_phq);
     b.phk = take(p->b_phk);
@@ -834,5 +840,31 @@ static pf_status workspace(pf_cuda_ctx *ctx, size_t bytes) {
     return PF_OK;
 }
 
+
+/* What a forward and a backward do once their arguments are checked: heads at a time G (as many
+ * as the workspace limit allows at per_head bytes each, at least one), the workspace, the error
+ * flags cleared, cuBLAS on the stream, and R for the call. */
+static pf_status run_begin(favor_run *R, int *G, pf_cuda_ctx *ctx, const favor_plan *p,
+                           size_t per_head, size_t fixed, const int32_t *klen,
+                           pf_cuda_favor_saved *sv, int tc, cudaStream_t stream) {
+    const int BH = p->B * p->H;
+    size_t g = ctx->ws_limit > fixed + 256 ? (ctx->ws_limit - fixed - 256) / per_head : 0;
+    g = std::max((size_t)1, std::min(g, (size_t)std::min(BH, 65535))); /* (a grid's y) */
+    *G = (int)g;
+    pf_status st = workspace(ctx, fixed + 256 + g * per_head);
+    if (st != PF_OK) return st;
+    if ((st = pf_cuda_flags_reset(ctx, stream)) != PF_OK) return st;
+    cublasStatus_t be = cublasSetStream(ctx->blas, stream);
+    if (be != CUBLAS_STATUS_SUCCESS) return pf_cublas_err(be, "cublasSetStream");
+    ctx->stream = stream;
+    R->ctx = ctx;
+    R->p = p;
+    R->stream = stream;
+    R->tc_t = tc == 4 ? CUDA_R_32F : CUDA_R_16BF;
+    R->compute = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    R->klen = klen;
+    R->sv = sv;
+    return PF_OK;
+}
 
 #endif /* PF_CUDA_FAVOR_PARTS_CUH */
