@@ -563,17 +563,19 @@ $(BUILD)/examples/%: examples/%.c include/performer.h $(STATIC)
 # ---- aarch64 under emulation: make test-aarch64 --------------------------------------------------
 # The library, the tool and the test programs cross-built by Debian's gcc-aarch64-linux-gnu into
 # $(AARCH64_BUILD)/, against Debian's arm64 OpenBLAS (OpenMP build) and zlib (multiarch), and run
-# by qemu-user (tests/run_aarch64.sh). A subset that fits CI's time (about a minute emulated):
-# AARCH64_TESTS, with AARCH64_PER_PATH on each vector path (test_simd and test_blas test every
-# path themselves). Left out for their time under emulation (one to several minutes each):
-# test_attn_exact, test_features, test_favor_forward, test_favor_state, test_favor_backward and
-# the rest; AARCH64_TESTS="..." runs any. `make setup` installs what it needs where it can;
-# without it the target says what is missing and skips (no failure).
+# by qemu-user (tests/run_aarch64.sh), then the tool's end-to-end tests (tests/test_tool.sh, the
+# aarch64 tool under qemu, its demo's timings left out). A subset that fits CI's time (about three
+# minutes emulated): AARCH64_TESTS, with AARCH64_PER_PATH on each vector path (test_simd and
+# test_blas test every path themselves). Left out for their time under emulation (measured on this
+# project's 2-core machine): test_favor_backward (4 to 5 min), test_model (72 s), test_favor_fit
+# (46 s), test_favor_slice (28 s); AARCH64_TESTS="..." runs any (all pass). `make setup` installs
+# what it needs where it can; without it the target says what is missing and skips (no failure).
 AARCH64_CC       ?= aarch64-linux-gnu-gcc
 AARCH64_BUILD     = build-aarch64
 QEMU_AARCH64     ?= qemu-aarch64
-AARCH64_TESTS    ?= test_xarch test_simd test_rng test_projection test_special test_alias \
-                    test_npy test_safetensors test_data
+AARCH64_TESTS    ?= test_xarch test_simd test_blas test_features test_favor_forward \
+                    test_favor_state test_attn_exact test_ra test_lara test_rng test_projection \
+                    test_special test_alias test_npy test_safetensors test_data
 AARCH64_PER_PATH ?= test_xarch
 AARCH64_NEEDS     = $(AARCH64_CC):$(shell command -v $(AARCH64_CC)) \
   $(QEMU_AARCH64):$(shell command -v $(QEMU_AARCH64)) \

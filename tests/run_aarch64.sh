@@ -1,8 +1,8 @@
 #!/bin/sh
 # run_aarch64.sh BUILD TESTS...: runs the aarch64 test programs BUILD/tests/NAME (cross-built by
 # `make test-aarch64`) under qemu-user (those named in PER_PATH on every vector path the emulated
-# CPU runs, by PF_SIMD), then the tool's --version; prints one line per run and
-# "aarch64: N passed, N failed" (counts in BUILD/test-counts). Exit 1 on a failure.
+# CPU runs, by PF_SIMD), then the tool's --version and its end-to-end tests; prints one line per
+# run and "aarch64: N passed, N failed" (counts in BUILD/test-counts). Exit 1 on a failure.
 #
 # The programs run on Debian's arm64 libraries (libc6:arm64, libopenblas0-openmp:arm64, found
 # through the multiarch loader /lib/ld-linux-aarch64.so.1), not with QEMU_LD_PREFIX set to the
@@ -43,6 +43,14 @@ for name in "$@"; do
     esac
 done
 run performer_version "" "$qemu" "$build/performer" --version
+# The tool's end-to-end tests (tests/test_tool.sh: numpy's formulas against the aarch64 tool, its
+# refusals and files) through a wrapper that runs it under qemu; the demo's checks, about native
+# timings, are left out (PF_TOOL_EMULATED).
+wrap="$build/performer-qemu"
+printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$(command -v "$qemu")" "$(cd "$build" && pwd)/performer" \
+    >"$wrap" && chmod +x "$wrap"
+run test_tool "" env PERFORMER="$wrap" PF_TOOL_ARCH=aarch64 PF_TOOL_EMULATED=1 \
+    BUILD="$build" sh tests/test_tool.sh
 echo "$pass $fail" >"$build/test-counts"
 echo "aarch64: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

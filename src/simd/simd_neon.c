@@ -137,7 +137,23 @@ static void sincos_neon(float *s, float *c, const float *x, size_t n) {
     pf_simd_ref.sincos(s, c, x, n);
 }
 
-static float max_neon(const float *x, size_t n) { return pf_simd_ref.max(x, n); }
+/* max_ref's result: FMAXNM, like max_ref's comparison, passes over a NaN (the callers check
+ * their rows for NaN themselves); four accumulators so that the loop is not one dependency
+ * chain. */
+static float max_neon(const float *x, size_t n) {
+    float32x4_t m0 = vdupq_n_f32(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        m0 = vmaxnmq_f32(m0, vld1q_f32(x + i));
+        m1 = vmaxnmq_f32(m1, vld1q_f32(x + i + 4));
+        m2 = vmaxnmq_f32(m2, vld1q_f32(x + i + 8));
+        m3 = vmaxnmq_f32(m3, vld1q_f32(x + i + 12));
+    }
+    for (; i + 4 <= n; i += 4) m0 = vmaxnmq_f32(m0, vld1q_f32(x + i));
+    float r = vmaxnmvq_f32(vmaxnmq_f32(vmaxnmq_f32(m0, m1), vmaxnmq_f32(m2, m3)));
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
 
 static void stream_rows_neon(float *dst, const float *src, size_t lds, size_t n, size_t r) {
     pf_simd_ref.stream_rows(dst, src, lds, n, r);
