@@ -1,7 +1,7 @@
 /* simd_neon.c: the vector kernels for AArch64 Advanced SIMD (NEON, 4 floats a step, with FMA).
  * Every aarch64 CPU has it, so it needs no flag and no run-time check; the Makefile compiles this
- * file for aarch64 only. exp, the register-tile products (gemm_tmpl.h) and the decoding pass
- * (decode_tmpl.h) are NEON's; sincos, the row maximum and the row copy are the portable ones
+ * file for aarch64 only. exp, the row maximum, the register-tile products (gemm_tmpl.h) and the
+ * decoding pass (decode_tmpl.h) are NEON's; sincos and the row copy are the portable ones
  * (simd_ref.c; its sincos is held to the portable bounds of simd.h). */
 #if defined(__aarch64__)
 #include <arm_neon.h>
