@@ -574,8 +574,8 @@ AARCH64_CC       ?= aarch64-linux-gnu-gcc
 AARCH64_BUILD     = build-aarch64
 QEMU_AARCH64     ?= qemu-aarch64
 AARCH64_TESTS    ?= test_xarch test_simd test_blas test_features test_favor_forward \
-                    test_favor_state test_attn_exact test_ra test_lara test_rng test_projection \
-                    test_special test_alias test_npy test_safetensors test_data
+                    test_favor_state test_attn_exact test_ra test_lara test_half test_rng \
+                    test_projection test_special test_alias test_npy test_safetensors test_data
 AARCH64_PER_PATH ?= test_xarch
 AARCH64_NEEDS     = $(AARCH64_CC):$(shell command -v $(AARCH64_CC)) \
   $(QEMU_AARCH64):$(shell command -v $(QEMU_AARCH64)) \

@@ -306,6 +306,37 @@ PF_API pf_status pf_attn_favor(float *out, const float *Q, const float *K, const
                                const pf_shape *shape, const pf_attn_opts *opts,
                                const pf_favor_opts *favor);
 
+/* Element types: of .npy arrays (pf_array), and of Q, K, V and out in the *_dt calls, which take
+ * PF_F32, PF_F16 and PF_BF16. */
+typedef enum pf_dtype {
+    PF_F32 = 0,  /* float32 */
+    PF_I32 = 1,  /* int32 (.npy only) */
+    PF_I64 = 2,  /* int64 (.npy only) */
+    PF_F16 = 3,  /* IEEE float16 (binary16), stored as uint16_t */
+    PF_BF16 = 4  /* bfloat16 (float32's top 16 bits), stored as uint16_t */
+} pf_dtype;
+
+/* Bytes of one element of dt (4, 8 or 2); 0 for an unknown one. */
+PF_API size_t pf_dtype_size(pf_dtype dt);
+
+/* n elements of src (of type from) into dst (of type to), for from, to in PF_F32, PF_F16,
+ * PF_BF16: half to float32 is exact, float32 to half rounds to nearest, ties to even (Inf past
+ * the largest value, NaN kept). dst and src must not overlap unless they are the same and the
+ * types too. PF_EINVAL for another type or NULL with n > 0. */
+PF_API pf_status pf_convert(void *dst, pf_dtype to, const void *src, pf_dtype from, size_t n);
+
+/* pf_attn_favor with Q, K, V and out in dtype. The kernels convert each block of rows to float32
+ * as they read it (F16C on x86-64 CPUs that have it, a portable path elsewhere: the same
+ * values) and round each block of outputs to dtype as they write it (to nearest, ties to even):
+ * no float32 copy of a tensor is made, and the arithmetic and states are float32. The outputs
+ * are pf_attn_favor's on the same inputs widened to float32, rounded once to dtype (bit for bit:
+ * the same kernels run on the same values). FAVOR++ and FAVOR# (whose fits read whole tensors)
+ * are PF_ENOTSUP here; an unknown dtype is PF_EINVAL. A NaN or Inf in a half input is
+ * PF_ENONFINITE, as in float32. */
+PF_API pf_status pf_attn_favor_dt(void *out, const void *Q, const void *K, const void *V,
+                                  pf_dtype dtype, const pf_shape *shape, const pf_attn_opts *opts,
+                                  const pf_favor_opts *favor);
+
 /* The reference for pf_attn_favor: the explicit formula in float64, per head materialising
  * phi(Q) and phi(K), causal by a running prefix sum. Same contract. For tests. */
 PF_API pf_status pf_attn_favor_ref(float *out, const float *Q, const float *K, const float *V,
@@ -344,6 +375,13 @@ PF_API pf_status pf_favor_state_reset(pf_favor_state *state);
  * gives the bits of a stream that never failed. */
 PF_API pf_status pf_favor_state_step(pf_favor_state *state, float *out, const float *q,
                                      const float *k, const float *v, int n);
+
+/* pf_favor_state_step with q, k, v and out in dtype (pf_dtype): the call's rows are widened to
+ * float32 (n H (2 d + dv) floats, one token's worth when decoding), stepped in float32 (the
+ * state is float32 whatever the dtype), and the outputs rounded to dtype; the rows equal
+ * pf_favor_state_step's on the widened inputs, rounded once. */
+PF_API pf_status pf_favor_state_step_dt(pf_favor_state *state, void *out, const void *q,
+                                        const void *k, const void *v, int n, pf_dtype dtype);
 
 /* Tokens consumed so far (0 for NULL); of sequence 0 in a state of several. */
 PF_API int64_t pf_favor_state_position(const pf_favor_state *state);
@@ -640,8 +678,6 @@ PF_API pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, con
  * ------------------------------------------------------------------------------------------ */
 
 #define PF_NPY_MAX_DIMS 8
-
-typedef enum pf_dtype { PF_F32 = 0, PF_I32 = 1, PF_I64 = 2 } pf_dtype;
 
 typedef struct pf_array {
     pf_dtype dtype;

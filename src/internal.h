@@ -123,6 +123,16 @@ typedef struct pf_simd_table {
  * environment asks for another (one the CPU supports). */
 PF_INTERNAL const pf_simd_table *pf_simd(void);
 
+/* half.c: float16 and bfloat16 to and from float32 (round to nearest even), n elements; and
+ * whether any of n elements of dt is Inf or NaN. */
+PF_INTERNAL float pf_f16_to_f32(uint16_t h);
+PF_INTERNAL uint16_t pf_f32_to_f16(float f);
+PF_INTERNAL float pf_bf16_to_f32(uint16_t b);
+PF_INTERNAL uint16_t pf_f32_to_bf16(float f);
+PF_INTERNAL void pf_rows_to_f32(float *dst, const void *src, pf_dtype dt, size_t n);
+PF_INTERNAL void pf_rows_from_f32(void *dst, pf_dtype dt, const float *src, size_t n);
+PF_INTERNAL int pf_nonfinite_dt(const void *x, pf_dtype dt, size_t n);
+
 /* Each table by name, or NULL when this CPU cannot run it: for tests of every path. */
 PF_INTERNAL const pf_simd_table *pf_simd_get(const char *name);
 

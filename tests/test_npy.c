@@ -229,7 +229,8 @@ static void test_numpy_refusals(void) {
                         "import numpy as np\n"
                         "a = np.arange(6, dtype='<f4').reshape(2, 3)\n"
                         "np.save('f8.npy', a.astype('<f8'))\n"
-                        "np.save('f2.npy', a.astype('<f2'))\n"
+                        "np.save('u2.npy', a.astype('<u2'))\n"
+                        "np.save('f2ok.npy', a.astype('<f2'))\n"
                         "np.save('u4.npy', a.astype('<u4'))\n"
                         "np.save('b1.npy', a > 2)\n"
                         "np.save('be.npy', a.astype('>f4'))\n"
@@ -240,7 +241,7 @@ static void test_numpy_refusals(void) {
     CHECK(rc == 0, "python failed to write the refused fixtures (status %d)", rc);
     static const char *const cases[][2] = {
         {"f8.npy", "dtype '<f8' is not supported; expected float32 ('<f4')"},
-        {"f2.npy", "'<f2'"},
+        {"u2.npy", "'<u2'"},
         {"u4.npy", "'<u4'"},
         {"b1.npy", "'|b1'"},
         {"be.npy", "big-endian"},
@@ -258,6 +259,16 @@ static void test_numpy_refusals(void) {
         CHECK(strstr(msg, cases[i][1]) != NULL, "message lacks \"%s\": %s", cases[i][1], msg);
         CHECK(is_empty(&a), "%s: array not left empty", cases[i][0]);
     }
+    /* float16 is read (numpy's '<f2': 0..5 are the codes below) */
+    char path[512], msg[512];
+    path_in(path, sizeof(path), "f2ok.npy");
+    pf_array a;
+    CHECK_STATUS(pf_npy_read(path, &a, msg, sizeof(msg)), PF_OK);
+    static const uint16_t want[6] = {0x0000, 0x3c00, 0x4000, 0x4200, 0x4400, 0x4500};
+    CHECK(a.dtype == PF_F16 && a.ndim == 2 && a.shape[0] == 2 && a.shape[1] == 3 &&
+              memcmp(a.data, want, sizeof want) == 0,
+          "numpy's float16 .npy read wrong");
+    pf_array_free(&a);
 }
 
 /* ---- hand-made headers ----------------------------------------------------------------- */

@@ -310,6 +310,35 @@ if run --q "$T/fq.npy" --k "$T/fk.npy" --v "$T/fv.npy" --out "$O" --seed 9 --sav
     else fail "seed 10: $(cat "$T/err")"; fi
 else fail "--save-w: $(cat "$T/err")"; fi
 
+# float16 inputs: widened exactly, the output written in float16, the float32 computation's
+# rounded once (numpy rounds the float32 run's output; the bits must agree); a mix of float16
+# and float32 gives a float32 output
+$PY - "$T" <<'EOF' || fail "float16 fixtures"
+import sys, numpy as np
+t = sys.argv[1]
+r = np.random.default_rng(16)
+for n in "qkv":
+    a = (r.normal(size=(2, 3, 40, 8)) * 0.5).astype(np.float16)
+    np.save(f"{t}/h{n}.npy", a)
+    np.save(f"{t}/h{n}32.npy", a.astype(np.float32))
+EOF
+for mode in "" "--causal"; do
+    # shellcheck disable=SC2086
+    "$P" attn $mode --q "$T/hq.npy" --k "$T/hk.npy" --v "$T/hv.npy" --out "$T/ho.npy" \
+        --save-w "$T/hw.npy" 2>"$T/err" &&
+        "$P" attn $mode --q "$T/hq32.npy" --k "$T/hk32.npy" --v "$T/hv32.npy" \
+            --out "$T/ho32.npy" --w "$T/hw.npy" 2>>"$T/err" &&
+        $PY -c "
+import sys, numpy as np
+o, r = np.load(sys.argv[1]), np.load(sys.argv[2])
+same = (o.view(np.uint16) == r.astype(np.float16).view(np.uint16)).all()
+sys.exit(0 if o.dtype == np.float16 and same else 1)
+" "$T/ho.npy" "$T/ho32.npy" && pass || fail "float16 inputs $mode: $(cat "$T/err")"
+done
+"$P" attn --q "$T/hq.npy" --k "$T/hk32.npy" --v "$T/hv.npy" --out "$T/hm.npy" 2>"$T/err" &&
+    $PY -c "import sys, numpy as np; sys.exit(np.load(sys.argv[1]).dtype != np.float32)" \
+        "$T/hm.npy" && pass || fail "float16 and float32 mixed: not a float32 output"
+
 # ---- gradients ------------------------------------------------------------------------------
 mk "$T/gq.npy" '<f4' 20 1 2 5 4;  mk "$T/gk.npy" '<f4' 21 1 2 5 4; mk "$T/gv.npy" '<f4' 22 1 2 5 3
 mk "$T/gdo.npy" '<f4' 23 1 2 5 3; mk "$T/gw.npy" '<f4' 24 1 8 4

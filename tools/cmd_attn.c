@@ -34,7 +34,9 @@ void cmd_attn_help(void) {
            "Attention of queries Q on keys K and values V, exact, FAVOR+ (random features) or\n"
            "sampled (RA, LARA), written to O. Inputs are float32 .npy arrays, all of the same\n"
            "rank: (L,d) one head, (H,L,d) H heads, or (B,H,L,d) a batch of B,\n"
-           "with Q (..,Lq,d), K (..,Lk,d), V (..,Lk,dv); the output is (..,Lq,dv).\n"
+           "with Q (..,Lq,d), K (..,Lk,d), V (..,Lk,dv); the output is (..,Lq,dv). float16\n"
+           "inputs are widened to float32 (exactly); when Q, K and V are all float16 the\n"
+           "output is written in float16 (rounded once), the gradients in float32.\n"
            "\n"
            "required:\n"
            "  --q FILE            queries\n"
@@ -316,18 +318,43 @@ static const char *dtype_desc(pf_dtype t) {
         return "int32 ('<i4')";
     case PF_I64:
         return "int64 ('<i8')";
+    case PF_F16:
+        return "float16 ('<f2')";
+    case PF_BF16:
+        return "bfloat16";
     }
     return "unknown";
 }
 
-/* Reads a float32 array; 0 or an exit code (after the message). */
-static int load_f32(const char *path, pf_array *a) {
+/* Reads a float32 array, or a float16 one widened to float32 (exactly; *half set, if not NULL,
+ * to whether it was); 0 or an exit code (after the message). */
+static int load_f32(const char *path, pf_array *a, int *half) {
     char msg[1024];
+    if (half) *half = 0;
     /* mapped, not copied: the inputs are only read */
     if (pf_npy_map(path, a, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
+    if (a->dtype == PF_F16) {
+        const int64_t n = pf_array_size(a);
+        float *w = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+        if (!w) {
+            pf_array_free(a);
+            return tool_fail(CMD, "%s: out of memory widening float16 to float32", path);
+        }
+        pf_convert(w, PF_F32, a->data, PF_F16, (size_t)n);
+        pf_array wide = *a;
+        a->ndim = 0; /* (its shape is kept in wide) */
+        pf_array_free(a);
+        wide.dtype = PF_F32;
+        wide.data = w;
+        wide.map_ = NULL;
+        wide.map_len_ = 0;
+        *a = wide;
+        if (half) *half = 1;
+        return 0;
+    }
     if (a->dtype != PF_F32) {
-        tool_fail(CMD, "%s: dtype %s is not supported here; expected float32 ('<f4')", path,
-                  dtype_desc(a->dtype));
+        tool_fail(CMD, "%s: dtype %s is not supported here; expected float32 ('<f4') or float16 "
+                       "('<f2')", path, dtype_desc(a->dtype));
         pf_array_free(a);
         return TOOL_EXIT_FAIL;
     }
@@ -392,6 +419,7 @@ typedef struct attn_inputs {
     int32_t *key_len; /* B lengths, or NULL */
     pf_shape shape;
     int rank; /* 2, 3 or 4 */
+    int half; /* Q, K and V were float16 (widened): the output is written in float16 */
 } attn_inputs;
 
 static void free_inputs(attn_inputs *in) {
@@ -409,9 +437,11 @@ static void free_inputs(attn_inputs *in) {
 static int load_qkv(const attn_cfg *c, attn_inputs *in) {
     int rc;
     char s1[256], s2[256];
-    if ((rc = load_f32(c->q, &in->q)) || (rc = load_f32(c->k, &in->k)) ||
-        (rc = load_f32(c->v, &in->v)))
+    int h[3];
+    if ((rc = load_f32(c->q, &in->q, &h[0])) || (rc = load_f32(c->k, &in->k, &h[1])) ||
+        (rc = load_f32(c->v, &in->v, &h[2])))
         return rc;
+    in->half = h[0] && h[1] && h[2]; /* float16 in: the output is written in float16 */
     const pf_array *arr[3] = {&in->q, &in->k, &in->v};
     const char *path[3] = {c->q, c->k, c->v};
     for (int t = 0; t < 3; t++) {
@@ -496,7 +526,7 @@ static int load_key_lengths(const attn_cfg *c, attn_inputs *in) {
 static int load_w(const attn_cfg *c, attn_inputs *in) {
     int rc;
     char s[256];
-    if ((rc = load_f32(c->w, &in->w))) return rc;
+    if ((rc = load_f32(c->w, &in->w, NULL))) return rc;
     const pf_array *w = &in->w;
     int ok = (w->ndim == 2 || w->ndim == 3) && w->shape[w->ndim - 1] == in->shape.d &&
              (w->ndim == 2 || w->shape[0] == in->shape.H);
@@ -512,7 +542,7 @@ static int load_w(const attn_cfg *c, attn_inputs *in) {
 static int load_dout(const attn_cfg *c, attn_inputs *in, const int64_t *oshape) {
     int rc;
     char s1[256], s2[256];
-    if ((rc = load_f32(c->grad_out, &in->dout))) return rc;
+    if ((rc = load_f32(c->grad_out, &in->dout, NULL))) return rc;
     int same = in->dout.ndim == in->rank;
     for (int j = 0; same && j < in->rank; j++) same = in->dout.shape[j] == oshape[j];
     if (!same)
@@ -668,7 +698,7 @@ static int first_nonfinite(const float *x, size_t n) {
  * first: collective, so every rank calls it for every output whatever rc (the exit code so far;
  * a run that failed stages nothing more), and none waits for another. Returns the exit code. */
 static int stage_rows(tool_outputs *outs, int i, pf_array a, const float *rows, float *full,
-                      const attn_rows *rw, int rc) {
+                      const attn_rows *rw, int rc, int half) {
     if (rw->split) {
         int L = (int)a.shape[a.ndim - 2], w = (int)a.shape[a.ndim - 1];
         if (tool_mpi_gather_rows(full, rows, blocks_of(&a), L, w) != 0 && !rc)
@@ -677,7 +707,19 @@ static int stage_rows(tool_outputs *outs, int i, pf_array a, const float *rows, 
     }
     a.data = (void *)rows;
     a.map_ = NULL;
+    uint16_t *h = NULL;
+    if (!rc && half && tool_mpi_rank() == 0) { /* float16, rounded once to nearest even */
+        const int64_t n = pf_array_size(&a);
+        if (!(h = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1))))
+            rc = tool_fail(CMD, "out of memory for the float16 output");
+        else {
+            pf_convert(h, PF_F16, rows, PF_F32, (size_t)n);
+            a.dtype = PF_F16;
+            a.data = h;
+        }
+    }
     if (!rc && tool_mpi_rank() == 0) rc = stage_npy(outs, i, &a);
+    free(h);
     return rc;
 }
 
@@ -914,7 +956,7 @@ static int write_outputs(attn_state *s) {
     pf_array a = {.dtype = PF_F32, .ndim = s->in.rank};
     memcpy(a.shape, s->oshape, sizeof(int64_t) * (size_t)s->in.rank);
     int i = 0;
-    rc = stage_rows(s->outs, i++, a, s->out, s->full, &s->rw, rc);
+    rc = stage_rows(s->outs, i++, a, s->out, s->full, &s->rw, rc, s->in.half);
     if (c->save_w) {
         a = (pf_array){.dtype = PF_F32, .ndim = s->wrank, .data = (void *)s->fav.W};
         memcpy(a.shape, s->wshape, sizeof(int64_t) * (size_t)s->wrank);
@@ -925,7 +967,7 @@ static int write_outputs(attn_state *s) {
         const pf_array *src[3] = {&s->in.q, &s->in.k, &s->in.v};
         float *g[3] = {s->dq, s->dk, s->dv};
         for (int t = 0; t < 3; t++)
-            rc = stage_rows(s->outs, i++, *src[t], g[t], s->full, &s->rw, rc);
+            rc = stage_rows(s->outs, i++, *src[t], g[t], s->full, &s->rw, rc, 0);
     }
     if (!rc && s->writer) rc = tool_outputs_commit(s->outs);
     return tool_mpi_agree(rc);

@@ -298,6 +298,11 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     threads  0: OpenMP's default; the result does not depend on it.
     out      an optional float32 C-order array of the output's shape to write into.
 
+    float16 q, k and v (C order) with method "favor" and kernel positive, hyperbolic, trig or
+    relu (and no out) are read in place, a block of rows widened to float32 at a time
+    (pf_attn_favor_dt), and the output is float16: the float32 computation's, rounded once.
+    Other dtypes are converted to float32 (one copy) and the output is float32.
+
     FAVOR+ (method "favor"):
     kernel   "positive" (FAVOR+), "hyperbolic", "trig", "relu", "oprf" (FAVOR++: A fitted per
              head, or oprf_a given; causal needs oprf_a), "sderf" (FAVOR#, bidirectional).
@@ -315,6 +320,10 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
     """
     _check_method(method, kernel, features, W, proj, norm, eps, chunk, oprf_a, seed, samples,
                   proposals, deterministic)
+    if method == "favor" and out is None and kernel in _lib.HALF_KERNELS and \
+            all(_f16_in_place(x) for x in (q, k, v)):
+        return _favor_f16(q, k, v, causal, kernel, features, W, seed, scale, key_lengths,
+                          threads, proj, norm, eps, chunk)
     q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
     sh = _shape(q, k, v, causal)
     key_len = _key_lengths(key_lengths, sh)
@@ -345,6 +354,30 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
         name, named = f"pf_attn_{method}", (("q", q), ("k", k), ("v", v))
     if st != 0:
         _raise(st, name, named)
+    return o
+
+
+def _f16_in_place(x):
+    return type(x) is np.ndarray and x.dtype == np.float16 and x.flags.c_contiguous and \
+        x.flags.aligned
+
+
+def _favor_f16(q, k, v, causal, kernel, features, W, seed, scale, key_lengths, threads, proj,
+               norm, eps, chunk):
+    """attention() of float16 q, k, v: pf_attn_favor_dt reads them in place (a block of rows
+    widened at a time) and writes a float16 output, pf_attn_favor's on the widened inputs
+    rounded once."""
+    sh = _shape(q, k, v, causal)
+    key_len = _key_lengths(key_lengths, sh)
+    opts = _attn_opts(sh, scale, causal, key_len, threads)
+    o = np.empty(q.shape[:-1] + (sh.dv,), np.float16)
+    fav, Wa = _favor_opts(sh, kernel=kernel, W=W, features=features, proj=proj, norm=norm,
+                          seed=seed, eps=eps, chunk=chunk, oprf_a=None, causal=causal)
+    P = ctypes.byref
+    st = _L.pf_attn_favor_dt(o.ctypes.data, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                             _lib.PF_F16, P(sh), P(opts), P(fav))
+    if st != 0:
+        _raise(st, "pf_attn_favor_dt", (("q", q), ("k", k), ("v", v), ("W", Wa)))
     return o
 
 

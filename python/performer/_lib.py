@@ -127,6 +127,7 @@ _PROTOS = {
     "pf_attn_check": (c_int, [_shape_p, _attn_p]),
     "pf_attn_exact": (c_int, [P, P, P, P, P, _shape_p, _attn_p]),
     "pf_attn_favor": (c_int, [P, P, P, P, _shape_p, _attn_p, _favor_p]),
+    "pf_attn_favor_dt": (c_int, [P, P, P, P, c_int, _shape_p, _attn_p, _favor_p]),
     "pf_attn_ra": (c_int, [P, P, P, P, _shape_p, _attn_p, _samp_p]),
     "pf_attn_lara": (c_int, [P, P, P, P, _shape_p, _attn_p, _samp_p]),
     "pf_attn_exact_backward": (c_int, [P, P, P, P, P, P, P, P, P, _shape_p, _attn_p]),
@@ -168,6 +169,11 @@ for _name, (_res, _args) in _PROTOS.items():
 # ---- statuses -------------------------------------------------------------------------------
 
 PF_OK, PF_EINVAL, PF_ENOMEM, PF_ENONFINITE, PF_EDOMAIN, PF_EIO, PF_EFORMAT, PF_ENOTSUP = range(8)
+# pf_dtype: the element types of the *_dt calls (and of .npy arrays)
+PF_F32, PF_I32, PF_I64, PF_F16, PF_BF16 = range(5)
+# the FAVOR+ maps whose half-precision inputs the kernels read in place (FAVOR++ and FAVOR#
+# fit on whole tensors: float32 only)
+HALF_KERNELS = ("positive", "hyperbolic", "trig", "relu")
 STATUS_NAMES = ("PF_OK", "PF_EINVAL", "PF_ENOMEM", "PF_ENONFINITE", "PF_EDOMAIN", "PF_EIO",
                 "PF_EFORMAT", "PF_ENOTSUP")
 

@@ -21,7 +21,9 @@
 Tensors: CPU, strided. float32 in C order is passed to C as it is (zero copy); float64,
 float16 and bfloat16 are converted to float32 (by a differentiable .to(), so gradients come
 back in the input's dtype, and the output is in q's dtype); a non-contiguous tensor is made
-contiguous once. Other dtypes (integers, complex) and tensors on another device (meta, ...)
+contiguous once. Without grad, contiguous float16 or bfloat16 q, k, v (one dtype) with a
+FAVOR+ map other than FAVOR++/FAVOR# are read in place by pf_attn_favor_dt, a block of rows
+widened to float32 at a time, no copy: the output is the float32 computation's rounded once. Other dtypes (integers, complex) and tensors on another device (meta, ...)
 are refused with TypeError. Shapes as in performer.attention: (L,d), (H,L,d) or (B,H,L,d).
 
 CUDA tensors run FAVOR+ forward and backward in libperformer_cuda (include/performer_cuda.h,
@@ -414,6 +416,32 @@ class _ExactFunction(torch.autograd.Function):
         return _exact_backward(ctx, dout)
 
 
+_HALF = {torch.float16: _lib.PF_F16, torch.bfloat16: _lib.PF_BF16}
+
+
+def _half_in_place(q, k, v):
+    """Whether q, k, v are CPU tensors of one half dtype (float16, bfloat16), contiguous: then
+    the kernels read them in place."""
+    ts = (q, k, v)
+    return all(isinstance(x, torch.Tensor) and x.is_cpu and x.layout is torch.strided and
+               x.dtype in _HALF and x.dtype is q.dtype and x.is_contiguous() for x in ts)
+
+
+def _favor_half(q, k, v, W, causal, kernel, key_lengths, scale, eps, chunk, threads):
+    """attention() of float16 or bfloat16 CPU tensors without grad: pf_attn_favor_dt reads them
+    in place (a block of rows widened to float32 at a time) and writes the output in their
+    dtype, the float32 computation's rounded once."""
+    p = _plan(q, k, v, W, method="favor", causal=causal, kernel=kernel, key_lengths=key_lengths,
+              scale=scale, eps=eps, chunk=chunk, oprf_a=None, threads=threads, save_bytes=None)
+    out = torch.empty(p.oshape, dtype=q.dtype)
+    st = _L.pf_attn_favor_dt(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                             _HALF[q.dtype], *p.args)
+    if st:
+        _nonfinite(st, "pf_attn_favor_dt", (("q", q.float()), ("k", k.float()),
+                                            ("v", v.float())))
+    return out
+
+
 def _forward_nograd(p, q, k, v, W):
     out = torch.empty(p.oshape, dtype=torch.float32)
     if p.fav is not None:
@@ -463,6 +491,10 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
                                key_lengths=key_lengths, scale=scale, eps=eps, chunk=chunk,
                                oprf_a=oprf_a, threads=threads, save_bytes=save_bytes)
     q0 = q
+    grad = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in (q, k, v))
+    if not grad and method == "favor" and kernel in _lib.HALF_KERNELS and _half_in_place(q, k, v):
+        return _favor_half(q, k, v, W, causal, kernel, key_lengths, scale, eps, chunk, threads)
     q, k, v = _t32(q, "q"), _t32(k, "k"), _t32(v, "v")
     th = torch.get_num_threads() if threads is None else threads
     key = _plan_key(q, k, v, W, method, causal, kernel, key_lengths, scale, eps, chunk, oprf_a,

@@ -292,6 +292,37 @@ class TestFunctions(unittest.TestCase):
         self.assertTrue(same_bits(performer.attention(qt, qt, qt), out))
 
 
+class TestHalf(unittest.TestCase):
+    def test_float16_in_place(self):
+        """float16 q, k, v: pf_attn_favor_dt reads them in place; the float16 output is the
+        float32 computation on the same (exactly widened) values, rounded once: the same bits."""
+        g = rng(31)
+        for kernel in ("positive", "hyperbolic", "trig", "relu"):
+            for causal in (False, True):
+                L, Lk = 300, (300 if causal else 290)
+                sc = 0.3 if kernel == "trig" else 0.5
+                q = (normal(g, (2, 3, L, 16)) * sc).astype(np.float16)
+                k = (normal(g, (2, 3, Lk, 16)) * sc).astype(np.float16)
+                v = normal(g, (2, 3, Lk, 8)).astype(np.float16)
+                kw = dict(causal=causal, kernel=kernel, features=32, key_lengths=[Lk, Lk - 9],
+                          eps=1e-3 if kernel == "relu" else 0.0)
+                o = performer.attention(q, k, v, **kw)
+                self.assertEqual(o.dtype, np.float16)
+                r = performer.attention(q.astype(np.float32), k.astype(np.float32),
+                                        v.astype(np.float32), **kw)
+                self.assertTrue(same_bits(o, r.astype(np.float16)), (kernel, causal))
+        # what cannot be read in place is converted to float32 (a float32 output)
+        q = normal(g, (2, 20, 8)).astype(np.float16)
+        self.assertEqual(performer.attention(q, q.astype(np.float32), q).dtype, np.float32)
+        self.assertEqual(performer.attention(q, q, q, kernel="oprf").dtype, np.float32)
+        self.assertEqual(performer.attention(q[:, ::2], q[:, ::2], q[:, ::2]).dtype, np.float32)
+        # a NaN in a float16 input names it
+        bad = q.copy()
+        bad[1, 3, 2] = np.nan
+        with self.assertRaisesRegex(FloatingPointError, "k"):
+            performer.attention(q, bad, q)
+
+
 class TestErrors(unittest.TestCase):
     """Every documented error path raises its documented exception."""
 

@@ -275,6 +275,27 @@ class TestGradients(unittest.TestCase):
         finally:
             torch.set_num_threads(old)
 
+    def test_half_in_place_without_grad(self):
+        """float16 and bfloat16 q, k, v without grad: read in place by pf_attn_favor_dt, the
+        output in their dtype with the bits of the float32 computation rounded once; with grad,
+        the differentiable conversion as before."""
+        g = torch.Generator().manual_seed(5)
+        W = torch.from_numpy(performer.projection(32, 16, seed=5))
+        for dt in (torch.float16, torch.bfloat16):
+            for causal in (False, True):
+                q, k, v = (torch.randn(2, 3, 300, 16, generator=g).mul(0.5).to(dt)
+                           for _ in range(3))
+                with torch.no_grad():
+                    o = pt.attention(q, k, v, W=W, causal=causal)
+                    r = pt.attention(q.float(), k.float(), v.float(), W=W, causal=causal)
+                self.assertEqual(o.dtype, dt)
+                self.assertTrue(torch.equal(o, r.to(dt)), (dt, causal))
+            qg = q.detach().requires_grad_()
+            o = pt.attention(qg, k, v, W=W)
+            o.float().sum().backward()
+            self.assertEqual(o.dtype, dt)
+            self.assertEqual(qg.grad.dtype, dt)
+
     def test_default_threads_are_torchs_at_each_call(self):
         """threads=None (FastAttention, through attention) is torch.get_num_threads() read at the
         call, in the calling thread, and the backward runs on its forward's count (the module

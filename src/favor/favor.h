@@ -163,12 +163,31 @@ typedef struct pf_favor_ws {
     double *cq;   /* (nb): log factors of a block of queries (not needed, they cancel) */
     double *p;    /* (C): prefix maxima of the key log factors (causal) */
     void *mem;
+    /* half-precision inputs and outputs (pf_favor_ws_half): their element type (PF_F32 for the
+     * plain calls, whose rows are read in place) and a block's rows widened to float32 */
+    pf_dtype dt;
+    float *xq, *xk, *xv, *xo; /* (nb, d), (nb, d), (nb, dv), (nb, dv) */
+    void *xmem;
 } pf_favor_ws;
 
 /* Allocates ws for blocks of nb rows (pf_favor_block), chunk C (0: bidirectional), feature
  * width r, value width dv. Returns 0, or -1 when out of memory (ws then owns nothing). */
 PF_INTERNAL int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv);
 PF_INTERNAL void pf_favor_ws_free(pf_favor_ws *ws);
+
+/* Makes ws read and write rows of dt (PF_F16, PF_BF16) for blocks of nb rows of widths d and dv:
+ * the block functions below then take their Q, K, V and out of that type. 0, or -1 when out of
+ * memory. */
+PF_INTERNAL int pf_favor_ws_half(pf_favor_ws *ws, pf_dtype dt, int nb, int d, int dv);
+
+/* Rows [row0, row0 + n) of width w of X, as ws reads them: in place for float32, else widened
+ * into buf. */
+static inline const float *pf_favor_rows(const pf_favor_ws *ws, const void *X, size_t row0,
+                                         size_t n, size_t w, float *buf) {
+    if (ws->dt == PF_F32) return (const float *)X + row0 * w;
+    pf_rows_to_f32(buf, (const char *)X + row0 * w * 2, ws->dt, n * w);
+    return buf;
+}
 
 /* Where a causal scan keeps the features of its rows (each from the scan's row 0), or NULL. */
 typedef struct pf_favor_keep {
@@ -179,8 +198,8 @@ typedef struct pf_favor_keep {
 
 /* Bidirectional queries [0, n): out = (Q~ KV)[:, :dv] / (Q~ KV)[:, dv], in blocks; the features
  * are made in qf (n, r) with their maxima in qamax (n) when qf is not NULL. */
-PF_INTERNAL pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out,
-                                           const float *Q, const float *KV, int n, int dv,
+PF_INTERNAL pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, void *out,
+                                           const void *Q, const float *KV, int n, int dv,
                                            float *qf, float *qamax);
 
 /* The stages of one causal chunk of n rows (nk of them valid keys), in the order
@@ -213,8 +232,8 @@ PF_INTERNAL void pf_favor_chunk_state(float *S, int lds, const float *Kc, int r,
  * Inf in V or Q/K (or an overflowing projection), which stops the scan part way. keep, if not
  * NULL, receives the rows' features (K~ only of the klen valid keys). */
 PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV,
-                                           double *M, float *out, const float *Q, const float *K,
-                                           const float *V, int L, int klen, int dv,
+                                           double *M, void *out, const void *Q, const void *K,
+                                           const void *V, int L, int klen, int dv,
                                            const pf_favor_keep *keep);
 
 /* ---- the decoding state's steps as transactions (state.c) */
@@ -353,7 +372,7 @@ PF_INTERNAL int pf_favor_scan_blocks(int L, int heads, int C, int *len);
  * If kst is not NULL the features K~ are kept there (n, r), with kc (n) their log factors and
  * kamax (n, may be NULL) their max|k~|. PF_ENONFINITE on NaN/Inf (or overflow) in K or V. */
 PF_INTERNAL pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, double *Mb,
-                                         const float *K, const float *V, int n, int dv, float *kst,
+                                         const void *K, const void *V, int n, int dv, float *kst,
                                          double *kc, float *kamax);
 
 /* A running key sum referenced to *M takes keys with log factors c (n): *M becomes

@@ -33,8 +33,9 @@ typedef struct favor_job {
     const pf_shape *s;
     const pf_attn_opts *opts;
     const pf_favor_opts *favor;
-    const float *Q, *K, *V;
-    float *out;
+    const void *Q, *K, *V;   /* of element type dt (pf_attn_favor_dt), else float32 */
+    void *out;
+    pf_dtype dt;
     int r, C, nkb, kbl;      /* key (or scan) blocks per head and their length */
     pf_fmap *fm;             /* (heads) */
     pf_kernel_ws *kw;        /* (heads) */
@@ -49,6 +50,11 @@ typedef struct favor_job {
 
 static size_t head_off(int bh, int L, int w) {
     return (size_t)bh * (size_t)L * (size_t)w;
+}
+
+/* Element off of X, a tensor of j->dt. */
+static const void *at(const favor_job *j, const void *X, size_t off) {
+    return (const char *)X + off * pf_dtype_size(j->dt);
 }
 
 /* A slice: head bh's state from outside, (r, dv+1) rows, into slot 0 as (r, dw) rows (the
@@ -70,14 +76,16 @@ static pf_status job_head(favor_job *j, int bh) {
     const pf_shape *s = j->s;
     const int b = bh / s->H, h = bh % s->H;
     const int klen = pf_attn_key_len(j->opts, b, s->Lk);
-    const float *Kh = j->K + head_off(bh, s->Lk, s->d);
-    const float *Vh = j->V + head_off(bh, s->Lk, s->dv);
     /* inputs are checked block by block where they are used (while in cache); only the padded
      * keys, never used, are checked here */
     const size_t pad = (size_t)(s->Lk - klen);
-    if (pf_nonfinite_f32(Kh + (size_t)klen * (size_t)s->d, pad * (size_t)s->d) ||
-        pf_nonfinite_f32(Vh + (size_t)klen * (size_t)s->dv, pad * (size_t)s->dv))
+    if (pf_nonfinite_dt(at(j, j->K, head_off(bh, s->Lk, s->d) + (size_t)klen * (size_t)s->d),
+                        j->dt, pad * (size_t)s->d) ||
+        pf_nonfinite_dt(at(j, j->V, head_off(bh, s->Lk, s->dv) + (size_t)klen * (size_t)s->dv),
+                        j->dt, pad * (size_t)s->dv))
         return PF_ENONFINITE;
+    /* (the FAVOR++ and FAVOR# fits read Q and K: float32 only, pf_attn_favor_dt says) */
+    const float *Kh = (const float *)at(j, j->K, head_off(bh, s->Lk, s->d));
     j->fm[bh] = pf_favor_fmap(s, j->opts, j->favor, h);
     if (j->ext && j->ext->S) ext_state_in(j, bh);
     if (j->ext && j->ext->sums)
@@ -85,7 +93,8 @@ static pf_status job_head(favor_job *j, int bh) {
                                   j->ext->sums +
                                       (size_t)bh * pf_favor_sums_len(j->favor->kernel, s->d));
     return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor,
-                         j->Q ? j->Q + head_off(bh, s->Lq, s->d) : NULL, s->Lq, Kh, klen);
+                         j->Q ? (const float *)at(j, j->Q, head_off(bh, s->Lq, s->d)) : NULL,
+                         s->Lq, Kh, klen);
 }
 
 /* Phase 1: the local sum of key block kb of head bh into slot kb (bidirectional) or kb + 1
@@ -101,8 +110,8 @@ static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
     double *Mb = j->pmax + (size_t)bh * (size_t)j->nkb + (size_t)slot;
     *Mb = -INFINITY;
     if (n <= 0) return PF_OK; /* padding only */
-    const float *Kh = j->K + head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d;
-    const float *Vh = j->V + head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv;
+    const void *Kh = at(j, j->K, head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d);
+    const void *Vh = at(j, j->V, head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv);
     if (j->sv && !j->opts->causal && bh < j->sv->nkeep) {
         const size_t o = (size_t)bh * (size_t)s->Lk + (size_t)j0;
         return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
@@ -137,8 +146,8 @@ static pf_status job_queries(favor_job *j, pf_favor_ws *ws, int bh, int qb) {
     const int i0 = qb * FAVOR_BLOCK, n = s->Lq - i0 < FAVOR_BLOCK ? s->Lq - i0 : FAVOR_BLOCK;
     const size_t nkv = (size_t)j->r * (size_t)pf_favor_dw(s->dv);
     const float *KV = j->part + (size_t)bh * (size_t)j->nkb * nkv;
-    const float *Qh = j->Q + head_off(bh, s->Lq, s->d) + (size_t)i0 * (size_t)s->d;
-    float *oh = j->out + head_off(bh, s->Lq, s->dv) + (size_t)i0 * (size_t)s->dv;
+    const void *Qh = at(j, j->Q, head_off(bh, s->Lq, s->d) + (size_t)i0 * (size_t)s->d);
+    void *oh = (void *)at(j, j->out, head_off(bh, s->Lq, s->dv) + (size_t)i0 * (size_t)s->dv);
     const size_t o = (size_t)bh * (size_t)s->Lq + (size_t)i0;
     const int keep = j->sv && bh < j->sv->nkeep;
     return pf_favor_query_block(&j->fm[bh], ws, oh, Qh, KV, n, s->dv,
@@ -166,11 +175,11 @@ static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
                                .kc = j->sv->kc + row,
                                .A = j->sv->ka + row * (size_t)j->C};
     return pf_favor_causal_rows(&j->fm[bh], ws, j->C, ws->state, &M,
-                                j->out + head_off(bh, s->Lq, s->dv) + o * (size_t)s->dv,
-                                j->Q + head_off(bh, s->Lq, s->d) + o * (size_t)s->d,
-                                j->K + head_off(bh, s->Lk, s->d) + o * (size_t)s->d,
-                                j->V + head_off(bh, s->Lk, s->dv) + o * (size_t)s->dv, n, klen - t0,
-                                s->dv, kept ? &keep : NULL);
+                                (void *)at(j, j->out, head_off(bh, s->Lq, s->dv) + o * (size_t)s->dv),
+                                at(j, j->Q, head_off(bh, s->Lq, s->d) + o * (size_t)s->d),
+                                at(j, j->K, head_off(bh, s->Lk, s->d) + o * (size_t)s->d),
+                                at(j, j->V, head_off(bh, s->Lk, s->dv) + o * (size_t)s->dv), n,
+                                klen - t0, s->dv, kept ? &keep : NULL);
 }
 
 /* A slice's own key state: slot 0 of head bh (the combined total), as (r, dv+1) rows; a head
@@ -246,7 +255,9 @@ static int favor_parallel(favor_job *j, const favor_plan *p) {
 #pragma omp parallel num_threads(p->nt)
     {
         pf_favor_ws ws;
-        if (pf_favor_ws_alloc(&ws, pf_favor_block(causal, j->C), j->C, j->r, j->s->dv) != 0) {
+        const int nb = pf_favor_block(causal, j->C);
+        if (pf_favor_ws_alloc(&ws, nb, j->C, j->r, j->s->dv) != 0 ||
+            (j->dt != PF_F32 && pf_favor_ws_half(&ws, j->dt, nb, j->s->d, j->s->dv) != 0)) {
 #pragma omp atomic write
             nomem = 1;
         }
@@ -296,8 +307,8 @@ static pf_status favor_heads_end(favor_job *j, const favor_plan *p, int keys_onl
             dead |= pf_favor_fatal(us);
         }
         if (dead && j->out)
-            memset(j->out + head_off(bh, s->Lq, s->dv), 0,
-                   sizeof(float) * (size_t)s->Lq * (size_t)s->dv);
+            memset((void *)at(j, j->out, head_off(bh, s->Lq, s->dv)), 0,
+                   pf_dtype_size(j->dt) * (size_t)s->Lq * (size_t)s->dv);
         if (keys_only) ext_state_out(j, bh, dead);
         if (hs > worst) worst = hs;
         *dead_heads += dead;
@@ -307,7 +318,7 @@ static pf_status favor_heads_end(favor_job *j, const favor_plan *p, int keys_onl
 
 /* The forward, keeping what the backward needs in sv if it is not NULL; *complete is 1 when
  * every head was computed (none failed outright). Arguments checked. */
-static pf_status favor_run(float *out, const float *Q, const float *K, const float *V,
+static pf_status favor_run(void *out, const void *Q, const void *K, const void *V, pf_dtype dt,
                            const pf_shape *shape, const pf_attn_opts *opts,
                            const pf_favor_opts *favor, pf_favor_saved *sv, int *complete,
                            const pf_favor_ext *ext) {
@@ -327,6 +338,7 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
                    .K = K,
                    .V = V,
                    .out = out,
+                   .dt = dt,
                    .sv = sv,
                    .ext = ext};
     *complete = 0;
@@ -347,7 +359,7 @@ static pf_status favor_run(float *out, const float *Q, const float *K, const flo
         *complete = dead_heads == 0;
     }
     if (worst == PF_ENOMEM && out)
-        memset(out, 0, sizeof(float) * (size_t)p.heads * (size_t)s.Lq * (size_t)s.dv);
+        memset(out, 0, pf_dtype_size(dt) * (size_t)p.heads * (size_t)s.Lq * (size_t)s.dv);
     if (worst == PF_ENOMEM && keys_only)
         for (int bh = 0; bh < p.heads; bh++) ext_state_out(&j, bh, 1);
     if (arena)
@@ -375,7 +387,7 @@ pf_status pf_favor_forward_ext(float *out, const float *Q, const float *K, const
                                const pf_shape *shape, const pf_attn_opts *opts,
                                const pf_favor_opts *favor, const pf_favor_ext *ext) {
     int complete;
-    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, ext);
+    return favor_run(out, Q, K, V, PF_F32, shape, opts, favor, NULL, &complete, ext);
 }
 
 pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
@@ -384,7 +396,38 @@ pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float 
     pf_status st = forward_args(out, Q, K, V, shape, opts, favor);
     if (st != PF_OK) return st;
     int complete;
-    return favor_run(out, Q, K, V, shape, opts, favor, NULL, &complete, NULL);
+    return favor_run(out, Q, K, V, PF_F32, shape, opts, favor, NULL, &complete, NULL);
+}
+
+/* Whether [a, a + na) and [b, b + nb) share a byte. */
+static int bytes_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const char *x = (const char *)a, *y = (const char *)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+pf_status pf_attn_favor_dt(void *out, const void *Q, const void *K, const void *V, pf_dtype dtype,
+                           const pf_shape *shape, const pf_attn_opts *opts,
+                           const pf_favor_opts *favor) {
+    if (dtype == PF_F32)
+        return pf_attn_favor((float *)out, (const float *)Q, (const float *)K, (const float *)V,
+                             shape, opts, favor);
+    if (dtype != PF_F16 && dtype != PF_BF16) return PF_EINVAL;
+    if (!out || !Q || !K || !V) return PF_EINVAL;
+    pf_status st = pf_favor_check(shape, opts, favor);
+    if (st != PF_OK) return st;
+    if (favor->kernel == PF_KERNEL_OPRF || favor->kernel == PF_KERNEL_SDERF) return PF_ENOTSUP;
+    const size_t bh = (size_t)shape->B * (size_t)shape->H, e = pf_dtype_size(dtype);
+    const size_t no = bh * (size_t)shape->Lq * (size_t)shape->dv * e;
+    const size_t in[4] = {bh * (size_t)shape->Lq * (size_t)shape->d * e,
+                          bh * (size_t)shape->Lk * (size_t)shape->d * e,
+                          bh * (size_t)shape->Lk * (size_t)shape->dv * e,
+                          (size_t)(favor->w_per_head ? shape->H : 1) * (size_t)favor->m *
+                              (size_t)shape->d * sizeof(float)};
+    const void *ptr[4] = {Q, K, V, favor->W};
+    for (int i = 0; i < 4; i++)
+        if (bytes_overlap(out, no, ptr[i], in[i])) return PF_EINVAL;
+    int complete;
+    return favor_run(out, Q, K, V, dtype, shape, opts, favor, NULL, &complete, NULL);
 }
 
 /* The forward that also fills `saved` for pf_attn_favor_backward_saved (saved.c). */
@@ -398,7 +441,7 @@ pf_status pf_attn_favor_save(float *out, const float *Q, const float *K, const f
     if (st != PF_OK) return st;
     int complete;
     saved->filled = 0;
-    st = favor_run(out, Q, K, V, shape, opts, favor, saved, &complete, NULL);
+    st = favor_run(out, Q, K, V, PF_F32, shape, opts, favor, saved, &complete, NULL);
     saved->filled = complete;
     return st;
 }

@@ -72,6 +72,15 @@ PF_CLONES pf_status pf_favor_readout(float *out, const float *o, int n, int dv) 
     return st;
 }
 
+/* pf_favor_readout of a block's ws->o into rows [row0, row0 + n) of out, through ws->xo when ws
+ * writes half-precision rows (rounded once, to nearest even). */
+static pf_status pf_favor_readout_rows(pf_favor_ws *ws, void *out, size_t row0, int n, int dv) {
+    if (ws->dt == PF_F32) return pf_favor_readout((float *)out + row0 * (size_t)dv, ws->o, n, dv);
+    const pf_status st = pf_favor_readout(ws->xo, ws->o, n, dv);
+    pf_rows_from_f32((char *)out + row0 * (size_t)dv * 2, ws->dt, ws->xo, (size_t)n * (size_t)dv);
+    return st;
+}
+
 int pf_favor_scan_blocks(int L, int heads, int C, int *len) {
     return pf_favor_split(L, heads, SCAN_UNIT * pf_favor_block(1, C), SCAN_SPLIT, len);
 }
@@ -96,7 +105,7 @@ static void keep_rows(float *dst, const float *src, int lds, int n, int r) {
 }
 
 pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, double *Mb,
-                             const float *K, const float *V, int n, int dv, float *kst, double *kc,
+                             const void *K, const void *V, int n, int dv, float *kst, double *kc,
                              float *kamax) {
     const int r = fm->r, d = fm->d, dv1 = pf_favor_dw(dv);
     double M = -INFINITY;
@@ -108,12 +117,12 @@ pf_status pf_favor_key_block(const pf_fmap *fm, pf_favor_ws *ws, float *KVb, dou
     memset(T, 0, sizeof(float) * (size_t)(dv + 1) * (size_t)r);
     for (int j0 = 0; j0 < n; j0 += FAVOR_BLOCK) {
         const int nb = n - j0 < FAVOR_BLOCK ? n - j0 : FAVOR_BLOCK;
-        const float *Vb = V + (size_t)j0 * (size_t)dv;
+        const float *Vb = pf_favor_rows(ws, V, (size_t)j0, (size_t)nb, (size_t)dv, ws->xv);
+        const float *Kb = pf_favor_rows(ws, K, (size_t)j0, (size_t)nb, (size_t)d, ws->xk);
         float *phi = ws->phi;
         double *c = kc ? kc + j0 : ws->c;
         /* (K rows are checked by pf_fmap_rows, V rows by pf_favor_weighted_values) */
-        pf_status st =
-            pf_fmap_rows(fm, phi, r, c, kamax ? kamax + j0 : NULL, K + (size_t)j0 * (size_t)d, nb);
+        pf_status st = pf_fmap_rows(fm, phi, r, c, kamax ? kamax + j0 : NULL, Kb, nb);
         if (st != PF_OK) return st;
         if (kst) keep_rows(kst + (size_t)j0 * (size_t)r, phi, r, nb, r);
         const float beta = pf_favor_rebase(&M, c, nb);
@@ -158,7 +167,7 @@ void pf_favor_combine(float *S, double *M, const float *S2, double M2, size_t n)
 }
 
 /* (favor.h) */
-pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, const float *Q,
+pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, void *out, const void *Q,
                                const float *KV, int n, int dv, float *qf, float *qamax) {
     const int r = fm->r, d = fm->d, dv1 = pf_favor_dw(dv);
     pf_status st = PF_OK;
@@ -166,12 +175,13 @@ pf_status pf_favor_query_block(const pf_fmap *fm, pf_favor_ws *ws, float *out, c
         const int nb = n - i0 < FAVOR_BLOCK ? n - i0 : FAVOR_BLOCK;
         float *phi = ws->phi;
         pf_status s1 = pf_fmap_rows(fm, phi, r, ws->cq, qf ? qamax + i0 : NULL,
-                                    Q + (size_t)i0 * (size_t)d, nb);
+                                    pf_favor_rows(ws, Q, (size_t)i0, (size_t)nb, (size_t)d, ws->xq),
+                                    nb);
         if (s1 != PF_OK) return s1;
         if (qf) keep_rows(qf + (size_t)i0 * (size_t)r, phi, r, nb, r);
         /* O = Q~ KV   (nb x (dv + 1)) */
         pf_mm(0, 0, nb, dv + 1, r, 1.0f, phi, r, KV, dv1, 0.0f, ws->o, dv1);
-        st = pf_status_worse(st, pf_favor_readout(out + (size_t)i0 * (size_t)dv, ws->o, nb, dv));
+        st = pf_status_worse(st, pf_favor_readout_rows(ws, out, (size_t)i0, nb, dv));
     }
     return st;
 }
@@ -266,7 +276,7 @@ void pf_favor_chunk_state(float *S, int lds, const float *Kc, int r, const float
  * in C spare rows below S. Rows j > i of A are exact zeros, so later keys and values change no
  * bit of n_i (0 * finite adds +-0). */
 pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV, double *Mp,
-                               float *out, const float *Q, const float *K, const float *V, int L,
+                               void *out, const void *Q, const void *K, const void *V, int L,
                                int klen, int dv, const pf_favor_keep *keep) {
     /* rows of dv1 = pf_favor_dw(dv) floats; the products with a chunk's few rows run as fast on
      * the dv + 1 columns that matter (padding them to 16 columns costs 20%) */
@@ -280,7 +290,8 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
         const int nb = L - b0 < NB ? L - b0 : NB;
         int nkb = klen - b0; /* valid keys in the block */
         nkb = nkb < 0 ? 0 : (nkb > nb ? nb : nkb);
-        if (pf_nonfinite_f32(V + (size_t)b0 * (size_t)dv, (size_t)nkb * (size_t)dv)) {
+        const float *Vb = pf_favor_rows(ws, V, (size_t)b0, (size_t)nkb, (size_t)dv, ws->xv);
+        if (pf_nonfinite_f32(Vb, (size_t)nkb * (size_t)dv)) {
             st = PF_ENONFINITE;
             break;
         }
@@ -288,10 +299,12 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
         float *kphi = ws->kphi;
         double *kc = keep ? keep->kc + b0 : ws->c;
         pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, keep ? keep->qamax + b0 : NULL,
-                                    Q + (size_t)b0 * (size_t)d, nb);
+                                    pf_favor_rows(ws, Q, (size_t)b0, (size_t)nb, (size_t)d, ws->xq),
+                                    nb);
         if (s1 == PF_OK && nkb > 0)
             s1 = pf_fmap_rows(fm, kphi, r, kc, keep ? keep->kamax + b0 : NULL,
-                              K + (size_t)b0 * (size_t)d, nkb);
+                              pf_favor_rows(ws, K, (size_t)b0, (size_t)nkb, (size_t)d, ws->xk),
+                              nkb);
         if (s1 != PF_OK) {
             st = s1;
             break;
@@ -318,8 +331,8 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
                         memcpy(keep->A + (size_t)(t0 + i) * (size_t)C, A + (size_t)i * (size_t)ldq,
                                sizeof(float) * (size_t)nk);
                 /* e^(c_j - P_j) [v_j | 1] for A, and e^(c_j - M') [v_j | 1] for the state */
-                pf_favor_weighted_values2(Vw, ws->vs, dv1, V + (size_t)t0 * (size_t)dv, dv, ck, P,
-                                          P[n - 1], nk);
+                pf_favor_weighted_values2(Vw, ws->vs, dv1, Vb + (size_t)(t0 - b0) * (size_t)dv,
+                                          dv, ck, P, P[n - 1], nk);
             }
             if (have_state) pf_favor_chunk_qscale(Qc, ldq, r, P, n, M);
             /* A key at position 0 (klen >= 1) gives every chunk a state or a key. */
@@ -334,7 +347,7 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             }
         }
         /* the block's outputs read out at once (not chunk by chunk) */
-        st = pf_status_worse(st, pf_favor_readout(out + (size_t)b0 * (size_t)dv, ws->o, nb, dv));
+        st = pf_status_worse(st, pf_favor_readout_rows(ws, out, (size_t)b0, nb, dv));
     }
     *Mp = M;
     return st;

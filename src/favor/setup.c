@@ -105,6 +105,22 @@ int pf_favor_ws_alloc(pf_favor_ws *ws, int nb, int C, int r, int dv) {
     return 0;
 }
 
+int pf_favor_ws_half(pf_favor_ws *ws, pf_dtype dt, int nb, int d, int dv) {
+    const size_t NB = (size_t)nb, q = lines(NB * (size_t)d, 4), v = lines(NB * (size_t)dv, 4);
+    char *m = pf_alloc(2 * q + 2 * v, 1);
+    if (!m) return -1;
+    ws->xmem = m;
+    ws->xq = (float *)m;
+    ws->xk = (float *)(m + q);
+    ws->xv = (float *)(m + 2 * q);
+    ws->xo = (float *)(m + 2 * q + v);
+    ws->dt = dt;
+    return 0;
+}
+
 void pf_favor_ws_free(pf_favor_ws *ws) {
-    if (ws) pf_free(ws->mem);
+    if (ws) {
+        pf_free(ws->mem);
+        pf_free(ws->xmem);
+    }
 }

@@ -536,6 +536,35 @@ pf_status pf_favor_state_step(pf_favor_state *st, float *out, const float *q, co
     return pf_favor_state_prefill(st, 0, out, q, k, v, n);
 }
 
+pf_status pf_favor_state_step_dt(pf_favor_state *st, void *out, const void *q, const void *k,
+                                 const void *v, int n, pf_dtype dtype) {
+    if (dtype == PF_F32)
+        return pf_favor_state_step(st, (float *)out, (const float *)q, (const float *)k,
+                                   (const float *)v, n);
+    if ((dtype != PF_F16 && dtype != PF_BF16) || !st || !out || !q || !k || !v || n < 1)
+        return PF_EINVAL;
+    const size_t nd = (size_t)st->H * (size_t)n * (size_t)st->d;
+    const size_t ndv = (size_t)st->H * (size_t)n * (size_t)st->dv, e = pf_dtype_size(dtype);
+    /* out must not share a byte with the inputs (pf_favor_state_step's contract) */
+    const char *o = (const char *)out;
+    const struct {
+        const char *p;
+        size_t bytes;
+    } in[3] = {{(const char *)q, nd * e}, {(const char *)k, nd * e}, {(const char *)v, ndv * e}};
+    for (int i = 0; i < 3; i++)
+        if (o < in[i].p + in[i].bytes && in[i].p < o + ndv * e) return PF_EINVAL;
+    float *x = pf_alloc(2 * nd + 2 * ndv, sizeof(float));
+    if (!x) return PF_ENOMEM;
+    float *qf = x, *kf = x + nd, *vf = x + 2 * nd, *of = vf + ndv;
+    pf_rows_to_f32(qf, q, dtype, nd);
+    pf_rows_to_f32(kf, k, dtype, nd);
+    pf_rows_to_f32(vf, v, dtype, ndv);
+    const pf_status status = pf_favor_state_step(st, of, qf, kf, vf, n);
+    pf_rows_from_f32(out, dtype, of, ndv);
+    pf_free(x);
+    return status;
+}
+
 pf_status pf_favor_state_step_n(pf_favor_state *st, float *out, const float *q, const float *k,
                                 const float *v, const int32_t *seqs, int count,
                                 pf_status *statuses) {

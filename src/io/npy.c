@@ -43,15 +43,7 @@
 /* ---- arrays ----------------------------------------------------------------------------- */
 
 static size_t dtype_size(pf_dtype t) {
-    switch (t) {
-    case PF_F32:
-        return 4;
-    case PF_I32:
-        return 4;
-    case PF_I64:
-        return 8;
-    }
-    return 0;
+    return t == PF_BF16 ? 0 : pf_dtype_size(t); /* (bfloat16 has no .npy type) */
 }
 
 static const char *dtype_descr(pf_dtype t) {
@@ -62,6 +54,10 @@ static const char *dtype_descr(pf_dtype t) {
         return "<i4";
     case PF_I64:
         return "<i8";
+    case PF_F16:
+        return "<f2";
+    case PF_BF16:
+        return NULL;
     }
     return NULL;
 }
@@ -248,7 +244,12 @@ static int check_descr(parser *p, const char *descr, pf_dtype *dtype) {
         *dtype = PF_I64;
         return 1;
     }
-    static const char *const expected = "expected float32 ('<f4'), int32 ('<i4') or int64 ('<i8')";
+    if (strcmp(descr, "<f2") == 0) {
+        *dtype = PF_F16;
+        return 1;
+    }
+    static const char *const expected =
+        "expected float32 ('<f4'), float16 ('<f2'), int32 ('<i4') or int64 ('<i8')";
     if (descr[0] == '>')
         return parse_fail(p, "dtype '%s' is big-endian, which is not supported; %s", descr,
                           expected);
