@@ -763,9 +763,13 @@ class DecodeState:
     def step(self, q, k, v):
         """Feeds tokens: q, k (heads,d) and v (heads,dv) for one token, giving out (heads,dv);
         or (heads,n,d), (heads,n,dv) for n tokens, giving (heads,n,dv). Each row attends to
-        every earlier token and itself."""
+        every earlier token and itself. float16 q, k and v (C order) go to
+        pf_favor_state_step_dt as they are and give a float16 out (the state stays float32);
+        other dtypes are converted to float32."""
         ptr = self._live()
-        q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+        half = all(_f16_in_place(x) for x in (q, k, v))
+        if not half:
+            q, k, v = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
         one = q.ndim == 2
         H, d, dv = self.heads, self.d, self.dv
         n = 1 if one else (q.shape[1] if q.ndim == 3 else 0)
@@ -774,11 +778,18 @@ class DecodeState:
             raise ValueError(f"step takes q, k (heads,d), v (heads,dv) or q, k (heads,n,d), "
                              f"v (heads,n,dv) with heads={H}, d={d}, dv={dv}; got shapes "
                              f"{q.shape}, {k.shape}, {v.shape}")
-        out = np.empty(want[2], np.float32)
-        st = _L.pf_favor_state_step(ptr, out.ctypes.data, q.ctypes.data, k.ctypes.data,
-                                    v.ctypes.data, n)
+        if half:
+            out = np.empty(want[2], np.float16)
+            st = _L.pf_favor_state_step_dt(ptr, out.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                           v.ctypes.data, n, _lib.PF_F16)
+            fn = "pf_favor_state_step_dt"
+        else:
+            out = np.empty(want[2], np.float32)
+            st = _L.pf_favor_state_step(ptr, out.ctypes.data, q.ctypes.data, k.ctypes.data,
+                                        v.ctypes.data, n)
+            fn = "pf_favor_state_step"
         if st:
-            _raise(st, "pf_favor_state_step", (("q", q), ("k", k), ("v", v)))
+            _raise(st, fn, (("q", q), ("k", k), ("v", v)))
         return out
 
     def close(self):

@@ -146,6 +146,7 @@ _PROTOS = {
     "pf_favor_state_free": (None, [P]),
     "pf_favor_state_reset": (c_int, [P]),
     "pf_favor_state_step": (c_int, [P, P, P, P, P, c_int]),
+    "pf_favor_state_step_dt": (c_int, [P, P, P, P, P, c_int, c_int]),
     "pf_favor_state_position": (c_i64, [P]),
     "pf_favor_state_create_n": (c_int, [ctypes.POINTER(c_void_p), c_int, c_int, c_int, c_int,
                                         c_float, _favor_p]),

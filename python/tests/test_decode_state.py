@@ -143,5 +143,29 @@ class TestDecodeState(unittest.TestCase):
             self.assertEqual(st.positions, before)
 
 
+
+class TestHalfSteps(unittest.TestCase):
+    def test_float16_steps(self):
+        """float16 q, k, v: pf_favor_state_step_dt, a float16 out with the bits of the float32
+        step on the same (exactly widened) values, rounded once; the state stays float32."""
+        g = np.random.default_rng(21)
+        W = performer.projection(32, 16, seed=2)
+        a = performer.DecodeState(heads=2, d=16, dv=8, W=W)
+        b = performer.DecodeState(heads=2, d=16, dv=8, W=W)
+        for t in range(30):
+            n = 4 if t % 9 == 4 else 1
+            shape = (2, 16) if n == 1 else (2, n, 16)
+            vshape = (2, 8) if n == 1 else (2, n, 8)
+            q, k = ((g.normal(size=shape) * 0.5).astype(np.float16) for _ in range(2))
+            v = g.normal(size=vshape).astype(np.float16)
+            o = b.step(q, k, v)
+            r = a.step(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+            self.assertEqual(o.dtype, np.float16)
+            self.assertTrue((o.view(np.uint16) == r.astype(np.float16).view(np.uint16)).all(), t)
+        self.assertEqual(a.position, b.position)
+        bad = np.full((2, 16), np.nan, np.float16)
+        with self.assertRaises(FloatingPointError):
+            b.step(bad, bad, np.zeros((2, 8), np.float16))
+
 if __name__ == "__main__":
     unittest.main()
