@@ -99,15 +99,12 @@ __attribute__((target("avx,f16c"))) static void f16_store_f16c(uint16_t *dst, co
     for (; i < n; i++) dst[i] = pf_f32_to_f16(src[i]);
 }
 
-/* F16C, unless PF_SIMD=ref asks for the portable kernels everywhere */
+/* F16C where the library runs its AVX2 or AVX-512 kernels: every CPU with AVX2 has it (Intel
+ * since Ivy Bridge, AMD since Piledriver), and the dispatch has checked the rest (the OS saving
+ * ymm state, PF_SIMD); PF_SIMD=ref gives the portable conversions too. */
 static int use_f16c(void) {
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") &&
-               strcmp(pf_simd()->name, "ref") != 0;
-    }
-    return have;
+    const char *name = pf_simd()->name;
+    return strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0;
 }
 #endif
 
