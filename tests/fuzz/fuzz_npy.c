@@ -8,10 +8,6 @@
 #include "harness.h"
 #include "performer.h"
 
-static size_t elem_size(pf_dtype t) {
-    return t == PF_I64 ? 8 : 4;
-}
-
 /* Same dtype, rank, shape and data bytes. */
 static int same_array(const pf_array *a, const pf_array *b) {
     if (a->dtype != b->dtype || a->ndim != b->ndim) return 0;
@@ -20,7 +16,7 @@ static int same_array(const pf_array *a, const pf_array *b) {
     }
     int64_t n = pf_array_size(a);
     if (n < 0 || pf_array_size(b) != n) return 0;
-    return n == 0 || memcmp(a->data, b->data, (size_t)n * elem_size(a->dtype)) == 0;
+    return n == 0 || memcmp(a->data, b->data, (size_t)n * pf_dtype_size(a->dtype)) == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -34,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(err[0] != '\0');
         return 0;
     }
-    FUZZ_CHECK(a.dtype == PF_F32 || a.dtype == PF_I32 || a.dtype == PF_I64);
+    FUZZ_CHECK(a.dtype == PF_F32 || a.dtype == PF_I32 || a.dtype == PF_I64 || a.dtype == PF_F16);
     FUZZ_CHECK(a.ndim >= 0 && a.ndim <= PF_NPY_MAX_DIMS);
     int64_t n = pf_array_size(&a);
     FUZZ_CHECK(n >= 0);
