@@ -64,8 +64,8 @@ FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
 XLABEL = {
     "m": "random projections m (features r = m; trig, hyperbolic: r = 2m)",
     "L": "sequence length L",
-    "samples": "samples: m projections = r features (RFA, FAVOR+, FAVOR++), S per query (RA),\n"
-    "C proposals (LARA)",
+    "samples": "samples: m = r features (RFA, FAVOR+, FAVOR++),\n"
+    "S per query (RA), C proposals (LARA)",
     "sigma": "sigma: std of the entries of q and k (logit std ~ sigma^2)",
 }
 LOG2_X = {"m", "L", "samples"}
@@ -179,7 +179,8 @@ def main(argv):
             ax.set_ylim(0, 1.05)
             ax.set_xlabel(XLABEL["m"].replace(" (features", "\n(features"))
             ax.set_ylabel("squared bias / mean MSE")
-            ax.set_title(f"{pname.split(':')[0]}: share of the MSE that is squared bias", fontsize=9)
+            layer = pname.split(":")[0]
+            ax.set_title(f"{layer}: share of the MSE that is squared bias", fontsize=9)
             ax.grid(alpha=0.3, which="both", lw=0.5)
     else:
         for ax in list(axes.flat)[n:]:

@@ -205,7 +205,8 @@ open('$T/tiny/t.txt', 'w').write('\n\n'.join(' '.join(r.choice(w) for _ in range
 "
 "$P" train --out "$T/tiny/ck" --data "$T/tiny/t.txt" --layers 2 --d-model 32 --heads 2 \
     --context 48 --steps 3 --batch 2 --eval-every 3 --eval-batches 1 --no-plot --threads 1 \
-    >/dev/null 2>"$T/stderr" || fail "real: training the tiny model failed: $(tail -n 3 "$T/stderr")"
+    >/dev/null 2>"$T/stderr" ||
+    fail "real: training the tiny model failed: $(tail -n 3 "$T/stderr")"
 CK="$T/tiny/ck/checkpoint.safetensors"
 "$P" approx real --quick --no-plot --checkpoint "$CK" --text "$T/tiny/t.txt" --out "$T/real" \
     >"$T/stdout" 2>"$T/stderr"; rc=$?

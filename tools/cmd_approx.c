@@ -250,8 +250,9 @@ static int fill_anisotropic(inputs *in, double sigma, double ratio) {
 }
 
 /* The setting of the LARA paper (Zheng et al. 2022) in miniature: the sequence is G
- * contiguous segments, each with its own centre c_g ~ N(0, sc^2 I); a token's key and query are its segment's centre plus N(0, sn^2 I)
- * noise, so keys cluster and every query sits near its own cluster. V ~ N(0,1). */
+ * contiguous segments, each with its own centre c_g ~ N(0, sc^2 I); a token's key and query
+ * are its segment's centre plus N(0, sn^2 I) noise, so keys cluster and every query sits near
+ * its own cluster. V ~ N(0,1). */
 static int fill_clustered(inputs *in, int G, double sc, double sn) {
     int d = in->d, L = in->L;
     float *c = malloc(sizeof(float) * (size_t)G * d);
@@ -612,9 +613,10 @@ static void kernel_point(lab *lb, const inputs *in, const method *me, int m, con
 }
 
 /* The closed form behind kernel_point for the positive map and FAVOR++ with iid features
- * (Likhosherstov et al. 2022, "Chefs' Random Tables"): one feature's relative variance for the pair x, y (scaled) with s = |x + y|^2 is
- * (1 - 4A)^d (1 - 8A)^(-d/2) exp(s / (1 - 8A)) - 1 (A = 0: the positive map, e^s - 1), and m
- * features divide it by m. Averaged over the same pairs; no sampling, so no spread. It shows
+ * (Likhosherstov et al. 2022, "Chefs' Random Tables"): one feature's relative variance for the
+ * pair x, y (scaled) with s = |x + y|^2 is (1 - 4A)^d (1 - 8A)^(-d/2) exp(s / (1 - 8A)) - 1
+ * (A = 0: the positive map, e^s - 1, as in Lemma 2 of the Performer paper), and m features
+ * divide it by m. Averaged over the same pairs; no sampling, so no spread. It shows
  * what a finite sample of a heavy-tailed estimator hides: the positive map's measured error
  * stays far below its expectation once |q|, |k| are large. */
 static void kernel_theory(lab *lb, const inputs *in, const method *me, int m, const char *panel,
@@ -989,7 +991,8 @@ static int real_read_text(const char *path, unsigned char **buf, size_t *n, size
 static double real_iid_prediction(const float *Q, const float *K, const float *V, int BH, int T,
                                   int d, int dv) {
     const double s = 1.0 / sqrt((double)d); /* q'.k' = s q.k */
-    double *G = malloc(sizeof(double) * (size_t)T * T), *VV = malloc(sizeof(double) * (size_t)T * T);
+    double *G = malloc(sizeof(double) * (size_t)T * T),
+           *VV = malloc(sizeof(double) * (size_t)T * T);
     double *qk = malloc(sizeof(double) * (size_t)T), *w = malloc(sizeof(double) * (size_t)T);
     double *u = malloc(sizeof(double) * (size_t)T), *o = malloc(sizeof(double) * (size_t)dv);
     double total = NAN;
@@ -1001,7 +1004,8 @@ static double real_iid_prediction(const float *Q, const float *K, const float *V
             double Mk = -INFINITY;
             for (int j = 0; j < T; j++) {
                 double n2 = 0;
-                for (int e = 0; e < d; e++) n2 += (double)k[(size_t)j * d + e] * k[(size_t)j * d + e];
+                for (int e = 0; e < d; e++)
+                    n2 += (double)k[(size_t)j * d + e] * k[(size_t)j * d + e];
                 if (s * n2 > Mk) Mk = s * n2;
             }
             for (int j = 0; j < T; j++) {
@@ -1214,7 +1218,8 @@ static void exp_real(lab *lb) {
                  q2 / rows / sqrt((double)hd), k2 / rows / sqrt((double)hd));
         for (int s = 0; s < 6 && !lb->fatal; s++) {
             double t0 = tool_now_ms();
-            for (int i = 0; i < nm && !lb->fatal; i++) real_point(lb, &in, ms[s], ms_m[i], panel, draws);
+            for (int i = 0; i < nm && !lb->fatal; i++)
+                real_point(lb, &in, ms[s], ms_m[i], panel, draws);
             if (!lb->fatal) progress(lb, panel, ms[s]->series, tool_now_ms() - t0);
         }
         double pred = real_iid_prediction(in.q, in.k, in.v, B * H, T, hd, hd);
