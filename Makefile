@@ -88,7 +88,7 @@ SHARED_REAL = $(BUILD)/libperformer.so.$(VERSION)
 TOOL   = $(BUILD)/performer
 MAN    = $(BUILD)/performer.1
 
-.PHONY: all setup test test-fast asan demo bench bench-train clean format install uninstall \
+.PHONY: all setup test test-fast asan demo results bench bench-train clean format install uninstall \
         install-files \
         fuzz fuzz-regress fuzz-corpus
 all: $(STATIC) $(SHARED) $(TOOL) $(MAN)
@@ -227,6 +227,16 @@ fuzz-corpus: $(FUZZ_BUILD)/make_corpus
 
 demo: setup all
 	$(TOOL) demo
+
+# The approximation experiments' figures and the CSV files behind them, in docs/figures/ (about
+# a minute on two cores; the same CSV at any RESULTS_THREADS). The language-model figures take
+# hours and are not remade here: docs/results.md names the script behind each.
+RESULTS_THREADS ?= 0
+results: setup all
+	$(TOOL) approx --all --threads $(RESULTS_THREADS) --out docs/figures
+	$(TOOL) approx real --threads $(RESULTS_THREADS) --out docs/figures
+	@echo "results: made docs/figures/NAME.csv and NAME.png for NAME in ortho maps kernel" \
+	      "norms estimators length real"
 
 # Tables on stdout; CSVs and plots in $(BUILD)/bench/ (docs/figures/ holds a committed run).
 # They run on the OpenBLAS kernels the tool runs on: the set it chose when OpenBLAS's own choice

@@ -4,11 +4,14 @@
     plot_approx.py RESULT.csv OUT.png [TITLE [YLABEL]]
 
 The CSV has one row per (panel, series, x): panel, series, xvar, x, draws, failed, mse_mean,
-mse_std, mse_median, zero_mse. Each panel becomes one subplot; each series a line (the mean
-over the draws) with a band (mean +- std), on a log y axis; the grey dotted line is the error
-of answering 0 (for attention, the mean square of the exact output). A series keeps its colour
-and marker in every plot. OUT is written as PNG whatever its name. Exit 3 if numpy or
-matplotlib is missing.
+mse_std, mse_median, zero_mse, mse_q25, mse_q75, bias2, variance. Each panel becomes one
+subplot; each series a line (the median over the draws) with a band (the interquartile range),
+on a log y axis (a mean +- std band on a log axis runs down to the floor whenever std > mean
+and hides the data); the grey dotted line is the error of answering 0 (for attention, the mean
+square of the exact output). A series keeps its colour, marker and line style in every plot;
+trig and hyperbolic maps have r = 2m features at m projections, and their labels say so. The
+real experiment (TITLE starting "real:") gets a second row: the share of the mean MSE that is
+squared bias. OUT is written as PNG whatever its name. Exit 3 if numpy or matplotlib is missing.
 """
 import csv
 import sys
@@ -32,23 +35,37 @@ STYLE = {
     "RFA": ("#17becf", "s", "--"),
     "trig orth": ("#d62728", "^", "-"),
     "trig iid": ("#ff7f0e", "v", "--"),
-    "hyperbolic orth": ("#2ca02c", "D", "-"),
+    "hyperbolic orth": ("#2ca02c", "D", "-."),
     "FAVOR++": ("#9467bd", "P", "-"),
     "positive theory": ("#1f77b4", "", ":"),
     "FAVOR++ theory": ("#9467bd", "", ":"),
-    "FAVOR#": ("#8c564b", "X", "-"),
-    "sqrtd": ("#e377c2", "d", "-"),
-    "qmc": ("#bcbd22", "h", "-"),
+    "FAVOR#": ("#8c564b", "X", "--"),
+    "sqrtd": ("#e377c2", "d", "-."),
+    "qmc": ("#bcbd22", "h", "--"),
     "RA": ("#7f7f7f", "*", "-"),
     "LARA": ("#ff7f0e", "p", "-"),
     "LARA eps=0": ("#ff7f0e", "p", ":"),
+    "relu orth": ("#8c564b", "x", ":"),
+    "iid prediction": ("#17becf", "", ":"),
+}
+# What a series is, where its name alone does not say it.
+LABEL = {
+    "trig orth": "trig orth (r = 2m features)",
+    "trig iid": "trig iid (r = 2m features)",
+    "hyperbolic orth": "hyperbolic orth (r = 2m features)",
+    "positive theory": "positive: iid closed form",
+    "FAVOR++ theory": "FAVOR++: iid closed form",
+    "LARA eps=0": "LARA, eps = 0 (deterministic)",
+    "relu orth": "relu orth (not a softmax estimate)",
+    "iid prediction": "positive iid: the iid-projection prediction (Lemma 2, first order)",
 }
 FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
 
 XLABEL = {
-    "m": "random projections m",
+    "m": "random projections m (features r = m; trig, hyperbolic: r = 2m)",
     "L": "sequence length L",
-    "samples": "samples: m (RFA, FAVOR), S per query (RA), C proposals (LARA)",
+    "samples": "samples: m = r features (RFA, FAVOR+, FAVOR++),\n"
+    "S per query (RA), C proposals (LARA)",
     "sigma": "sigma: std of the entries of q and k (logit std ~ sigma^2)",
 }
 LOG2_X = {"m", "L", "samples"}
@@ -64,7 +81,7 @@ def read(path):
 
 
 def col(rows, key):
-    return np.array([float(r[key]) for r in rows])
+    return np.array([float(r[key]) if r.get(key) not in (None, "") else np.nan for r in rows])
 
 
 def main(argv):
@@ -78,9 +95,10 @@ def main(argv):
         sys.exit(f"plot_approx.py: {csv_path}: no rows")
     draws = sorted({int(r["draws"]) for p in panels.values() for s in p.values() for r in s})
     n = len(panels)
-    ncols = min(n, 3)
-    nrows = (n + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.5, 5.4 * ncols), 4.3 * nrows),
+    bias_row = title.startswith("real:")
+    ncols = n if bias_row else min(n, 3)
+    nrows = 2 if bias_row else (n + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.5, 5.0 * ncols), 4.3 * nrows),
                              squeeze=False)
     handles = {}
     extra = 0
@@ -90,14 +108,15 @@ def main(argv):
         for sname, rows in series.items():
             rows = sorted(rows, key=lambda r: float(r["x"]))
             xvar = rows[0]["xvar"]
-            x, mean, sd = col(rows, "x"), col(rows, "mse_mean"), col(rows, "mse_std")
+            x, med = col(rows, "x"), col(rows, "mse_median")
+            q25, q75 = col(rows, "mse_q25"), col(rows, "mse_q75")
             failed = int(sum(int(r["failed"]) for r in rows))
             if sname not in STYLE:
                 STYLE[sname] = (FALLBACK[extra % len(FALLBACK)], "o", "-")
                 extra += 1
-            label = sname + (f" ({failed} failed draws)" if failed else "")
-            ok = np.isfinite(mean) & (mean > 0)
-            lines.append((sname, label, STYLE[sname], x[ok], mean[ok], sd[ok]))
+            label = LABEL.get(sname, sname) + (f" ({failed} failed draws)" if failed else "")
+            ok = np.isfinite(med) & (med > 0)
+            lines.append((sname, label, STYLE[sname], x[ok], med[ok], q25[ok], q75[ok]))
             if ref is None:
                 ref = (x, col(rows, "zero_mse"))
         tops = sorted((ln[4].max(), ln[0]) for ln in lines if ln[4].size)
@@ -107,22 +126,24 @@ def main(argv):
         if ref is not None:
             lo, hi = min(lo, ref[1].min() / 4), max(hi, ref[1].max() * 4)
         # Series many decades above the typical one would flatten the rest: cut the axis at
-        # 1e8 times the median series top and say which series go beyond it.
+        # 1e8 (real: 1e3) times the median series top and say which series go beyond it.
         note = None
-        cap = float(np.median([t for t, _ in tops])) * 1e8 if tops else hi
+        cap = float(np.median([t for t, _ in tops])) * (1e3 if bias_row else 1e8) if tops else hi
         over = [(t, name) for t, name in tops if t > cap]
         if over and len(over) < len(tops):
-            hi = max(t for t, _ in tops if t <= cap) * 100
+            hi = max(t for t, _ in tops if t <= cap) * (4 if bias_row else 100)
             if ref is not None:
                 hi = max(hi, ref[1].max() * 4)
             names = ", ".join(name for _, name in over)
             note = f"off the top: {names} (up to {max(t for t, _ in over):.0e})"
-        for sname, label, (color, marker, ls), x, mean, sd in lines:
-            (h,) = ax.plot(x, mean, ls, color=color, marker=marker, ms=4.5, lw=1.6, label=label)
+        for sname, label, (color, marker, ls), x, med, q25, q75 in lines:
+            (h,) = ax.plot(x, med, ls, color=color, marker=marker, ms=4.5, lw=1.6, label=label,
+                           mfc="none" if ls != "-" else color)
             handles.setdefault(label, h)
-            # on a log axis a band's lower edge at or below 0 is drawn down to the bottom
-            ax.fill_between(x, np.maximum(mean - sd, lo), np.minimum(mean + sd, hi * 10),
-                            color=color, alpha=0.15, lw=0)
+            band = np.isfinite(q25) & np.isfinite(q75) & (q75 > q25)
+            if band.any():
+                ax.fill_between(x[band], np.maximum(q25[band], lo), np.minimum(q75[band], hi * 10),
+                                color=color, alpha=0.15, lw=0)
         if ref is not None:
             (h,) = ax.plot(ref[0], ref[1], ":", color="0.45", lw=1.2,
                            label="the error of answering 0")
@@ -138,11 +159,35 @@ def main(argv):
         ax.set_ylabel(ylabel)
         ax.set_title(pname, fontsize=10)
         ax.grid(alpha=0.3, which="both", lw=0.5)
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
+    if bias_row:
+        for ax, (pname, series) in zip(axes[1], panels.items()):
+            for sname, rows in series.items():
+                rows = sorted(rows, key=lambda r: float(r["x"]))
+                x, b2, mean = col(rows, "x"), col(rows, "bias2"), col(rows, "mse_mean")
+                ok = np.isfinite(b2) & np.isfinite(mean) & (mean > 0)
+                if not ok.any():
+                    continue
+                color, marker, ls = STYLE[sname]
+                ax.plot(x[ok], b2[ok] / mean[ok], ls, color=color, marker=marker, ms=4.5, lw=1.6,
+                        mfc="none" if ls != "-" else color)
+            # the squared error of a mean of n draws holds variance / n even without bias
+            nd = max(draws)
+            h = ax.axhline(1 / nd, ls="--", color="0.55", lw=1,
+                           label=f"bias share of an unbiased estimator: 1/n, n = {nd} draws")
+            handles.setdefault(h.get_label(), h)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.05)
+            ax.set_xlabel(XLABEL["m"].replace(" (features", "\n(features"))
+            ax.set_ylabel("squared bias / mean MSE")
+            layer = pname.split(":")[0]
+            ax.set_title(f"{layer}: share of the MSE that is squared bias", fontsize=9)
+            ax.grid(alpha=0.3, which="both", lw=0.5)
+    else:
+        for ax in list(axes.flat)[n:]:
+            ax.set_visible(False)
     dr = ", ".join(str(d) for d in draws)
-    fig.suptitle(f"{title}\n{dr} draws per point; line: mean, band: mean \u00b1 std",
-                 fontsize=11)
+    fig.suptitle(f"{title}\n{dr} draws per point; line: median, band: interquartile range "
+                 "over the draws", fontsize=11)
     per_row = 2 if ncols == 1 else 4
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
                ncol=min(per_row, len(handles)), fontsize=9, frameon=False)

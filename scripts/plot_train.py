@@ -82,14 +82,16 @@ def one(log_path, png, title):
 
 
 def compare(png, title, runs, baseline=None):
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+    # curves that overlap are told apart by marker and line style as well as colour
+    looks = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
     for i, (label, path) in enumerate(runs):
         d = read_log(path)
         keep = d["val_step"] > 0
-        ax1.plot(d["val_step"][keep], d["val_loss"][keep], "o-", ms=2.5, color=f"C{i}",
-                 label=label)
-        ax2.plot(d["val_step"][keep], d["val_acc"][keep], "o-", ms=2.5, color=f"C{i}",
-                 label=label)
+        marker, ls = looks[i % len(looks)]
+        for ax, key in ((ax1, "val_loss"), (ax2, "val_acc")):
+            ax.plot(d["val_step"][keep], d[key][keep], ls, marker=marker, ms=4, mfc="none",
+                    color=f"C{i}", label=label)
     if baseline is not None:
         lo, hi = ax1.get_ylim()
         if lo <= baseline[0] <= hi + 0.5 * (hi - lo):
@@ -100,12 +102,15 @@ def compare(png, title, runs, baseline=None):
     ax1.set_xlabel("step")
     ax1.set_ylabel("validation cross-entropy (nats per byte)")
     ax1.grid(alpha=0.3)
-    ax1.legend(loc="upper right")
     ax2.set_xlabel("step")
     ax2.set_ylabel("validation next-byte accuracy")
     ax2.grid(alpha=0.3)
+    # the legend below the panels, where it covers no curve
+    handles, labels = ax1.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=9,
+               frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 2) // 3), 1, 1))
     fig.savefig(png, dpi=110, format="png")
 
 

@@ -215,10 +215,16 @@ for ax in axes:
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/byte)")
     ax.grid(alpha=0.3)
-axes[0].legend(fontsize=7)
-figure.suptitle("An exact model's weights under other attention: fine-tuned against from "
-                "scratch", fontsize=10)
-figure.tight_layout()
+# the legend below the panels, off the curves
+handles, labels = axes[0].get_legend_handles_labels()
+figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+# each source's figure says which model it starts from
+figure.suptitle("%s's weights (%s layers, %s heads, context %s, step %s) under other attention: "
+                "fine-tuned against from scratch" % (os.path.basename(os.path.dirname(source))
+                if source.endswith("checkpoint.safetensors") else os.path.basename(source),
+                meta["pf.layers"], meta["pf.heads"], meta["pf.context"], meta["pf.step"]),
+                fontsize=10)
+figure.tight_layout(rect=(0, 0.09, 1, 1))
 png = os.path.join(fig, name + ".png")
 plt.savefig(png + ".tmp.png", dpi=110)
 os.replace(png + ".tmp.png", png)

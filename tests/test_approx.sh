@@ -9,6 +9,12 @@
 # - FAVOR++ / FAVOR# series: present, or reported as not in the library (then their rows are
 #   absent); nothing else may be skipped;
 # - the same CSV at 1 and 2 threads (the library's results do not depend on the thread count);
+# - in every row, mse_q25 <= mse_median <= mse_q75, and the split of the mean MSE over the draws
+#   is an identity: mse_mean = bias2 + variance to the CSV's rounding;
+# - real, on a tiny checkpoint trained here: layer 1's error of answering 0 (the exact output's
+#   mean square), |q'|^2 and |k'|^2, and its iid-projection prediction against numpy in float64,
+#   from the safetensors file (independent of the library); its refusals (a bad checkpoint, a
+#   short text, --checkpoint without real);
 # - one plot: a PNG is written (when /usr/bin/python3 has matplotlib); without the plotting
 #   script the tool says so and still writes the CSV, exit 0;
 # - bad experiment names and flags: a clear message, exit 2, and no output folder or file;
@@ -21,7 +27,8 @@
 TEST=test_approx; . "$(dirname "$0")/lib.sh"
 
 
-HEADER="panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse"
+HEADER="panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse,mse_q25,mse_q75"
+HEADER="$HEADER,bias2,variance"
 
 # csv_ok FILE ROWS DRAWS: header, row count, draws column, finite non-negative numbers
 csv_ok() {
@@ -31,13 +38,24 @@ csv_ok() {
     [ "$h" = "$HEADER" ] && pass || fail "$f: header '$h'"
     n=$(($(wc -l <"$f") - 1))
     [ "$n" -eq "$rows" ] && pass || fail "$f: $n rows, expected $rows"
-    bad=$(awk -F, -v D="$draws" 'NR > 1 {
-            if (NF != 10 || $5 != D || $6 != 0) { print NR ": " $0; next }
-            for (i = 7; i <= 10; i++)
-                if ($i !~ /^[0-9.]+(e[-+][0-9]+)?$/) { print NR ": " $0; next }
-            if ($4 !~ /^[0-9.]+$/) print NR ": " $0
+    # bias2 and variance are nan only for the kernel values and the closed forms
+    bad=$(awk -F, -v D="$draws" 'function num(x) { return x ~ /^[0-9.]+(e[-+][0-9]+)?$/ }
+        NR > 1 {
+            if (NF != 14 || $5 != D || $6 != 0) { print NR ": " $0; next }
+            for (i = 7; i <= 12; i++) if (!num($i)) { print NR ": " $0; next }
+            if ($4 !~ /^[0-9.]+$/) { print NR ": " $0; next }
+            if (!(num($13) && num($14)) && !($13 == "nan" && $14 == "nan" &&
+                (FILENAME ~ /kernel.csv$/ || $2 ~ /theory|prediction/))) print NR ": " $0
         }' "$f" | head -n 3)
     [ -z "$bad" ] && pass || fail "$f: bad rows (want $draws draws, none failed, finite): $bad"
+    # quartiles in order; mean MSE = squared bias + variance (each printed to 8 digits)
+    bad=$(awk -F, 'NR > 1 {
+            if ($11 > $9 * (1 + 1e-7) || $9 > $12 * (1 + 1e-7)) { print NR ": quartiles " $0; next }
+            if ($13 == "nan") next
+            e = $7 - ($13 + $14); if (e < 0) e = -e
+            if (e > 2e-7 * $7 + 1e-300) print NR ": " $7 " != " $13 " + " $14
+        }' "$f" | head -n 3)
+    [ -z "$bad" ] && pass || fail "$f: $bad"
 }
 
 # ---- every experiment, --quick --no-plot --------------------------------------------------
@@ -176,11 +194,110 @@ refuse "--quick=1" 2 "takes no value" --quick=1 ortho
 [ $rc -eq 1 ] && grep -q "not a folder" "$T/err" && pass ||
     fail "file as --out: exit $rc: $(cat "$T/err")"
 
+# ---- real: a tiny model trained here, against numpy ---------------------------------------------
+mkdir -p "$T/tiny"
+$PY -c "
+import random
+r = random.Random(1)
+w = 'the lord said unto moses and he went up into the mountain of god'.split()
+open('$T/tiny/t.txt', 'w').write('\n\n'.join(' '.join(r.choice(w) for _ in range(60))
+                                             for _ in range(40)))
+"
+"$P" train --out "$T/tiny/ck" --data "$T/tiny/t.txt" --layers 2 --d-model 32 --heads 2 \
+    --context 48 --steps 3 --batch 2 --eval-every 3 --eval-batches 1 --no-plot --threads 1 \
+    >/dev/null 2>"$T/stderr" ||
+    fail "real: training the tiny model failed: $(tail -n 3 "$T/stderr")"
+CK="$T/tiny/ck/checkpoint.safetensors"
+"$P" approx real --quick --no-plot --checkpoint "$CK" --text "$T/tiny/t.txt" --out "$T/real" \
+    >"$T/stdout" 2>"$T/stderr"; rc=$?
+if [ $rc -ne 0 ]; then
+    fail "approx real: exit $rc: $(tail -n 3 "$T/stderr")"
+else
+    # 2 layers x (6 series x 2 m + the iid prediction at 2 m)
+    csv_ok "$T/real/real.csv" 28 3
+    if $PY -c 'import numpy' 2>/dev/null; then
+        out=$($PY - "$CK" "$T/tiny/t.txt" "$T/real/real.csv" <<'PYEOF' 2>&1
+import csv, json, struct, sys
+import numpy as np
+ck, txt, res = sys.argv[1:4]
+with open(ck, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    head = json.loads(f.read(n))
+    blob = f.read()
+meta = head.pop("__metadata__")
+t = {k: np.frombuffer(blob[v["data_offsets"][0]:v["data_offsets"][1]], "<f4").reshape(v["shape"])
+     .astype(np.float64) for k, v in head.items()}
+C, H, ctx = int(meta["pf.d_model"]), int(meta["pf.heads"]), int(meta["pf.context"])
+hd = C // H
+text = open(txt, "rb").read()
+T = min(ctx, 64, len(text))          # --quick: one window of min(context, 64) bytes at the start
+tok = np.frombuffer(text[:T], np.uint8)
+def ln(x, w, b):
+    m = x.mean(1, keepdims=True)
+    return (x - m) / np.sqrt(((x - m) ** 2).mean(1, keepdims=True) + 1e-5) * w + b
+x = t["wte"][tok] + t["wpe"][:T]
+mask = np.tril(np.ones((T, T), bool))
+bad = []
+# layer 1's inputs: layer norm (eps 1e-5) of the embeddings, then qkv = x W^T + b, heads split
+qkv = ln(x, t["blocks.ln1.weight"][0], t["blocks.ln1.bias"][0]) @ t["blocks.attn.qkv.weight"][0].T \
+    + t["blocks.attn.qkv.bias"][0]
+q, k, v = (qkv[:, i * C:(i + 1) * C].reshape(T, H, hd).transpose(1, 0, 2) for i in range(3))
+s = hd ** -0.5
+S = np.where(mask, np.einsum("hid,hjd->hij", q, k) * s, -np.inf)
+P = np.exp(S - S.max(2, keepdims=True))
+P /= P.sum(2, keepdims=True)
+O = P @ v
+# the iid prediction, term by term: exp(|q'|^2 + 2 q'.k'_j + 2 q'.k'_l + k'_j.k'_l) a_j.a_l over
+# the causal pairs, a_j = v_j - out_i, / D^2, averaged over the queries and entries (m = 1)
+pred = 0.0
+for h in range(H):
+    G = k[h] @ k[h].T * s
+    for i in range(T):
+        A = v[h, :i + 1] - O[h, i]
+        E = np.exp(q[h, i] @ q[h, i] * s + 2 * S[h, i, :i + 1, None] + 2 * S[h, i, None, :i + 1]
+                   + G[:i + 1, :i + 1])
+        pred += (E * (A @ A.T)).sum() / np.exp(S[h, i, :i + 1]).sum() ** 2
+pred /= H * T * hd
+rows = [r for r in csv.DictReader(open(res)) if r["panel"].startswith("layer 1:")]
+zero, ms = float(rows[0]["zero_mse"]), (O ** 2).mean()
+if abs(zero - ms) > 1e-4 * ms:
+    bad.append(f"answer-0 MSE {zero}, numpy {ms}")
+want = "layer 1: |q'|^2 %.1f |k'|^2 %.1f" % ((q ** 2).sum(2).mean() * s, (k ** 2).sum(2).mean() * s)
+if rows[0]["panel"] != want:
+    bad.append(f"panel '{rows[0]['panel']}', numpy says '{want}'")
+preds = [r for r in rows if r["series"] == "iid prediction"]
+if len(preds) != 2:
+    bad.append(f"{len(preds)} iid prediction rows for layer 1")
+for r in preds:
+    p = pred / float(r["x"])
+    if abs(float(r["mse_mean"]) - p) > 1e-3 * p:
+        bad.append(f"m {r['x']}: prediction {r['mse_mean']}, numpy {p}")
+print("\n".join(bad) if bad else "ok")
+PYEOF
+)
+        [ "$out" = ok ] && pass || fail "real against numpy: $out"
+    else
+        echo "NOTE: $PY has no numpy: real is not checked against it"
+    fi
+fi
+# refusals: --checkpoint without real (2), a file that is no checkpoint, a text too short (1)
+refuse "--checkpoint without real" 2 "is for the real experiment" --quick --checkpoint "$CK" maps
+printf 'not a model' >"$T/tiny/bad.safetensors"
+"$P" approx real --quick --no-plot --checkpoint "$T/tiny/bad.safetensors" --text "$T/tiny/t.txt" \
+    --out "$T/realbad" >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q -- "--checkpoint: " "$T/err" && [ ! -e "$T/realbad/real.csv" ] && pass ||
+    fail "real, bad checkpoint: exit $rc: $(cat "$T/err")"
+printf 'short' >"$T/tiny/short.txt"
+"$P" approx real --quick --no-plot --checkpoint "$CK" --text "$T/tiny/short.txt" \
+    --out "$T/realshort" >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "at least 16 are needed" "$T/err" && pass ||
+    fail "real, short text: exit $rc: $(cat "$T/err")"
+
 # ---- help -------------------------------------------------------------------------------------
 "$P" approx --help >"$T/help" 2>&1; rc=$?
 [ $rc -eq 0 ] && pass || fail "approx --help exit $rc"
-for w in --all --out --draws --quick --threads --no-plot ortho maps kernel norms estimators \
-         length mse_mean mse_std zero_mse; do
+for w in --all --out --draws --quick --threads --no-plot --checkpoint --text ortho maps kernel \
+         norms estimators length real mse_mean mse_std zero_mse mse_q25 bias2 variance; do
     grep -q -- "$w" "$T/help" || fail "approx --help does not mention $w"
 done
 "$P" --help | grep -q "approx" && pass || fail "performer --help does not list approx"

@@ -50,7 +50,8 @@ if nm "$build/libperformer.a" 2>/dev/null | grep -q '__asan_\|__ubsan_'; then
 fi
 
 # The smaller settings: README text => what the test runs, and why.
-#   approx: `--all` takes 30 s to minutes; --quick runs every experiment at tiny sizes.
+#   approx: `--all` takes 30 s to minutes, `real` half a minute; --quick runs every experiment at
+#     tiny sizes.
 #   train: 1000 steps take minutes; 2 steps of 2 windows, one validation batch, write the same
 #     files (checkpoint, log, curves) for `performer sample`.
 #   DESTDIR=/tmp/stage: a fixed path every run on the machine would share; here in the scratch.
@@ -58,6 +59,7 @@ fi
 #     test installed into $HOME/.local instead and, as the README says for that PREFIX, adds an
 #     rpath (PKG_CONFIG_PATH is set for every block).
 SUBST='approx --all --out => approx --all --quick --out
+approx real --out => approx real --quick --out
 --draws 30 --out => --draws 3 --quick --out
 --steps 1000 => --steps 2 --batch 2 --eval-batches 1
 --steps 300 --lr 5e-4 => --steps 2 --batch 2 --eval-batches 1 --lr 5e-4

@@ -1,9 +1,10 @@
 /* cmd_approx.c: `performer approx`: the estimator lab. Named experiments measure how far each
  * estimator of softmax attention (FAVOR+ with its feature maps, projections and row norms,
- * FAVOR++, FAVOR#, RA, LARA) lands from exact attention, and check the seeds' claims (SPEC §6).
+ * FAVOR++, FAVOR#, RA, LARA) lands from exact attention, and check the papers' claims
+ * (docs/results.md).
  *
- * The error of one estimate is the MSE of the attention output against exact attention (as
- * seed 000 does): mean over the L x dv entries of (out - exact)^2 (the kernel experiment looks
+ * The error of one estimate is the MSE of the attention output against exact attention: the
+ * mean over the L x dv entries of (out - exact)^2 (the kernel experiment looks
  * one level lower: the relative MSE of the kernel values). Each point is repeated over
  * independent draws (W from (seed, stream = draw index); RA and LARA from their own per-head
  * streams) on fixed inputs, and reported as mean and standard deviation over the draws. Inputs
@@ -39,7 +40,8 @@ enum { SEED_INPUT = 1, SEED_W = 2, SEED_SAMPLING = 3 };
 
 const char cmd_approx_synopsis[] =
     "performer approx [--all | NAME...] [--out DIR] [--draws N] [--quick] [--threads N]\n"
-    "     [--no-plot]            NAME: ortho maps kernel norms estimators length\n";
+    "     [--no-plot] [--checkpoint FILE] [--text FILE]\n"
+    "     NAME: ortho maps kernel norms estimators length real\n";
 
 void cmd_approx_help(void) {
     printf("usage: %s\n"
@@ -50,7 +52,7 @@ void cmd_approx_help(void) {
            "\n"
            "experiments:\n"
            "  ortho        iid vs orthogonal W, positive and trig maps, MSE vs m\n"
-           "               (d = 16, L = 1024 and 4096, 15 draws: seed 000 and the paper)\n"
+           "               (d = 16, L = 1024 and 4096, 15 draws, as in the Performer paper)\n"
            "  maps         positive, hyperbolic, trig, FAVOR++ and FAVOR# as the input scale\n"
            "               grows, on isotropic and anisotropic inputs (m = 128, L = 1024)\n"
            "  kernel       the same maps and inputs, but the error of each kernel value\n"
@@ -59,6 +61,12 @@ void cmd_approx_help(void) {
            "  estimators   RFA, FAVOR+, FAVOR++, RA and LARA vs the number of samples on\n"
            "               clustered and on unstructured inputs (L = 512; RA is quadratic)\n"
            "  length       MSE vs L at m = 64 (positive orthogonal and iid, trig)\n"
+           "  real         causal attention on the queries, keys and values of each layer of\n"
+           "               a trained model (--checkpoint) run on a text (--text): positive\n"
+           "               (orthogonal and iid), FAVOR++, hyperbolic, trig and relu vs m, with\n"
+           "               the MSE split into squared bias and variance over the draws and\n"
+           "               the iid-projection prediction for positive iid features; not in\n"
+           "               --all\n"
            "\n"
            "options:                                                              [default]\n"
            "  --all           every experiment\n"
@@ -68,15 +76,22 @@ void cmd_approx_help(void) {
            "  --quick         tiny sizes and 3 draws: seconds, for tests          [off]\n"
            "  --threads N     threads, 0 = OpenMP's default; results do not depend on it [0]\n"
            "  --no-plot       write the CSV files and tables only                 [off]\n"
+           "  --checkpoint FILE  real: the model           [data/demo-kjv.safetensors]\n"
+           "  --text FILE     real: the text its windows come from [data/demo-kjv-val.txt]\n"
            "\n"
            "Each table shows first the panels where the estimators work and labels the hard\n"
            "case: inputs N(0, sigma^2) with sigma >= 1, where the positive features' variance,\n"
            "like exp(|q'+k'|^2), puts most estimates above the error of answering 0 (the\n"
            "\"answer 0\" column). The CSV files keep every row in the experiment's order.\n"
            "CSV columns: panel, series, xvar, x, draws, failed, mse_mean, mse_std, mse_median,\n"
-           "zero_mse (failed: draws whose estimate was not finite, left out of the statistics;\n"
-           "zero_mse: the error of answering 0, i.e. the mean square of the exact output, or\n"
-           "1 for the kernel experiment's relative MSE).\n"
+           "zero_mse, mse_q25, mse_q75, bias2, variance (failed: draws whose estimate was not\n"
+           "finite, left out of the statistics; zero_mse: the error of answering 0, i.e. the\n"
+           "mean square of the exact output, or 1 for the kernel experiment's relative MSE;\n"
+           "mse_q25, mse_q75: the quartiles over the draws; bias2 + variance = mse_mean: the\n"
+           "squared error of the draws' mean output, and the spread of the draws around it,\n"
+           "nan for the kernel experiment and for closed forms).\n"
+           "Feature counts: m is the number of random projections; positive, FAVOR++,\n"
+           "FAVOR# and relu have r = m features, trig and hyperbolic r = 2m.\n"
            "Plots need /usr/bin/python3 with matplotlib and scripts/plot_approx.py (found\n"
            "next to the executable, or in $PERFORMER_SCRIPTS).\n",
            cmd_approx_synopsis);
@@ -88,7 +103,9 @@ typedef struct approx_cfg {
     const char *out;
     int draws; /* 0: each experiment's own */
     int quick, threads, no_plot;
-    int want[8]; /* which experiments, by index into experiments[] */
+    int want[8];            /* which experiments, by index into experiments[] */
+    const char *checkpoint; /* real: the trained model and the text it runs on */
+    const char *text;
 } approx_cfg;
 
 typedef struct row {
@@ -96,6 +113,8 @@ typedef struct row {
     double x;
     int draws, failed;
     double mean, sd, median, zero_mse;
+    double q25, q75;       /* quartiles of the draws' MSE */
+    double bias2, variance; /* the mean MSE split over the draws (NaN where not measured) */
     int hard; /* inputs of the hard case (the table labels it; not in the CSV) */
 } row;
 
@@ -117,6 +136,7 @@ typedef struct lab {
 typedef struct experiment {
     const char *name;
     void (*run)(lab *lb);
+    int in_all; /* run by --all (real, which needs a trained model, must be named) */
 } experiment;
 
 /* ---- inputs ---------------------------------------------------------------------------------- */
@@ -229,9 +249,10 @@ static int fill_anisotropic(inputs *in, double sigma, double ratio) {
     return 0;
 }
 
-/* Seed 004's setting in miniature: the sequence is G contiguous segments, each with its own
- * centre c_g ~ N(0, sc^2 I); a token's key and query are its segment's centre plus N(0, sn^2 I)
- * noise, so keys cluster and every query sits near its own cluster. V ~ N(0,1). */
+/* The setting of the LARA paper (Zheng et al. 2022) in miniature: the sequence is G
+ * contiguous segments, each with its own centre c_g ~ N(0, sc^2 I); a token's key and query
+ * are its segment's centre plus N(0, sn^2 I) noise, so keys cluster and every query sits near
+ * its own cluster. V ~ N(0,1). */
 static int fill_clustered(inputs *in, int G, double sc, double sn) {
     int d = in->d, L = in->L;
     float *c = malloc(sizeof(float) * (size_t)G * d);
@@ -310,7 +331,16 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* failed, mean, sd (n - 1), median of the good values x[0..good) of r->draws; sorts x. */
+/* The p-quantile of sorted x (n >= 1), linearly interpolated (numpy's default). */
+static double quantile(const double *x, int n, double p) {
+    double pos = p * (n - 1);
+    int i = (int)pos;
+    if (i >= n - 1) return x[n - 1];
+    return x[i] + (pos - i) * (x[i + 1] - x[i]);
+}
+
+/* failed, mean, sd (n - 1), median and quartiles of the good values x[0..good) of r->draws;
+ * sorts x. bias2 and variance are left NaN (eval_point's split sets them). */
 static void set_stats(row *r, double *x, int good) {
     double sum = 0, sum2 = 0;
     for (int i = 0; i < good; i++) sum += x[i];
@@ -320,6 +350,29 @@ static void set_stats(row *r, double *x, int good) {
     r->sd = good > 1 ? sqrt(sum2 / (good - 1)) : good ? 0.0 : NAN;
     if (good) qsort(x, (size_t)good, sizeof(double), cmp_double);
     r->median = !good ? NAN : good % 2 ? x[good / 2] : 0.5 * (x[good / 2 - 1] + x[good / 2]);
+    r->q25 = good ? quantile(x, good, 0.25) : NAN;
+    r->q75 = good ? quantile(x, good, 0.75) : NAN;
+    r->bias2 = r->variance = NAN;
+}
+
+/* The draws' mean MSE split into squared bias and variance, over the n good outputs outs[g]
+ * (each of nv entries) against exact: with mean_i the draws' mean of entry i,
+ *     bias2 = mean_i (mean_i - exact_i)^2,  variance = mean_i mean_g (out_gi - mean_i)^2,
+ * so that mean_g MSE_g = bias2 + variance exactly (the variance divides by n, not n - 1). */
+static void bias_variance(row *r, const float *const *outs, int n, const float *exact, size_t nv) {
+    if (n < 1) return;
+    double b = 0, v = 0;
+    for (size_t i = 0; i < nv; i++) {
+        double m = 0;
+        for (int g = 0; g < n; g++) m += outs[g][i];
+        m /= n;
+        double e = m - (double)exact[i], s = 0;
+        for (int g = 0; g < n; g++) s += ((double)outs[g][i] - m) * ((double)outs[g][i] - m);
+        b += e * e;
+        v += s / n;
+    }
+    r->bias2 = b / (double)nv;
+    r->variance = v / (double)nv;
 }
 
 static void add_row(lab *lb, const row *r) {
@@ -336,6 +389,37 @@ static void add_row(lab *lb, const row *r) {
     }
     lb->rows[lb->n] = *r;
     lb->rows[lb->n++].hard = lb->hard;
+}
+
+/* The statistics of one point from its draws' outputs (draw h at outs + h * nv, used where
+ * ok[h]) against exact, into r, which is then appended; mse: scratch for r->draws values. A
+ * draw whose MSE is not finite is left out like a failed one. */
+static void finish_point(lab *lb, row *r, const float *outs, const int *ok, double *mse,
+                         const float *exact, size_t nv) {
+    const float **good_out = malloc(sizeof(*good_out) * (size_t)r->draws);
+    if (!good_out) {
+        tool_fail(CMD, "out of memory");
+        lb->fatal = 1;
+        return;
+    }
+    int good = 0;
+    for (int h = 0; h < r->draws; h++) {
+        if (!ok[h]) continue;
+        const float *o = outs + (size_t)h * nv;
+        double s = 0;
+        for (size_t i = 0; i < nv; i++) {
+            double e = (double)o[i] - (double)exact[i];
+            s += e * e;
+        }
+        s /= (double)nv;
+        if (!isfinite(s)) continue;
+        good_out[good] = o;
+        mse[good++] = s;
+    }
+    set_stats(r, mse, good);
+    bias_variance(r, good_out, good, exact, nv);
+    free(good_out);
+    add_row(lb, r);
 }
 
 /* One point: the method with size n (m, S or C) on every draw (head) of in; appends a row. */
@@ -387,25 +471,12 @@ static void eval_point(lab *lb, inputs *in, const method *me, int n, const char 
     }
     free(W);
 
-    int good = 0;
     double *mse = malloc(sizeof(double) * (size_t)H);
     if (!mse) {
         tool_fail(CMD, "out of memory");
         lb->fatal = 1;
         free(ok);
         return;
-    }
-    for (int h = 0; h < H; h++) {
-        if (!ok[h]) continue;
-        const float *o = in->out + h * nv;
-        double s = 0;
-        for (size_t i = 0; i < nv; i++) {
-            double e = (double)o[i] - (double)in->exact[i];
-            s += e * e;
-        }
-        s /= (double)nv;
-        if (!isfinite(s)) continue;
-        mse[good++] = s;
     }
     row r;
     memset(&r, 0, sizeof(r));
@@ -414,11 +485,10 @@ static void eval_point(lab *lb, inputs *in, const method *me, int n, const char 
     snprintf(r.xvar, sizeof(r.xvar), "%s", xvar);
     r.x = x;
     r.draws = H;
-    set_stats(&r, mse, good);
     r.zero_mse = in->exact_ms;
+    finish_point(lb, &r, in->out, ok, mse, in->exact, nv);
     free(mse);
     free(ok);
-    add_row(lb, &r);
 }
 
 /* The progress line of one (panel, series): "approx NAME: [k/n] panel series time". */
@@ -542,10 +612,11 @@ static void kernel_point(lab *lb, const inputs *in, const method *me, int m, con
     free(err);
 }
 
-/* The closed form behind kernel_point for the positive map and FAVOR++ with iid features (SPEC
- * 2b): one feature's relative variance for the pair x, y (scaled) with s = |x + y|^2 is
- * (1 - 4A)^d (1 - 8A)^(-d/2) exp(s / (1 - 8A)) - 1 (A = 0: the positive map, e^s - 1), and m
- * features divide it by m. Averaged over the same pairs; no sampling, so no spread. It shows
+/* The closed form behind kernel_point for the positive map and FAVOR++ with iid features
+ * (Likhosherstov et al. 2022, "Chefs' Random Tables"): one feature's relative variance for the
+ * pair x, y (scaled) with s = |x + y|^2 is (1 - 4A)^d (1 - 8A)^(-d/2) exp(s / (1 - 8A)) - 1
+ * (A = 0: the positive map, e^s - 1, as in Lemma 2 of the Performer paper), and m features
+ * divide it by m. Averaged over the same pairs; no sampling, so no spread. It shows
  * what a finite sample of a heavy-tailed estimator hides: the positive map's measured error
  * stays far below its expectation once |q|, |k| are large. */
 static void kernel_theory(lab *lb, const inputs *in, const method *me, int m, const char *panel,
@@ -576,8 +647,9 @@ static void kernel_theory(lab *lb, const inputs *in, const method *me, int m, co
     snprintf(rw.xvar, sizeof(rw.xvar), "sigma");
     rw.x = x;
     rw.draws = in->H;
-    rw.mean = rw.median = e / L;
+    rw.mean = rw.median = rw.q25 = rw.q75 = e / L;
     rw.sd = 0.0;
+    rw.bias2 = rw.variance = NAN;
     rw.zero_mse = 1.0;
     add_row(lb, &rw);
 }
@@ -627,7 +699,7 @@ static int m_list(const lab *lb, int *ms, double *xs) {
 
 static void exp_ortho(lab *lb) {
     const int d = 16, H = draws_of(lb, 15);
-    /* seed 000 (L = 1024, sigma = 1), the paper (L = 4096), and smaller inputs */
+    /* a blog reproduction's setting (L = 1024, sigma = 1), the paper's L = 4096, smaller inputs */
     const int Ls[3] = {lb->cfg->quick ? 128 : 1024, lb->cfg->quick ? 256 : 4096,
                        lb->cfg->quick ? 128 : 1024};
     static const double sig[3] = {1.0, 1.0, 0.5};
@@ -678,7 +750,7 @@ static void maps_or_kernel(lab *lb, int kernel_level) {
     const double *sig = lb->cfg->quick ? quick : full;
     const int nx = lb->cfg->quick ? 2 : 10;
     const method *ms[5] = {&M_POS_ORTH, &M_HYP_ORTH, &M_TRIG_ORTH, &M_OPRF, &M_SDERF};
-    static const char *const panels[2] = {"isotropic", "anisotropic 100:1"};
+    static const char *const panels[2] = {"isotropic", "anisotropic: eigenvalues 1 to 1/100"};
     lb->steps = 2 * 5;
     /* A series runs over sigma: the inputs change with x, so loop x outside, then series;
      * rows are written in (series, x) order below for the table and the CSV. */
@@ -875,10 +947,311 @@ static void exp_length(lab *lb) {
     reorder(lb, first, ms, 3);
 }
 
+/* ---- real: the estimators on a trained model's own queries and keys ------------------------ */
+
+#define REAL_CHECKPOINT "demo-kjv.safetensors" /* shipped in data/ */
+#define REAL_TEXT "demo-kjv-val.txt"
+
+/* The text's bytes (at most cap) into *buf (*n, malloc'ed). 0, or -1 after a message. */
+static int real_read_text(const char *path, unsigned char **buf, size_t *n, size_t cap) {
+    char msg[1024];
+    int64_t size;
+    pf_status st;
+    int fd = pf_io_open_regular(path, &size, &st, msg, sizeof(msg));
+    if (fd < 0) return tool_fail(CMD, "--text: %s", msg), -1;
+    size_t want = (size_t)size < cap ? (size_t)size : cap;
+    *buf = malloc(want > 0 ? want : 1);
+    if (!*buf) {
+        close(fd);
+        return tool_fail(CMD, "--text %s: out of memory", path), -1;
+    }
+    st = pf_io_read_all(fd, *buf, want, path, msg, sizeof(msg));
+    close(fd);
+    if (st != PF_OK) {
+        free(*buf);
+        *buf = NULL;
+        return tool_fail(CMD, "--text: %s", msg), -1;
+    }
+    *n = want;
+    return 0;
+}
+
+/* What the iid theory predicts for the MSE of causal FAVOR+ with m = 1 iid positive features
+ * (divide by m for m of them), on BH blocks of T queries, keys (d) and values (dv), float64.
+ * One feature's estimate of sum_j exp(q.k_j) a_j (q, k scaled by d^-1/4) has the second moment
+ * sum_jl a_j a_l exp(|q|^2 + 2 q.k_j + 2 q.k_l + k_j.k_l), since E exp(w.u) = exp(|u|^2 / 2)
+ * (the moments behind Lemma 2 of the Performer paper, whose l = j case is its kernel MSE).
+ * To first order in 1/m (the delta method for the ratio out_i = N_i / D_i) the output's error
+ * is that of the numerator with a_j = v_j - out_i, over D_i^2: the mean of
+ *     exp(|q_i|^2) sum_{j,l <= i} a_j.a_l exp(2 q_i.k_j + 2 q_i.k_l + k_j.k_l) / D_i^2
+ * over the queries and the dv entries (the mean of a_j over softmax_j is 0, so no square of a
+ * mean is left). Exponents are shifted by the largest q_i.k_j and |k_j|^2, and a_j.a_l is
+ * expanded as v_j.v_l - v_j.out - v_l.out + |out|^2 so that a query costs O(i^2). NaN if
+ * out of memory. */
+static double real_iid_prediction(const float *Q, const float *K, const float *V, int BH, int T,
+                                  int d, int dv) {
+    const double s = 1.0 / sqrt((double)d); /* q'.k' = s q.k */
+    double *G = malloc(sizeof(double) * (size_t)T * T),
+           *VV = malloc(sizeof(double) * (size_t)T * T);
+    double *qk = malloc(sizeof(double) * (size_t)T), *w = malloc(sizeof(double) * (size_t)T);
+    double *u = malloc(sizeof(double) * (size_t)T), *o = malloc(sizeof(double) * (size_t)dv);
+    double total = NAN;
+    if (G && VV && qk && w && u && o) {
+        total = 0;
+        for (int bh = 0; bh < BH; bh++) {
+            const float *q = Q + (size_t)bh * T * d, *k = K + (size_t)bh * T * d;
+            const float *v = V + (size_t)bh * T * dv;
+            double Mk = -INFINITY;
+            for (int j = 0; j < T; j++) {
+                double n2 = 0;
+                for (int e = 0; e < d; e++)
+                    n2 += (double)k[(size_t)j * d + e] * k[(size_t)j * d + e];
+                if (s * n2 > Mk) Mk = s * n2;
+            }
+            for (int j = 0; j < T; j++) {
+                for (int l = 0; l <= j; l++) {
+                    double kk = 0, vv = 0;
+                    for (int e = 0; e < d; e++)
+                        kk += (double)k[(size_t)j * d + e] * k[(size_t)l * d + e];
+                    for (int e = 0; e < dv; e++)
+                        vv += (double)v[(size_t)j * dv + e] * v[(size_t)l * dv + e];
+                    G[(size_t)j * T + l] = G[(size_t)l * T + j] = exp(s * kk - Mk);
+                    VV[(size_t)j * T + l] = VV[(size_t)l * T + j] = vv;
+                }
+            }
+            for (int i = 0; i < T; i++) {
+                const float *qi = q + (size_t)i * d;
+                double c = -INFINITY, q2 = 0, D = 0, oo = 0;
+                for (int e = 0; e < d; e++) q2 += s * qi[e] * qi[e];
+                for (int j = 0; j <= i; j++) {
+                    double t = 0;
+                    for (int e = 0; e < d; e++) t += (double)qi[e] * k[(size_t)j * d + e];
+                    qk[j] = s * t;
+                    if (qk[j] > c) c = qk[j];
+                }
+                memset(o, 0, sizeof(double) * (size_t)dv);
+                for (int j = 0; j <= i; j++) {
+                    double p = exp(qk[j] - c);
+                    D += p;
+                    w[j] = p * p;
+                    for (int e = 0; e < dv; e++) o[e] += p * v[(size_t)j * dv + e];
+                }
+                for (int e = 0; e < dv; e++) {
+                    o[e] /= D;
+                    oo += o[e] * o[e];
+                }
+                for (int j = 0; j <= i; j++) {
+                    double t = 0;
+                    for (int e = 0; e < dv; e++) t += (double)v[(size_t)j * dv + e] * o[e];
+                    u[j] = t;
+                }
+                double quad = 0;
+                for (int j = 0; j <= i; j++) {
+                    const double *Gj = G + (size_t)j * T, *VVj = VV + (size_t)j * T;
+                    double t = 0;
+                    for (int l = 0; l <= i; l++) t += Gj[l] * w[l] * (VVj[l] - u[j] - u[l] + oo);
+                    quad += w[j] * t;
+                }
+                if (quad > 0) total += exp(q2 + 2 * c + Mk + log(quad) - 2 * log(D));
+            }
+        }
+        total /= (double)BH * T * dv;
+    }
+    free(G);
+    free(VV);
+    free(qk);
+    free(w);
+    free(u);
+    free(o);
+    return total;
+}
+
+/* A trained layer's inputs, (B,H,T,hd) each, its exact causal output and the draws' outputs. */
+typedef struct real_inputs {
+    pf_shape sh;
+    float *q, *k, *v, *exact, *outs; /* outs: draws x (B,H,T,hd) */
+    double exact_ms;
+    float oprf_a; /* FAVOR++'s A, fitted on every query and key of the layer */
+} real_inputs;
+
+/* One point: the method with m features on every draw, causal; appends a row. */
+static void real_point(lab *lb, const real_inputs *in, const method *me, int m, const char *panel,
+                       int draws) {
+    const size_t n = (size_t)in->sh.B * in->sh.H * in->sh.Lq * in->sh.dv;
+    float *W = malloc(sizeof(float) * (size_t)m * in->sh.d);
+    int *ok = calloc((size_t)draws, sizeof(int));
+    double *mse = malloc(sizeof(double) * (size_t)draws);
+    if (!W || !ok || !mse) {
+        tool_fail(CMD, "out of memory");
+        lb->fatal = 1;
+    }
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.threads = lb->cfg->threads;
+    opts.causal = 1; /* as the model attends */
+    for (int h = 0; h < draws && !lb->fatal; h++) {
+        pf_projection_draw(W, m, in->sh.d, me->proj, me->norm, SEED_W, (uint64_t)h);
+        pf_favor_opts fav = pf_favor_opts_default();
+        fav.kernel = me->kernel;
+        fav.W = W;
+        fav.m = m;
+        if (me->kernel == PF_KERNEL_RELU) fav.eps = 1e-3f; /* as the model's ReLU layers */
+        if (me->kernel == PF_KERNEL_OPRF) {
+            fav.oprf_a_given = 1; /* causal: a fixed A, not one from the sequence */
+            fav.oprf_a = in->oprf_a;
+        }
+        pf_status st = pf_attn_favor(in->outs + (size_t)h * n, in->q, in->k, in->v, &in->sh, &opts,
+                                     &fav);
+        if (st == PF_OK) {
+            ok[h] = 1;
+        } else if (st != PF_EDOMAIN && st != PF_ENONFINITE) {
+            tool_fail(CMD, "real: %s with m %d failed: %s", me->series, m, pf_status_str(st));
+            lb->fatal = 1;
+        }
+    }
+    if (!lb->fatal) {
+        row r;
+        memset(&r, 0, sizeof(r));
+        snprintf(r.panel, sizeof(r.panel), "%s", panel);
+        snprintf(r.series, sizeof(r.series), "%s", me->series);
+        snprintf(r.xvar, sizeof(r.xvar), "m");
+        r.x = m;
+        r.draws = draws;
+        r.zero_mse = in->exact_ms;
+        finish_point(lb, &r, in->outs, ok, mse, in->exact, n);
+    }
+    free(W);
+    free(ok);
+    free(mse);
+}
+
+/* The model's windows: B of T bytes spread evenly over the text, the first at its start and
+ * the last at its end. */
+static void real_windows(int32_t *tok, int B, int T, const unsigned char *text, size_t ntext) {
+    for (int b = 0; b < B; b++) {
+        size_t start = B > 1 ? (size_t)b * (ntext - (size_t)T) / (size_t)(B - 1) : 0;
+        for (int t = 0; t < T; t++) tok[(size_t)b * T + t] = text[start + (size_t)t];
+    }
+}
+
+static const method M_RELU_ORTH = {"relu orth",        EST_FAVOR,   PF_KERNEL_RELU,
+                                   PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 0};
+
+static void exp_real(lab *lb) {
+    const approx_cfg *c = lb->cfg;
+    const int draws = draws_of(lb, 15);
+    static const int full[] = {16, 64, 256, 1024}, quick[] = {8, 32};
+    const int nm = c->quick ? 2 : 4;
+    const int *ms_m = c->quick ? quick : full;
+    const method *ms[6] = {&M_POS_ORTH, &M_POS_IID, &M_OPRF, &M_HYP_ORTH, &M_TRIG_ORTH,
+                           &M_RELU_ORTH};
+    char msg[1024];
+    pf_model *model = NULL;
+    unsigned char *text = NULL;
+    size_t ntext = 0;
+    int32_t *tok = NULL;
+    real_inputs in;
+    memset(&in, 0, sizeof(in));
+    if (pf_model_load(&model, c->checkpoint, msg, sizeof(msg)) != PF_OK) {
+        tool_fail(CMD, "--checkpoint: %s", msg);
+        lb->fatal = 1;
+        return;
+    }
+    if (real_read_text(c->text, &text, &ntext, (size_t)1 << 24) != 0) {
+        lb->fatal = 1;
+        pf_model_free(model);
+        return;
+    }
+    const pf_model_config mc = pf_model_get_config(model);
+    const int H = mc.heads, hd = mc.d_model / mc.heads, B = c->quick ? 1 : 4;
+    int T = mc.context < (c->quick ? 64 : 256) ? mc.context : (c->quick ? 64 : 256);
+    if ((size_t)T > ntext) T = (int)ntext;
+    if (T < 16) {
+        tool_fail(CMD, "--text %s holds %zu bytes; at least 16 are needed", c->text, ntext);
+        lb->fatal = 1;
+        free(text);
+        pf_model_free(model);
+        return;
+    }
+    snprintf(lb->title, sizeof(lb->title),
+             "real: causal attention on a trained model's queries and keys, %d windows of %d "
+             "bytes, %d heads of width %d",
+             B, T, H, hd);
+    in.sh = (pf_shape){.B = B, .H = H, .Lq = T, .Lk = T, .d = hd, .dv = hd};
+    const size_t n = (size_t)B * H * T * hd;
+    tok = malloc(sizeof(int32_t) * (size_t)B * T);
+    in.q = malloc(sizeof(float) * n);
+    in.k = malloc(sizeof(float) * n);
+    in.v = malloc(sizeof(float) * n);
+    in.exact = malloc(sizeof(float) * n);
+    in.outs = malloc(sizeof(float) * n * (size_t)draws);
+    if (!tok || !in.q || !in.k || !in.v || !in.exact || !in.outs) {
+        oom(lb);
+    } else {
+        real_windows(tok, B, T, text, ntext);
+    }
+    lb->steps = mc.layers * 6;
+    pf_attn_opts opts = pf_attn_opts_default();
+    opts.threads = c->threads;
+    opts.causal = 1;
+    for (int l = 0; l < mc.layers && !lb->fatal; l++) {
+        pf_status st = pf_model_attention_inputs(model, in.q, in.k, in.v, tok, B, T, l);
+        if (st == PF_OK) st = pf_attn_exact(in.exact, NULL, in.q, in.k, in.v, &in.sh, &opts);
+        const float scale = (float)(1.0 / sqrt((double)hd));
+        if (st == PF_OK)
+            st = pf_oprf_optimal_a(&in.oprf_a, in.q, B * H * T, in.k, B * H * T, hd, scale);
+        if (st != PF_OK) {
+            tool_fail(CMD, "real: layer %d's inputs: %s", l + 1, pf_status_str(st));
+            lb->fatal = 1;
+            break;
+        }
+        double ms2 = 0, q2 = 0, k2 = 0;
+        for (size_t i = 0; i < n; i++) {
+            ms2 += (double)in.exact[i] * in.exact[i];
+            q2 += (double)in.q[i] * in.q[i];
+            k2 += (double)in.k[i] * in.k[i];
+        }
+        in.exact_ms = ms2 / (double)n;
+        /* |q'|^2 = |q|^2 / sqrt(hd), what the features see, averaged over the rows */
+        const double rows = (double)B * H * T;
+        char panel[48];
+        snprintf(panel, sizeof(panel), "layer %d: |q'|^2 %.1f |k'|^2 %.1f", l + 1,
+                 q2 / rows / sqrt((double)hd), k2 / rows / sqrt((double)hd));
+        for (int s = 0; s < 6 && !lb->fatal; s++) {
+            double t0 = tool_now_ms();
+            for (int i = 0; i < nm && !lb->fatal; i++)
+                real_point(lb, &in, ms[s], ms_m[i], panel, draws);
+            if (!lb->fatal) progress(lb, panel, ms[s]->series, tool_now_ms() - t0);
+        }
+        double pred = real_iid_prediction(in.q, in.k, in.v, B * H, T, hd, hd);
+        for (int i = 0; i < nm && !lb->fatal; i++) {
+            row r;
+            memset(&r, 0, sizeof(r));
+            snprintf(r.panel, sizeof(r.panel), "%s", panel);
+            snprintf(r.series, sizeof(r.series), "iid prediction");
+            snprintf(r.xvar, sizeof(r.xvar), "m");
+            r.x = ms_m[i];
+            r.draws = draws;
+            r.mean = r.median = r.q25 = r.q75 = pred / ms_m[i];
+            r.sd = 0.0;
+            r.bias2 = r.variance = NAN;
+            r.zero_mse = in.exact_ms;
+            add_row(lb, &r);
+        }
+    }
+    free(tok);
+    free(in.q);
+    free(in.k);
+    free(in.v);
+    free(in.exact);
+    free(in.outs);
+    free(text);
+    pf_model_free(model);
+}
+
 static const experiment experiments[] = {
-    {"ortho", exp_ortho},           {"maps", exp_maps},
-    {"kernel", exp_kernel},         {"norms", exp_norms},
-    {"estimators", exp_estimators}, {"length", exp_length},
+    {"ortho", exp_ortho, 1},           {"maps", exp_maps, 1},     {"kernel", exp_kernel, 1},
+    {"norms", exp_norms, 1},           {"estimators", exp_estimators, 1},
+    {"length", exp_length, 1},         {"real", exp_real, 0},
 };
 enum { N_EXP = (int)(sizeof(experiments) / sizeof(experiments[0])) };
 
@@ -888,21 +1261,26 @@ static void fmt_num(char *buf, size_t cap, double v) {
     if (isnan(v))
         snprintf(buf, cap, "nan");
     else
-        snprintf(buf, cap, "%.6g", v);
+        snprintf(buf, cap, "%.8g", v);
 }
 
 /* The rows as CSV to f. 0, or -1 if a write failed. */
 static int write_csv(const lab *lb, FILE *f) {
-    fprintf(f, "panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse\n");
+    fprintf(f, "panel,series,xvar,x,draws,failed,mse_mean,mse_std,mse_median,zero_mse,mse_q25,"
+               "mse_q75,bias2,variance\n");
     for (int i = 0; i < lb->n; i++) {
         const row *r = &lb->rows[i];
-        char a[32], b[32], c[32], e[32];
+        char a[32], b[32], c[32], e[32], q1[32], q3[32], bs[32], vr[32];
         fmt_num(a, sizeof(a), r->mean);
         fmt_num(b, sizeof(b), r->sd);
         fmt_num(c, sizeof(c), r->median);
         fmt_num(e, sizeof(e), r->zero_mse);
-        fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s\n", r->panel, r->series, r->xvar, r->x, r->draws,
-                r->failed, a, b, c, e);
+        fmt_num(q1, sizeof(q1), r->q25);
+        fmt_num(q3, sizeof(q3), r->q75);
+        fmt_num(bs, sizeof(bs), r->bias2);
+        fmt_num(vr, sizeof(vr), r->variance);
+        fprintf(f, "%s,%s,%s,%g,%d,%d,%s,%s,%s,%s,%s,%s,%s,%s\n", r->panel, r->series, r->xvar,
+                r->x, r->draws, r->failed, a, b, c, e, q1, q3, bs, vr);
     }
     int bad = ferror(f);
     bad |= fclose(f) != 0;
@@ -1036,6 +1414,10 @@ static int parse_args(approx_cfg *c, int argc, char **argv) {
             if (v) tool_parse_int(&a, "--draws", v, 2, 100000, &c->draws);
         } else if (tool_opt(&a, "--threads", &v)) {
             if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c->threads);
+        } else if (tool_path_opt(&a, "--checkpoint", &v)) {
+            c->checkpoint = v;
+        } else if (tool_path_opt(&a, "--text", &v)) {
+            c->text = v;
         } else if (tool_flag(&a, "--all")) {
             all = 1;
         } else if (tool_flag(&a, "--quick")) {
@@ -1062,7 +1444,27 @@ static int parse_args(approx_cfg *c, int argc, char **argv) {
     if (all && named) return tool_usage(CMD, "give --all or experiment names, not both");
     if (!all && !named) return tool_usage(CMD, "name an experiment or give --all");
     if (all) {
-        for (int e = 0; e < N_EXP; e++) c->want[e] = 1;
+        for (int e = 0; e < N_EXP; e++) c->want[e] = experiments[e].in_all;
+    }
+    const int real = find_experiment("real");
+    if ((c->checkpoint || c->text) && !c->want[real])
+        return tool_usage(CMD, "--%s is for the real experiment: name it",
+                          c->checkpoint ? "checkpoint" : "text");
+    if (c->want[real]) {
+        /* the shipped model and text, where they are not given */
+        static char ckpt[4096], text[4096];
+        if (!c->checkpoint) {
+            if (!tool_find_data(ckpt, sizeof(ckpt), REAL_CHECKPOINT))
+                return tool_usage(CMD, "real needs a trained model: --checkpoint FILE (the "
+                                       "shipped data/" REAL_CHECKPOINT " was not found)");
+            c->checkpoint = ckpt;
+        }
+        if (!c->text) {
+            if (!tool_find_data(text, sizeof(text), REAL_TEXT))
+                return tool_usage(CMD, "real needs a text to run the model on: --text FILE (the "
+                                       "shipped data/" REAL_TEXT " was not found)");
+            c->text = text;
+        }
     }
     return TOOL_EXIT_OK;
 }

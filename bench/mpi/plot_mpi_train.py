@@ -72,7 +72,7 @@ def main():
     rows = list(csv.DictReader(open(sys.argv[1])))
     out = sys.argv[2]
     P = int(rows[0]["params"])
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 6.2))
     nps = sorted({r["np"] for r in rows}, key=int)
     marks = {"data": "s", "sequence": "o"}
     for mode in ("data", "sequence"):
@@ -99,13 +99,13 @@ def main():
     a1.set_xlabel("context T (tokens a sequence, B = 2)")
     a1.set_ylabel("MB sent + received by rank 0 per step")
     a1.set_title("Bytes per training step: flat in T (measured)")
-    a1.legend(fontsize=8)
+    a1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     a2.set_xscale("log", base=2)
     a2.set_yscale("log")
     a2.set_xlabel("context T (tokens a sequence, B = 2)")
     a2.set_ylabel("seconds per step (forward, backward, AdamW)")
     a2.set_title("Time per step, this machine (2 shared cores)")
-    a2.legend(fontsize=7)
+    a2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # below: off the curves
 
     print(f"training model: P = {P} parameters, state exchange S = {S} bytes a layer "
           f"(B {B}, H {HEADS}, r {R}, dv {DH}), {LAYERS} layers")
@@ -148,7 +148,7 @@ def main():
     a3.set_xlabel("ranks N")
     a3.set_ylabel("seconds per step")
     a3.set_title("Model: sequence parallel, L = 2^20, B = 2")
-    a3.legend(fontsize=7)
+    a3.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
