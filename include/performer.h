@@ -187,14 +187,22 @@ typedef enum pf_kernel {
     PF_KERNEL_TRIG = 2,       /* exp(|x|^2/2)/sqrt(m) [sin(Wx), cos(Wx)], r = 2m */
     PF_KERNEL_RELU = 3,       /* relu(Wx)/sqrt(m) + eps, r = m: not a softmax estimate */
     PF_KERNEL_OPRF = 4,       /* FAVOR++ (SPEC 2b): D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), r = m */
-    PF_KERNEL_SDERF = 5       /* FAVOR# (SPEC 2b): matrix A from the data's second moments, r = m */
+    PF_KERNEL_SDERF = 5,      /* FAVOR# (SPEC 2b): matrix A from the data's second moments, r = m */
+    PF_KERNEL_ELU = 6         /* elu(Wx) + 1 + eps, r = m: not a softmax estimate (see below) */
 } pf_kernel;
+
+/* PF_KERNEL_ELU is the linear attention of Katharopoulos et al. (2020, SPEC 6b),
+ * phi(x) = elu(x') + 1 elementwise, when W is the identity I_d (m = d): that is the contract, W is
+ * read like every map's W, and phi(x)_f = elu(w_f.x') + 1 + eps for any W (m, d), with
+ * elu(u) = u for u > 0, exp(u) - 1 otherwise. No randomness is involved: pass W = I_d for the
+ * plain linear attention (a drawn W gives a random-projection variant). The features lie in
+ * (0, 1 + |x'| max|w|]: logscale is 0 as for relu, and eps is absolute. */
 
 /* The feature width r of a kernel with m projections (m or 2m); 0 for an unknown kernel. */
 PF_API int pf_kernel_width(pf_kernel kernel, int m);
 
-/* Parses "positive", "hyperbolic", "trig", "relu", "oprf" (or "favor++"), "sderf" (or "favor#");
- * PF_EINVAL for anything else. pf_kernel_name gives the first spelling. */
+/* Parses "positive", "hyperbolic", "trig", "relu", "oprf" (or "favor++"), "sderf" (or "favor#"),
+ * "elu" (or "elu+1"); PF_EINVAL for anything else. pf_kernel_name gives the first spelling. */
 PF_API pf_status pf_kernel_parse(const char *name, pf_kernel *kernel);
 PF_API const char *pf_kernel_name(pf_kernel kernel);
 
@@ -202,11 +210,12 @@ PF_API const char *pf_kernel_name(pf_kernel kernel);
  *
  * If logscale is NULL, phi holds the features themselves (which can overflow: PF_ENONFINITE).
  * Otherwise each row is stabilised: phi holds phi(x) / exp(logscale[i]) and logscale (n) the
- * removed log factor, chosen so the row's largest |feature| is O(1). For relu, logscale is 0.
+ * removed log factor, chosen so the row's largest |feature| is O(1). For relu and elu, logscale
+ * is 0.
  *
  * eps (>= 0) is added to every feature: for the softmax maps relative to the row's largest
  * |feature| (phi + eps * max|phi|, so it commutes with stabilisation and stays causal), for relu
- * absolutely (relu(Wx)/sqrt(m) + eps). */
+ * and elu absolutely (relu(Wx)/sqrt(m) + eps, elu(Wx) + 1 + eps). */
 PF_API pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
                              const float *W, int m, pf_kernel kernel, float scale, float eps);
 
