@@ -801,7 +801,8 @@ PF_API void pf_io_temp_remove_all(void);
 typedef enum pf_lm_attention {
     PF_LM_EXACT = 0,   /* exact causal softmax attention */
     PF_LM_FAVOR = 1,   /* causal FAVOR+ with config.kernel and a fresh W every config.redraw */
-    PF_LM_FAVORPP = 2  /* FAVOR++: OPRF features, A from a running average of training batches */
+    PF_LM_FAVORPP = 2, /* FAVOR++: OPRF features, A from a running average of training batches */
+    PF_LM_LOCAL = 3    /* exact causal softmax over a window: query t sees keys t-window+1..t */
 } pf_lm_attention;
 
 typedef enum pf_lm_positions {
@@ -816,16 +817,20 @@ typedef struct pf_model_config {
     int heads;                /* H; the head width C/H must be even for rotary positions */
     pf_lm_attention attention;
     pf_lm_positions positions;
-    pf_kernel kernel;         /* FAVOR+ map, not OPRF/SDERF (relu gets eps 1e-3, others 0) */
+    pf_kernel kernel;         /* FAVOR+ map, not OPRF/SDERF (relu gets eps 1e-3, others 0); elu
+                                 is the linear attention elu(x') + 1: its W is the identity, so
+                                 features must be C/H, and it is never drawn */
     int features;             /* m: rows of each layer's W (m, C/H), shared by the heads */
     int redraw;               /* a new W every `redraw` optimizer steps; 0: never */
     uint64_t seed;            /* initial weights and every W (orthogonal rows, chi norms) */
+    int window;               /* PF_LM_LOCAL's window w >= 1 (kept, >= 1, whatever the
+                                 attention); w >= context is exact attention */
 } pf_model_config;
 
 typedef struct pf_model pf_model;
 
 /* A small default: context 256, 4 layers, C 128, 4 heads, exact, learned positions, FAVOR
- * settings positive, m 64, redraw 1000, seed 1. */
+ * settings positive, m 64, redraw 1000, seed 1, window 32. */
 PF_API pf_model_config pf_model_config_default(void);
 
 /* Creates a model with GPT-2's initialisation from config->seed. PF_EINVAL on a bad config,

@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "model/model.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Channels per block of the embeddings' gradient reduction. Fixed, so the same sums happen
  * whatever the thread count. */
@@ -501,6 +504,9 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
     case PF_LM_EXACT:
         st = pf_attn_exact(att, lse, q, k, v, &shape, &opts);
         break;
+    case PF_LM_LOCAL:
+        st = local_attention_forward(att, lse, q, k, v, B, H, T, hd, spec->window);
+        break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
         if (spec->parallel) {
@@ -547,6 +553,9 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
     case PF_LM_EXACT:
         st = pf_attn_exact_backward(dq, dk, dv, datt, q, k, v, att, lse, &shape, &opts);
         break;
+    case PF_LM_LOCAL:
+        st = local_attention_backward(dq, dk, dv, datt, q, k, v, lse, B, H, T, hd, spec->window);
+        break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
         if (spec->parallel)
@@ -572,6 +581,163 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
     merge_heads(dqkv, dk, 3 * C, C, B, T, H, hd);
     merge_heads(dqkv, dv, 3 * C, 2 * C, B, T, H, hd);
     return PF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Local-window attention (SPEC §6b): exact softmax over the last `window` keys
+ *
+ *     out_t = sum_j p_tj v_j,  p_tj = exp(s q_t.k_j - lse_t),  t - window < j <= t
+ *
+ * A query row costs O(window hd), so the layer O(T window hd), never a T x T matrix. Every row
+ * is worked in float64 (scores, softmax, the weighted sum) and rounded once, and each row of an
+ * output is written by one loop iteration that reads only inputs: the same bits at any thread
+ * count. The backward recomputes p from lse and splits into a pass over queries (dq and
+ * D_t = sum_j p_tj dp_tj) and one over keys (dk, dv), each row owned by one iteration.
+ * ------------------------------------------------------------------------------------------ */
+
+/* Row j of a (rows, hd) array, or of a ring of `ring` rows. */
+static const float *ring_row(const float *X, int64_t j, int ring, int hd) {
+    return X + (size_t)(ring > 0 ? j % ring : j) * (size_t)hd;
+}
+
+static double dot_f64(const float *a, const float *b, int n) {
+    double acc = 0;
+    for (int c = 0; c < n; c++) acc += (double)a[c] * (double)b[c];
+    return acc;
+}
+
+void local_row(float *out, float *lse, const float *q, const float *K, const float *V, int64_t j0,
+               int64_t j1, int ring, int hd, double s, double *p) {
+    const int n = (int)(j1 - j0 + 1);
+    double mx = -INFINITY;
+    for (int a = 0; a < n; a++) {
+        p[a] = s * dot_f64(q, ring_row(K, j0 + a, ring, hd), hd);
+        mx = p[a] > mx ? p[a] : mx;
+    }
+    double sum = 0;
+    for (int a = 0; a < n; a++) {
+        p[a] = exp(p[a] - mx);
+        sum += p[a];
+    }
+    // out = sum_j p_j v_j / sum_j p_j, one column at a time in double
+    for (int c = 0; c < hd; c++) {
+        double acc = 0;
+        for (int a = 0; a < n; a++) acc += p[a] * (double)ring_row(V, j0 + a, ring, hd)[c];
+        out[c] = (float)(acc / sum);
+    }
+    *lse = (float)(mx + log(sum));
+}
+
+pf_status local_attention_forward(float *att, float *lse, const float *q, const float *k,
+                                  const float *v, int B, int H, int T, int hd, int window) {
+    // q, k, v, att (B,H,T,hd); lse (B,H,T)
+    const double s = (double)pf_effective_scale(0.0f, hd);
+    const int w = window < T ? window : T;
+    const int nt = threads_for((size_t)B * H * T * w * hd);
+    (void)nt;
+    double *scr = pf_alloc((size_t)pf_threads(0) * (size_t)w, sizeof(double));
+    if (!scr) return PF_ENOMEM;
+    int bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
+    for (int64_t bht = 0; bht < (int64_t)B * H * T; bht++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        const int t = (int)(bht % T);
+        const int64_t head = bht - t; // row 0 of this (b, h)
+        const int64_t j0 = t - w + 1 > 0 ? t - w + 1 : 0;
+        float *o = att + bht * hd;
+        local_row(o, lse + bht, q + bht * hd, k + head * hd, v + head * hd, j0, t, 0, hd, s,
+                  scr + (size_t)tid * (size_t)w);
+        bad |= pf_any_nonfinite(o, (size_t)hd) || !isfinite(lse[bht]);
+    }
+    pf_free(scr);
+    return bad ? PF_ENONFINITE : PF_OK;
+}
+
+pf_status local_attention_backward(float *dq, float *dk, float *dv, const float *datt,
+                                   const float *q, const float *k, const float *v,
+                                   const float *lse, int B, int H, int T, int hd, int window) {
+    // Forward: s_tj = s q_t.k_j, p_tj = exp(s_tj - lse_t), out_t = sum_j p_tj v_j. With
+    // dp_tj = do_t.v_j and D_t = sum_j p_tj dp_tj:
+    //   dv_j = sum_t p_tj do_t,  ds_tj = p_tj (dp_tj - D_t),  dq_t = s sum_j ds_tj k_j,
+    //   dk_j = s sum_t ds_tj q_t   (t over the queries that see key j: j <= t < j + window)
+    const double s = (double)pf_effective_scale(0.0f, hd);
+    const int w = window < T ? window : T;
+    const int64_t rows = (int64_t)B * H * T;
+    const int nt = threads_for((size_t)rows * w * hd);
+    (void)nt;
+    double *D = pf_alloc((size_t)rows, sizeof(double));
+    double *acc = pf_alloc((size_t)pf_threads(0) * 2 * (size_t)hd, sizeof(double));
+    if (!D || !acc) {
+        pf_free(D);
+        pf_free(acc);
+        return PF_ENOMEM;
+    }
+    int bad = 0;
+    // pass 1, queries: D_t and dq_t
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t bht = 0; bht < rows; bht++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        double *g = acc + (size_t)tid * 2 * (size_t)hd;
+        const int t = (int)(bht % T);
+        const int64_t head = bht - t;
+        const float *qt = q + bht * hd, *go = datt + bht * hd;
+        const int j0 = t - w + 1 > 0 ? t - w + 1 : 0;
+        double Dt = 0;
+        for (int c = 0; c < hd; c++) g[c] = 0;
+        for (int pass = 0; pass < 2; pass++) // D_t first: ds needs it
+            for (int j = j0; j <= t; j++) {
+                const float *kj = k + (head + j) * hd, *vj = v + (head + j) * hd;
+                const double p = exp(s * dot_f64(qt, kj, hd) - (double)lse[bht]);
+                const double dp = dot_f64(go, vj, hd);
+                if (pass == 0) {
+                    Dt += p * dp;
+                    continue;
+                }
+                const double ds = p * (dp - Dt);
+                for (int c = 0; c < hd; c++) g[c] += ds * (double)kj[c];
+            }
+        D[bht] = Dt;
+        for (int c = 0; c < hd; c++) dq[bht * hd + c] = (float)(s * g[c]);
+    }
+    // pass 2, keys: dk_j and dv_j
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
+    for (int64_t bhj = 0; bhj < rows; bhj++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        double *gk = acc + (size_t)tid * 2 * (size_t)hd, *gv = gk + hd;
+        const int j = (int)(bhj % T);
+        const int64_t head = bhj - j;
+        const float *kj = k + bhj * hd, *vj = v + bhj * hd;
+        const int t1 = j + w - 1 < T - 1 ? j + w - 1 : T - 1;
+        for (int c = 0; c < hd; c++) gk[c] = gv[c] = 0;
+        for (int t = j; t <= t1; t++) {
+            const float *qt = q + (head + t) * hd, *go = datt + (head + t) * hd;
+            const double p = exp(s * dot_f64(qt, kj, hd) - (double)lse[head + t]);
+            const double ds = p * (dot_f64(go, vj, hd) - D[head + t]);
+            for (int c = 0; c < hd; c++) {
+                gv[c] += p * (double)go[c];
+                gk[c] += ds * (double)qt[c];
+            }
+        }
+        for (int c = 0; c < hd; c++) {
+            dk[bhj * hd + c] = (float)(s * gk[c]);
+            dv[bhj * hd + c] = (float)gv[c];
+        }
+        bad |= pf_any_nonfinite(dk + bhj * hd, (size_t)hd) ||
+               pf_any_nonfinite(dv + bhj * hd, (size_t)hd) ||
+               pf_any_nonfinite(dq + bhj * hd, (size_t)hd);
+    }
+    pf_free(D);
+    pf_free(acc);
+    return bad ? PF_ENONFINITE : PF_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
