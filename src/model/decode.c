@@ -20,7 +20,7 @@ struct pf_decoder {
     int64_t pos;
     float *kcache, *vcache;  /* (L, H, context, hd), exact; (L, H, window, hd) rings, local */
     int ring;                /* local: rows of each head's ring (window, at most context) */
-    double *p;               /* local: (ring) scratch of local_row */
+    double *p;               /* local: (ring + hd) scratch of local_row */
     pf_favor_state **states; /* (L), FAVOR */
     float *mem;              /* the scratch below, one allocation */
     float *x;                /* (C) the residual stream */
@@ -75,7 +75,7 @@ pf_status pf_decoder_create(pf_decoder **out, const pf_model *m) {
         d->ring = c->attention == PF_LM_LOCAL ? rows : 0;
         d->kcache = pf_alloc(n, sizeof(float));
         d->vcache = pf_alloc(n, sizeof(float));
-        d->p = d->ring ? pf_alloc((size_t)rows, sizeof(double)) : NULL;
+        d->p = d->ring ? pf_alloc((size_t)rows + (size_t)hd, sizeof(double)) : NULL;
         if (!d->kcache || !d->vcache || (d->ring && !d->p)) {
             pf_decoder_free(d);
             return PF_ENOMEM;

@@ -100,7 +100,7 @@ PF_INTERNAL pf_status attention_backward(float *dqkv, float *datt, float *dq, fl
 /* Local-window causal softmax attention (SPEC §6b) of one head's query row q (hd) over keys
  * j0..j1 (inclusive, j0 <= j1): key j is row j of K (hd) and V (hd), or row j % ring when
  * ring > 0 (a decoder's ring buffer). Scores s q.k_j, their softmax and the output in float64;
- * out (hd) and *lse = log sum_j exp(s q.k_j) rounded to float. p: scratch of j1 - j0 + 1
+ * out (hd) and *lse = log sum_j exp(s q.k_j) rounded to float. p: scratch of j1 - j0 + 1 + hd
  * doubles. Forward and decoder share it, so that a decoded row has the forward's bits. */
 PF_INTERNAL void local_row(float *out, float *lse, const float *q, const float *K, const float *V,
                            int64_t j0, int64_t j1, int ring, int hd, double s, double *p);
