@@ -106,9 +106,9 @@ static void test_features(void) {
     enum { N = 37, D = 24, M = 40 };
     float X[N * D], I[D * D], W[M * D], phi[N * M], ls[N];
     fill_uniform(X, N * D, 11, -6.0f, 6.0f);
-    X[0] = 0.0f;       /* elu's kink */
-    X[1] = -100.0f;    /* exp underflows to a denormal or zero */
-    X[2] = 1e-30f;     /* just above the kink */
+    X[0] = 0.0f;    /* elu's kink */
+    X[1] = -100.0f; /* exp underflows to a denormal or zero */
+    X[2] = 1e-30f;  /* just above the kink */
     identity(I, D);
     fill_uniform(W, M * D, 12, -1.0f, 1.0f);
     const float scales[2] = {0.0f, 1.0f}, epss[2] = {0.0f, 1e-3f};
@@ -136,7 +136,8 @@ static void test_features(void) {
                         }
                         if (st) CHECK(ls[i] == 0.0f, "logscale %g", (double)ls[i]);
                     }
-                    CHECK(worst <= 1.0, "W %s, scale %g, eps %g, logscale %d: worst error %.3g "
+                    CHECK(worst <= 1.0,
+                          "W %s, scale %g, eps %g, logscale %d: worst error %.3g "
                           "of the tolerance 1e-37 + (2e-7 + 2.4e-7 sum|w x'|) |ref|",
                           w ? "random" : "I", s, (double)epss[ei], st, worst);
                 }
@@ -225,7 +226,10 @@ static void test_forward(void) {
                     worst = fmax(worst, fabs(out[off + i] - ref[i]) / (1e-6 + 1e-5 * fabs(ref[i])));
             }
             CHECK(worst <= 1.0, "%s, %d threads: worst error %.3g of 1e-6 + 1e-5 |ref|",
-                  mode == 0 ? "bidirectional" : mode == 1 ? "causal" : "padded", th, worst);
+                  mode == 0   ? "bidirectional"
+                  : mode == 1 ? "causal"
+                              : "padded",
+                  th, worst);
         }
     }
     /* the library's own float64 reference agrees too */
@@ -289,13 +293,11 @@ static void test_backward(void) {
                 for (size_t e = 0; e < per; e++) {
                     double *x = X[a] + (size_t)bh * per + e, x0 = *x;
                     *x = x0 + h;
-                    const double lp =
-                        ref_loss(X[0] + bh * per, X[1] + bh * per, X[2] + bh * per,
-                                 p.G + bh * per, L, d, dv, o.causal, klen, sc);
+                    const double lp = ref_loss(X[0] + bh * per, X[1] + bh * per, X[2] + bh * per,
+                                               p.G + bh * per, L, d, dv, o.causal, klen, sc);
                     *x = x0 - h;
-                    const double lm =
-                        ref_loss(X[0] + bh * per, X[1] + bh * per, X[2] + bh * per,
-                                 p.G + bh * per, L, d, dv, o.causal, klen, sc);
+                    const double lm = ref_loss(X[0] + bh * per, X[1] + bh * per, X[2] + bh * per,
+                                               p.G + bh * per, L, d, dv, o.causal, klen, sc);
                     *x = x0;
                     const double ref = (lp - lm) / (2 * h);
                     for (int w = 0; w < 2; w++) {
@@ -306,7 +308,9 @@ static void test_backward(void) {
         }
         for (int w = 0; w < 2; w++)
             CHECK(worst[w] <= 1.0, "%s, %s: worst gradient error %.3g of 2e-5 + 2e-4 |ref|",
-                  mode == 0 ? "bidirectional" : mode == 1 ? "causal" : "padded",
+                  mode == 0   ? "bidirectional"
+                  : mode == 1 ? "causal"
+                              : "padded",
                   w ? "kept features" : "recomputed", worst[w]);
     }
     /* eps > 0 (absolute) reaches the gradient unchanged: elu + 1 + eps has elu's derivative */

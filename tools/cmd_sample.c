@@ -181,10 +181,10 @@ int cmd_sample(int argc, char **argv) {
                 fs.steps ? (ms - fs.prefill_ms) / (double)fs.steps : 0.0,
                 c.attention == PF_LM_EXACT   ? "exact attention, key/value cache"
                 : c.attention == PF_LM_LOCAL ? "local attention, key/value cache of the window"
-                : c.attention == PF_LM_FAVOR ? (c.kernel == PF_KERNEL_ELU
-                                                    ? "linear elu+1, recurrent state"
-                                                    : "FAVOR+, recurrent state")
-                                             : "FAVOR++, recurrent state");
+                : c.attention == PF_LM_FAVOR
+                    ? (c.kernel == PF_KERNEL_ELU ? "linear elu+1, recurrent state"
+                                                 : "FAVOR+, recurrent state")
+                    : "FAVOR++, recurrent state");
     }
     free(text);
     pf_decoder_free(d);

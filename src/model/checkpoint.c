@@ -25,8 +25,10 @@ static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *pat
 }
 
 static const char *attention_name(pf_lm_attention a) {
-    return a == PF_LM_EXACT ? "exact" : a == PF_LM_FAVOR ? "favor" : a == PF_LM_LOCAL ? "local"
-                                                                                   : "favor++";
+    return a == PF_LM_EXACT   ? "exact"
+           : a == PF_LM_FAVOR ? "favor"
+           : a == PF_LM_LOCAL ? "local"
+                              : "favor++";
 }
 
 pf_status pf_model_save(const pf_model *m, const char *path, const char *const *meta,

@@ -68,9 +68,9 @@ pf_status pf_decoder_create(pf_decoder **out, const pf_model *m) {
     d->fch_gelu = d->fch + 4 * C16;
     if (!lm_uses_favor(c)) {
         /* with learned positions a local model stops at its context too: no more ring rows */
-        const int rows = c->attention == PF_LM_EXACT ? c->context
+        const int rows = c->attention == PF_LM_EXACT                               ? c->context
                          : c->positions == PF_LM_LEARNED && c->context < c->window ? c->context
-                                                                                    : c->window;
+                                                                                   : c->window;
         size_t n = (size_t)L * H * rows * hd;
         d->ring = c->attention == PF_LM_LOCAL ? rows : 0;
         d->kcache = pf_alloc(n, sizeof(float));
@@ -179,8 +179,8 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
                 float *kc = d->kcache + head, *vc = d->vcache + head, lse;
                 memcpy(kc + (t % d->ring) * hd, k + (size_t)h * hd, sizeof(float) * (size_t)hd);
                 memcpy(vc + (t % d->ring) * hd, v + (size_t)h * hd, sizeof(float) * (size_t)hd);
-                local_row(d->att + (size_t)h * hd, &lse, q + (size_t)h * hd, kc, vc, j0, t,
-                          d->ring, hd, s, d->p);
+                local_row(d->att + (size_t)h * hd, &lse, q + (size_t)h * hd, kc, vc, j0, t, d->ring,
+                          hd, s, d->p);
                 if (pf_any_nonfinite(d->att + (size_t)h * hd, (size_t)hd) || !isfinite(lse))
                     st = PF_ENONFINITE;
             }

@@ -670,10 +670,9 @@ pf_status local_attention_forward(float *att, float *lse, const float *q, const 
 
 /* The backward of one head: q, k, v, dout, dq, dk, dv (T,hd), lse (T). P and DS: (T, w)
  * scratch, entry (t, j - t + w - 1) for the keys t - w < j <= t; acc: 2 hd doubles. */
-static void local_head_backward(float *dq, float *dk, float *dv, const float *dout,
-                                const float *q, const float *k, const float *v, const float *lse,
-                                int T, int hd, int w, double s, double *P, double *DS,
-                                double *acc) {
+static void local_head_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, const float *lse, int T, int hd,
+                                int w, double s, double *P, double *DS, double *acc) {
     // pass 1, queries: p_tj, dp_tj = do_t.v_j, D_t = sum_j p_tj dp_tj, ds_tj = p_tj (dp_tj - D_t),
     // dq_t = s sum_j ds_tj k_j
     for (int t = 0; t < T; t++) {
@@ -712,8 +711,8 @@ static void local_head_backward(float *dq, float *dk, float *dv, const float *do
 }
 
 pf_status local_attention_backward(float *dq, float *dk, float *dv, const float *datt,
-                                   const float *q, const float *k, const float *v,
-                                   const float *lse, int B, int H, int T, int hd, int window) {
+                                   const float *q, const float *k, const float *v, const float *lse,
+                                   int B, int H, int T, int hd, int window) {
     // Forward: s_tj = s q_t.k_j, p_tj = exp(s_tj - lse_t), out_t = sum_j p_tj v_j. With
     // dp_tj = do_t.v_j and D_t = sum_j p_tj dp_tj:
     //   dv_j = sum_t p_tj do_t,  ds_tj = p_tj (dp_tj - D_t),  dq_t = s sum_j ds_tj k_j,
