@@ -187,14 +187,22 @@ typedef enum pf_kernel {
     PF_KERNEL_TRIG = 2,       /* exp(|x|^2/2)/sqrt(m) [sin(Wx), cos(Wx)], r = 2m */
     PF_KERNEL_RELU = 3,       /* relu(Wx)/sqrt(m) + eps, r = m: not a softmax estimate */
     PF_KERNEL_OPRF = 4,       /* FAVOR++ (SPEC 2b): D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), r = m */
-    PF_KERNEL_SDERF = 5       /* FAVOR# (SPEC 2b): matrix A from the data's second moments, r = m */
+    PF_KERNEL_SDERF = 5,      /* FAVOR# (SPEC 2b): matrix A from the data's second moments, r = m */
+    PF_KERNEL_ELU = 6         /* elu(Wx) + 1 + eps, r = m: not a softmax estimate (see below) */
 } pf_kernel;
+
+/* PF_KERNEL_ELU is the linear attention of Katharopoulos et al. (2020, SPEC 6b),
+ * phi(x) = elu(x') + 1 elementwise, when W is the identity I_d (m = d): that is the contract, W is
+ * read like every map's W, and phi(x)_f = elu(w_f.x') + 1 + eps for any W (m, d), with
+ * elu(u) = u for u > 0, exp(u) - 1 otherwise. No randomness is involved: pass W = I_d for the
+ * plain linear attention (a drawn W gives a random-projection variant). The features lie in
+ * (0, 1 + |x'| max|w|]: logscale is 0 as for relu, and eps is absolute. */
 
 /* The feature width r of a kernel with m projections (m or 2m); 0 for an unknown kernel. */
 PF_API int pf_kernel_width(pf_kernel kernel, int m);
 
-/* Parses "positive", "hyperbolic", "trig", "relu", "oprf" (or "favor++"), "sderf" (or "favor#");
- * PF_EINVAL for anything else. pf_kernel_name gives the first spelling. */
+/* Parses "positive", "hyperbolic", "trig", "relu", "oprf" (or "favor++"), "sderf" (or "favor#"),
+ * "elu" (or "elu+1"); PF_EINVAL for anything else. pf_kernel_name gives the first spelling. */
 PF_API pf_status pf_kernel_parse(const char *name, pf_kernel *kernel);
 PF_API const char *pf_kernel_name(pf_kernel kernel);
 
@@ -202,11 +210,12 @@ PF_API const char *pf_kernel_name(pf_kernel kernel);
  *
  * If logscale is NULL, phi holds the features themselves (which can overflow: PF_ENONFINITE).
  * Otherwise each row is stabilised: phi holds phi(x) / exp(logscale[i]) and logscale (n) the
- * removed log factor, chosen so the row's largest |feature| is O(1). For relu, logscale is 0.
+ * removed log factor, chosen so the row's largest |feature| is O(1). For relu and elu, logscale
+ * is 0.
  *
  * eps (>= 0) is added to every feature: for the softmax maps relative to the row's largest
  * |feature| (phi + eps * max|phi|, so it commutes with stabilisation and stays causal), for relu
- * absolutely (relu(Wx)/sqrt(m) + eps). */
+ * and elu absolutely (relu(Wx)/sqrt(m) + eps, elu(Wx) + 1 + eps). */
 PF_API pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
                              const float *W, int m, pf_kernel kernel, float scale, float eps);
 
@@ -792,7 +801,8 @@ PF_API void pf_io_temp_remove_all(void);
 typedef enum pf_lm_attention {
     PF_LM_EXACT = 0,   /* exact causal softmax attention */
     PF_LM_FAVOR = 1,   /* causal FAVOR+ with config.kernel and a fresh W every config.redraw */
-    PF_LM_FAVORPP = 2  /* FAVOR++: OPRF features, A from a running average of training batches */
+    PF_LM_FAVORPP = 2, /* FAVOR++: OPRF features, A from a running average of training batches */
+    PF_LM_LOCAL = 3    /* exact causal softmax over a window: query t sees keys t-window+1..t */
 } pf_lm_attention;
 
 typedef enum pf_lm_positions {
@@ -807,16 +817,20 @@ typedef struct pf_model_config {
     int heads;                /* H; the head width C/H must be even for rotary positions */
     pf_lm_attention attention;
     pf_lm_positions positions;
-    pf_kernel kernel;         /* FAVOR+ map, not OPRF/SDERF (relu gets eps 1e-3, others 0) */
+    pf_kernel kernel;         /* FAVOR+ map, not OPRF/SDERF (relu gets eps 1e-3, others 0); elu
+                                 is the linear attention elu(x') + 1: its W is the identity, so
+                                 features must be C/H, and it is never drawn */
     int features;             /* m: rows of each layer's W (m, C/H), shared by the heads */
     int redraw;               /* a new W every `redraw` optimizer steps; 0: never */
     uint64_t seed;            /* initial weights and every W (orthogonal rows, chi norms) */
+    int window;               /* PF_LM_LOCAL's window w >= 1 (kept, >= 1, whatever the
+                                 attention); w >= context is exact attention */
 } pf_model_config;
 
 typedef struct pf_model pf_model;
 
 /* A small default: context 256, 4 layers, C 128, 4 heads, exact, learned positions, FAVOR
- * settings positive, m 64, redraw 1000, seed 1. */
+ * settings positive, m 64, redraw 1000, seed 1, window 32. */
 PF_API pf_model_config pf_model_config_default(void);
 
 /* Creates a model with GPT-2's initialisation from config->seed. PF_EINVAL on a bad config,

@@ -129,8 +129,8 @@ PF_API pf_status pf_cuda_favor_workspace(size_t *per_head, size_t *fixed, pf_cud
  * FAVOR+ forward
  * ------------------------------------------------------------------------------------------ */
 
-/* The maps these kernels run: positive (FAVOR+), hyperbolic, trig and relu. FAVOR++ and FAVOR#
- * (PF_KERNEL_OPRF, PF_KERNEL_SDERF) are PF_ENOTSUP here. */
+/* The maps these kernels run: positive (FAVOR+), hyperbolic, trig and relu. FAVOR++, FAVOR# and
+ * elu (PF_KERNEL_OPRF, PF_KERNEL_SDERF, PF_KERNEL_ELU) are PF_ENOTSUP here. */
 PF_API int pf_cuda_kernel_supported(pf_kernel kernel);
 
 /* FAVOR+ attention on the GPU: pf_attn_favor's contract with device tensors of `dtype` on

@@ -15,7 +15,8 @@
  *   hyperbolic  [exp(u - h), exp(-u - h)] / sqrt(2m)
  *   trig        exp(h) [sin u, cos u] / sqrt(m)
  *   relu        relu(u) / sqrt(m)
- * then eps added: times max|phi| for the softmax maps, as is for relu. OPRF and SDERF, whose
+ *   elu         elu(u) + 1 = u + 1 (u > 0), exp(u) (u <= 0)
+ * then eps added: times max|phi| for the softmax maps, as is for relu and elu. OPRF and SDERF, whose
  * parameters come from the data, are test_favor_fit.c's: NaN here. */
 static inline void ref_phi_f64(double *phi, const double *x, int d, const float *W, int m,
                                pf_kernel kernel, double scale, double eps) {
@@ -39,6 +40,9 @@ static inline void ref_phi_f64(double *phi, const double *x, int d, const float 
         case PF_KERNEL_RELU:
             phi[f] = (u > 0 ? u : 0) / sqrt(m);
             break;
+        case PF_KERNEL_ELU:
+            phi[f] = u > 0 ? u + 1 : exp(u);
+            break;
         case PF_KERNEL_OPRF:
         case PF_KERNEL_SDERF:
             phi[f] = NAN;
@@ -48,7 +52,8 @@ static inline void ref_phi_f64(double *phi, const double *x, int d, const float 
     const int r = pf_kernel_width(kernel, m);
     double amax = 0;
     for (int f = 0; f < r; f++) amax = fmax(amax, fabs(phi[f]));
-    for (int f = 0; f < r; f++) phi[f] += kernel == PF_KERNEL_RELU ? eps : eps * amax;
+    const int absolute = kernel == PF_KERNEL_RELU || kernel == PF_KERNEL_ELU;
+    for (int f = 0; f < r; f++) phi[f] += absolute ? eps : eps * amax;
 }
 
 /* ref_phi_f64 of a float row (d <= 1024). */

@@ -420,7 +420,7 @@ static void test_errors(void) {
     g.m = -4;
     CHECK_STATUS(pf_attn_favor_ref(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
     g = f;
-    g.kernel = (pf_kernel)6;
+    g.kernel = (pf_kernel)7;
     CHECK_STATUS(pf_attn_favor(p.out, p.Q, p.K, p.V, &s, &o, &g), PF_EINVAL);
     g = f;
     g.w_per_head = 2;

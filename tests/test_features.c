@@ -129,8 +129,11 @@ static void test_maps(void) {
     double ref[48];
     const float scales[2] = {0.0f, 0.7f};
     const float epss[2] = {0.0f, 1e-2f};
-    for (int k = 0; k < 4; k++) {
-        pf_kernel kernel = (pf_kernel)k;
+    const pf_kernel kernels[5] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_TRIG,
+                                  PF_KERNEL_RELU, PF_KERNEL_ELU};
+    for (int k = 0; k < 5; k++) {
+        pf_kernel kernel = kernels[k];
+        const int absolute = kernel == PF_KERNEL_RELU || kernel == PF_KERNEL_ELU;
         int r = pf_kernel_width(kernel, m);
         for (int si = 0; si < 2; si++) {
             for (int ei = 0; ei < 2; ei++) {
@@ -150,7 +153,7 @@ static void test_maps(void) {
                         worst = fmax(worst, fabs(g - ref[f]) / rmax);
                         worst_stab = fmax(worst_stab, fabs(gs - ref[f]) / rmax);
                     }
-                    if (kernel == PF_KERNEL_RELU) CHECK(ls[i] == 0.0f, "relu logscale %g", ls[i]);
+                    if (absolute) CHECK(ls[i] == 0.0f, "relu/elu logscale %g", ls[i]);
                 }
                 CHECK(worst < 1e-5, "%s scale %g eps %g: unstabilised rel err %.3g",
                       pf_kernel_name(kernel), sc, eps, worst);
@@ -167,12 +170,12 @@ static void test_maps(void) {
         for (int i = 0; i < n; i++) {
             double amax = 0;
             for (int f = 0; f < r; f++) amax = fmax(amax, fabs(p0[i * r + f]));
-            double add = kernel == PF_KERNEL_RELU ? eps : eps * amax;
+            double add = absolute ? eps : eps * amax;
             for (int f = 0; f < r; f++)
                 worst = fmax(worst, fabs(pe[i * r + f] - p0[i * r + f] - add) / amax);
         }
         CHECK(worst < 1e-6, "%s: eps adds %s (err %.3g)", pf_kernel_name(kernel),
-              kernel == PF_KERNEL_RELU ? "eps" : "eps * max|phi|", worst);
+              absolute ? "eps" : "eps * max|phi|", worst);
         free(p0);
         free(pe);
     }

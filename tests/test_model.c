@@ -115,10 +115,11 @@ static int fmap_ref(double *phi, const double *x, const float *W, int m, int hd,
     return m;
 }
 
-/* Causal attention of qkv (B,T,3C) into out (B,T,C): exact softmax when W is NULL, else FAVOR
- * with the explicit features (no stabilisation: the test inputs are small). */
+/* Causal attention of qkv (B,T,3C) into out (B,T,C): exact softmax when W is NULL (over the
+ * keys i - window < j <= i when window > 0: local attention), else FAVOR with the explicit
+ * features (no stabilisation: the test inputs are small). */
 static void attn_ref(double *out, const double *qkv_in, int B, int T, int C, int H, int rotary,
-                     const float *W, int m, pf_kernel kern, double eps, double A) {
+                     const float *W, int m, pf_kernel kern, double eps, double A, int window) {
     int hd = C / H;
     double *qkv = xmalloc(sizeof(double) * (size_t)B * T * 3 * C);
     memcpy(qkv, qkv_in, sizeof(double) * (size_t)B * T * 3 * C);
@@ -135,7 +136,9 @@ static void attn_ref(double *out, const double *qkv_in, int B, int T, int C, int
             for (int i = 0; i < T; i++) {
                 const double *q = qkv + ((size_t)b * T + i) * 3 * C + h * hd;
                 double w[4096], tot = 0;
-                for (int j = 0; j <= i; j++) {
+                const int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+                for (int j = 0; j < j0; j++) w[j] = 0;
+                for (int j = j0; j <= i; j++) {
                     const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hd;
                     if (!W) {
                         double dot = 0;
@@ -204,7 +207,7 @@ static double model_ref_qkv(const pf_model *mod, const double *P, const int32_t 
         if (qkv_out && l == layer) memcpy(qkv_out, qkv, sizeof(double) * NC * 3);
         lm_attn_spec sp = lm_layer_spec(mod, l);
         attn_ref(att, qkv, B, T, C, H, c->positions == PF_LM_ROTARY, sp.W, sp.m, sp.kernel, sp.eps,
-                 sp.A);
+                 sp.A, sp.window);
         mm_ref(tmp, att, p[6] + (size_t)l * C * C, p[7] + l * C, N, C, C);
         for (size_t i = 0; i < NC; i++) x[i] += tmp[i];
         ln_ref(ln, x, p[8] + l * C, p[9] + l * C, N, C);
@@ -516,33 +519,41 @@ typedef struct {
     int m;
     pf_kernel kern;
     double eps, A;
+    int window;
 } att_ctx;
 
 static double att_loss(void *p) {
     att_ctx *c = p;
-    attn_ref(c->out, c->qkv, c->B, c->T, c->C, c->H, c->rotary, c->W, c->m, c->kern, c->eps, c->A);
+    attn_ref(c->out, c->qkv, c->B, c->T, c->C, c->H, c->rotary, c->W, c->m, c->kern, c->eps, c->A,
+             c->window);
     double s = 0;
     for (int i = 0; i < c->B * c->T * c->C; i++) s += c->out[i] * c->R[i];
     return s;
 }
 
-static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
-    const int B = 2, T = 7, C = 12, H = 3, hd = C / H, m = 16;
+/* One attention layer against attn_ref, forward and (finite differences) backward; local
+ * attention with window `window`, elu with W = I (m = hd) as the model runs it. */
+static void test_attention_w(pf_lm_attention kind, pf_kernel kern, int rotary, int window) {
+    const int B = 2, T = 7, C = 12, H = 3, hd = C / H, m = kern == PF_KERNEL_ELU ? hd : 16;
+    const int no_w = kind == PF_LM_EXACT || kind == PF_LM_LOCAL;
     size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C;
     float *qkv = randf(n3, 1.0f, 60), *R = randf(n, 1.0f, 61);
     float *W = xmalloc(sizeof(float) * m * hd);
     pf_projection_draw(W, m, hd, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 3, 0);
+    if (kern == PF_KERNEL_ELU)
+        for (int i = 0; i < m * hd; i++) W[i] = i % (hd + 1) == 0 ? 1.0f : 0.0f; /* I */
     float *cs = xmalloc(sizeof(float) * T * hd);
     rope_table(cs, T, hd);
     lm_attn_spec spec = {kind,
                          kern,
-                         kind == PF_LM_EXACT ? NULL : W,
-                         kind == PF_LM_EXACT ? 0 : m,
+                         no_w ? NULL : W,
+                         no_w ? 0 : m,
                          kern == PF_KERNEL_RELU ? 1e-3f : 0.0f,
                          kind == PF_LM_FAVORPP ? -0.2f : 0.0f,
                          NULL,
                          0,
-                         NULL};
+                         NULL,
+                         kind == PF_LM_LOCAL ? window : 0};
     float *q = xmalloc(sizeof(float) * n), *k = xmalloc(sizeof(float) * n);
     float *v = xmalloc(sizeof(float) * n), *att = xmalloc(sizeof(float) * n);
     float *lse = xmalloc(sizeof(float) * B * H * T), *out = xmalloc(sizeof(float) * n);
@@ -562,7 +573,8 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
                  spec.m,
                  kern,
                  spec.eps,
-                 spec.A};
+                 spec.A,
+                 spec.window};
     att_loss(&c);
     double e = relerr(out, c.out, n);
     st = attention_backward(dqkv, s4, s4 + n, s4 + 2 * n, s4 + 3 * n, R, q, k, v, att, lse,
@@ -571,7 +583,10 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     double *g = xmalloc(sizeof(double) * n3);
     fd_grad(g, c.qkv, n3, att_loss, &c);
     double eg = relerr(dqkv, g, n3);
-    const char *name = kind == PF_LM_EXACT ? "exact" : pf_kernel_name(kern);
+    char lname[32];
+    snprintf(lname, sizeof(lname), "local (window %d)", window);
+    const char *name = kind == PF_LM_EXACT ? "exact" : kind == PF_LM_LOCAL ? lname
+                                                                          : pf_kernel_name(kern);
     if (kind == PF_LM_FAVORPP) name = "favor++ (A = -0.2)";
     /* trig features can be negative, so the denominators of some rows nearly cancel and
      * amplify float rounding (measured 1.6e-5 / 3.7e-5): a looser bound for that map only */
@@ -579,7 +594,32 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     CHECK(e < bf && eg < 10 * bf, "attention %s rotary %d rel err forward %.3g backward %.3g", name,
           rotary, e, eg);
     printf("attention %s%s: forward %.2g, backward %.2g\n", name, rotary ? "+rotary" : "", e, eg);
-    if (kind != PF_LM_EXACT) {
+    if (kind == PF_LM_LOCAL && window == 1) {
+        /* each query sees only its own key: a softmax over one score is 1, the output v */
+        CHECK(memcmp(att, v, sizeof(float) * n) == 0, "window 1: output is not v itself");
+    }
+    if (kind == PF_LM_LOCAL && window >= T) {
+        /* the window holds every earlier key: exact attention, to float rounding (the exact
+         * path's float products and exp against the window's float64 rows) */
+        lm_attn_spec ex = spec;
+        ex.kind = PF_LM_EXACT;
+        float *out2 = xmalloc(sizeof(float) * n), *dqkv2 = xmalloc(sizeof(float) * n3);
+        CHECK_STATUS(attention_forward(out2, q, k, v, att, lse, qkv, rotary ? cs : NULL, &ex, B, T,
+                                       C, H),
+                     PF_OK);
+        CHECK_STATUS(attention_backward(dqkv2, s4, s4 + n, s4 + 2 * n, s4 + 3 * n, R, q, k, v, att,
+                                        lse, rotary ? cs : NULL, &ex, B, T, C, H),
+                     PF_OK);
+        double wo = 0, wg = 0;
+        for (size_t i = 0; i < n; i++)
+            wo = fmax(wo, fabs(out2[i] - out[i]) / (1e-6 + 1e-5 * fabs(out2[i])));
+        for (size_t i = 0; i < n3; i++)
+            wg = fmax(wg, fabs(dqkv2[i] - dqkv[i]) / (1e-6 + 1e-5 * fabs(dqkv2[i])));
+        CHECK(wo <= 1 && wg <= 1, "window %d >= T: against exact attention, worst %.3g (forward) "
+              "%.3g (backward) of 1e-6 + 1e-5 |exact|", window, wo, wg);
+        free(out2), free(dqkv2);
+    }
+    if (!no_w) {
         /* training keeps the forward's features: the same bits; an evaluation forward after it
          * empties the slot, and the backward then recomputes (the same bits again) */
         float *out2 = xmalloc(sizeof(float) * n), *dqkv2 = xmalloc(sizeof(float) * n3);
@@ -605,6 +645,10 @@ static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
     free(out), free(dqkv), free(s4), free(c.qkv), free(c.R), free(c.out), free(g);
 }
 
+static void test_attention(pf_lm_attention kind, pf_kernel kern, int rotary) {
+    test_attention_w(kind, kern, rotary, 0);
+}
+
 /* ---- the whole model --------------------------------------------------------------------- */
 
 static pf_model_config tiny_config(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
@@ -616,8 +660,9 @@ static pf_model_config tiny_config(pf_lm_attention att, pf_lm_positions pos, pf_
     c.attention = att;
     c.positions = pos;
     c.kernel = kern;
-    c.features = 16;
+    c.features = kern == PF_KERNEL_ELU ? c.d_model / c.heads : 16;
     c.seed = 5;
+    c.window = 3;
     return c;
 }
 
@@ -701,6 +746,7 @@ static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_ke
     }
     printf("model %s/%s/%s: loss %.6f (ref %.6f), worst gradient rel err %.2g\n",
            att == PF_LM_EXACT   ? "exact"
+           : att == PF_LM_LOCAL ? "local"
            : att == PF_LM_FAVOR ? "favor"
                                 : "favor++",
            pf_kernel_name(kern), pos == PF_LM_ROTARY ? "rotary" : "learned", loss, ref, worst);
@@ -709,13 +755,16 @@ static void test_model_gradients(pf_lm_attention att, pf_lm_positions pos, pf_ke
 }
 
 /* The same forward and backward at 1 and 2 threads: identical bits. */
-static void test_threads(void) {
+static void test_threads(pf_lm_attention att, pf_kernel kern) {
 #ifdef _OPENMP
-    pf_model_config cfg = tiny_config(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    pf_model_config cfg = tiny_config(att, PF_LM_ROTARY, kern);
+    cfg.window = 5;
     /* large enough that every layer's loops run on more than one thread (32K floats) */
     cfg.context = 64;
     cfg.d_model = 128;
     cfg.heads = 4;
+    if (kern == PF_KERNEL_ELU) cfg.features = 32;
+    if (att != PF_LM_EXACT) cfg.layers = 1; /* (every loop runs in one layer: less CI time) */
     pf_model *m1 = NULL, *m2 = NULL;
     pf_model_create(&m1, &cfg);
     pf_model_create(&m2, &cfg);
@@ -738,11 +787,81 @@ static void test_threads(void) {
     pf_model_forward(m2, &l2, NULL, tok, tgt, B, T);
     pf_model_backward(m2);
     omp_set_num_threads(saved);
-    CHECK(memcmp(&l1, &l2, sizeof(float)) == 0, "loss differs: %.9g vs %.9g", l1, l2);
+    CHECK(memcmp(&l1, &l2, sizeof(float)) == 0, "%d/%s: loss differs: %.9g vs %.9g", (int)att,
+          pf_kernel_name(kern), l1, l2);
     CHECK(memcmp(m1->grads_memory, m2->grads_memory, sizeof(float) * m1->num_params) == 0,
-          "gradients differ between 1 and 2 threads");
+          "%d/%s: gradients differ between 1 and 2 threads", (int)att, pf_kernel_name(kern));
     pf_model_free(m1);
     pf_model_free(m2);
+#else
+    (void)att, (void)kern;
+#endif
+}
+
+static double logit_err(const float *a, const float *b);
+
+/* A few AdamW steps on one repeated batch: the loss falls (local attention with window 3, and
+ * elu + 1), and a local model with window >= T gives exact attention's loss to float
+ * rounding. On one thread: the sizes are tiny (a team of two spends seconds waiting on a
+ * loaded machine), and test_threads checks the thread count. */
+static void test_local_training(void) {
+#ifdef _OPENMP
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
+    const pf_lm_attention atts[2] = {PF_LM_LOCAL, PF_LM_FAVOR};
+    const pf_kernel kerns[2] = {PF_KERNEL_POSITIVE, PF_KERNEL_ELU};
+    const int B = 2, T = 8;
+    int32_t tok[16], tgt[16];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % 64;
+        tgt[i] = (i * 53 + 5) % 64;
+    }
+    for (int a = 0; a < 2; a++) {
+        pf_model_config cfg = tiny_config(atts[a], PF_LM_ROTARY, kerns[a]);
+        pf_model *m = NULL;
+        CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
+        if (!m) continue;
+        pf_adamw o = pf_adamw_default();
+        o.lr = 3e-3f;
+        pf_model_set_training(m, 1);
+        float first = 0, loss = 0;
+        for (int s = 0; s < 10; s++) {
+            CHECK_STATUS(pf_model_forward(m, &loss, NULL, tok, tgt, B, T), PF_OK);
+            CHECK_STATUS(pf_model_backward(m), PF_OK);
+            CHECK_STATUS(pf_model_step(m, &o, NULL), PF_OK);
+            if (s == 0) first = loss;
+        }
+        CHECK(isfinite(loss) && loss < first - 0.5f, "%s: loss %.4f after 10 steps from %.4f",
+              a ? "elu" : "local", loss, first);
+        printf("training %s: loss %.4f -> %.4f in 10 steps\n", a ? "elu" : "local", first, loss);
+        pf_model_free(m);
+    }
+    /* window >= T: exact attention's loss and logits (float rounding: ~1e-6) */
+    pf_model_config ce = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    pf_model_config cl = tiny_config(PF_LM_LOCAL, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    cl.window = T;
+    pf_model *me = NULL, *ml = NULL;
+    CHECK_STATUS(pf_model_create(&me, &ce), PF_OK);
+    CHECK_STATUS(pf_model_create(&ml, &cl), PF_OK);
+    if (me && ml) {
+        perturb(me);
+        perturb(ml);
+        float le, ll;
+        float *ge = xmalloc(sizeof(float) * B * T * V), *gl = xmalloc(sizeof(float) * B * T * V);
+        CHECK_STATUS(pf_model_forward(me, &le, ge, tok, tgt, B, T), PF_OK);
+        CHECK_STATUS(pf_model_forward(ml, &ll, gl, tok, tgt, B, T), PF_OK);
+        double worst = 0;
+        for (int t = 0; t < B * T; t++)
+            worst = fmax(worst, logit_err(gl + (size_t)t * V, ge + (size_t)t * V));
+        CHECK_CLOSE(ll, le, 0, 1e-6);
+        CHECK(worst < 1e-5, "window = T against exact: logits rel err %.3g", worst);
+        free(ge), free(gl);
+    }
+    pf_model_free(me);
+    pf_model_free(ml);
+#ifdef _OPENMP
+    omp_set_num_threads(saved_threads);
 #endif
 }
 
@@ -865,8 +984,8 @@ static double logit_err(const float *a, const float *b) {
  * float rounding (1e-5) at the prompt's last row and at every row decoded after it; a second
  * prefill continues from the first; bad tokens and the context limit are refused with the
  * position unchanged. */
-static void test_decoder_prefill(pf_lm_attention att, pf_lm_positions pos) {
-    pf_model_config cfg = tiny_config(att, pos, PF_KERNEL_POSITIVE);
+static void test_decoder_prefill_k(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
+    pf_model_config cfg = tiny_config(att, pos, kern);
     cfg.context = 48;
     pf_model *m = NULL;
     CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
@@ -902,7 +1021,8 @@ static void test_decoder_prefill(pf_lm_attention att, pf_lm_positions pos) {
     CHECK(worst < 1e-5, "prefill then decoding vs stepping every token: rel err %.3g", worst);
     printf("decoder prefill %s/%s: worst rel err of the logits %.2g\n",
            att == PF_LM_EXACT   ? "exact"
-           : att == PF_LM_FAVOR ? "favor"
+           : att == PF_LM_LOCAL ? "local"
+           : att == PF_LM_FAVOR ? (kern == PF_KERNEL_ELU ? "elu" : "favor")
                                 : "favor++",
            pos == PF_LM_ROTARY ? "rotary" : "learned", worst);
     /* refused: the position stays */
@@ -925,8 +1045,8 @@ static void test_decoder_prefill(pf_lm_attention att, pf_lm_positions pos) {
 }
 
 /* Incremental decoding gives the logits of the full forward at every position. */
-static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
-    pf_model_config cfg = tiny_config(att, pos, PF_KERNEL_POSITIVE);
+static void test_decoder_k(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
+    pf_model_config cfg = tiny_config(att, pos, kern);
     cfg.context = 24;
     pf_model *m = NULL;
     CHECK_STATUS(pf_model_create(&m, &cfg), PF_OK);
@@ -968,7 +1088,8 @@ static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
     CHECK(worst < 1e-5, "decoder logits vs full forward: rel err %.3g", worst);
     printf("decoder %s/%s: worst rel err of the logits %.2g\n",
            att == PF_LM_EXACT   ? "exact"
-           : att == PF_LM_FAVOR ? "favor"
+           : att == PF_LM_LOCAL ? "local"
+           : att == PF_LM_FAVOR ? (kern == PF_KERNEL_ELU ? "elu" : "favor")
                                 : "favor++",
            pos == PF_LM_ROTARY ? "rotary" : "learned", worst);
     CHECK_STATUS(pf_decoder_step(d, row, 256), PF_EINVAL);
@@ -977,6 +1098,14 @@ static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
     pf_decoder_free(NULL);
     free(full);
     pf_model_free(m);
+}
+
+static void test_decoder(pf_lm_attention att, pf_lm_positions pos) {
+    test_decoder_k(att, pos, PF_KERNEL_POSITIVE);
+}
+
+static void test_decoder_prefill(pf_lm_attention att, pf_lm_positions pos) {
+    test_decoder_prefill_k(att, pos, PF_KERNEL_POSITIVE);
 }
 
 static void test_sampling(void) {
@@ -1184,6 +1313,14 @@ static void test_favorpp_stats(void) {
 
 /* ---- arguments --------------------------------------------------------------------------- */
 
+static pf_status agree_alone(void *ctx, pf_status st);
+static pf_status fwd_alone(void *ctx, float *out, const float *Q, const float *K,
+                           const float *Vs, const pf_shape *s, const pf_attn_opts *o,
+                           const pf_favor_opts *f);
+static pf_status bwd_alone(void *ctx, float *dQ, float *dK, float *dV, const float *dout,
+                           const float *Q, const float *K, const float *Vs, const float *out,
+                           const pf_shape *s, const pf_attn_opts *o, const pf_favor_opts *f);
+
 static void test_arguments(void) {
     pf_model *m = NULL;
     pf_model_config c = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
@@ -1201,6 +1338,46 @@ static void test_arguments(void) {
     c.features = 0;
     CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
     CHECK(m == NULL, "failed create left a model");
+    /* elu: one feature per head coordinate (W = I) */
+    c = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_ELU);
+    c.features = 16;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c.kernel = (pf_kernel)7;
+    c.features = 8;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c = tiny_config(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_ELU); /* (kernel unused: FAVOR++) */
+    CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
+    pf_model_free(m);
+    m = NULL;
+    /* the window: >= 1 whatever the attention */
+    c = tiny_config(PF_LM_LOCAL, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    c.window = 0;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c.window = -1;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c.window = PF_LM_MAX_CONTEXT + 1;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    c.window = 0;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    c = tiny_config(PF_LM_LOCAL, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    c.attention = (pf_lm_attention)4;
+    CHECK_STATUS(pf_model_create(&m, &c), PF_EINVAL);
+    CHECK(m == NULL, "failed create left a model");
+    /* local attention has no W, no kept features and no sequence parallel form */
+    c = tiny_config(PF_LM_LOCAL, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
+    if (m) {
+        CHECK(m->W == NULL && m->saved == NULL, "local attention allocated FAVOR's state");
+        pf_model_parallel par;
+        memset(&par, 0, sizeof(par));
+        par.agree = agree_alone;
+        par.attn_forward = fwd_alone;
+        par.attn_backward = bwd_alone;
+        CHECK_STATUS(pf_model_set_parallel(m, &par), PF_ENOTSUP);
+    }
+    pf_model_free(m);
+    m = NULL;
     c = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
     int32_t tok[4] = {1, 2, 3, 4}, bad[4] = {1, 256, 3, 4}, tgt[4] = {2, 3, 4, -2};
@@ -1495,22 +1672,40 @@ int main(void) {
     test_attention(PF_LM_FAVOR, PF_KERNEL_TRIG, 1);
     test_attention(PF_LM_FAVOR, PF_KERNEL_RELU, 1);
     test_attention(PF_LM_FAVORPP, PF_KERNEL_OPRF, 1);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_ELU, 0);
+    test_attention(PF_LM_FAVOR, PF_KERNEL_ELU, 1);
+    test_attention_w(PF_LM_LOCAL, PF_KERNEL_POSITIVE, 0, 3);
+    test_attention_w(PF_LM_LOCAL, PF_KERNEL_POSITIVE, 1, 2);
+    test_attention_w(PF_LM_LOCAL, PF_KERNEL_POSITIVE, 0, 1);
+    test_attention_w(PF_LM_LOCAL, PF_KERNEL_POSITIVE, 1, 7);  /* = T */
+    test_attention_w(PF_LM_LOCAL, PF_KERNEL_POSITIVE, 0, 50); /* > T */
     test_model_gradients(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     test_model_gradients(PF_LM_FAVOR, PF_LM_ROTARY, PF_KERNEL_RELU);
     test_model_gradients(PF_LM_FAVORPP, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
-    test_threads();
+    test_model_gradients(PF_LM_LOCAL, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    test_model_gradients(PF_LM_LOCAL, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_model_gradients(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_ELU);
+    test_threads(PF_LM_EXACT, PF_KERNEL_POSITIVE);
+    test_threads(PF_LM_LOCAL, PF_KERNEL_POSITIVE);
+    test_threads(PF_LM_FAVOR, PF_KERNEL_ELU);
+    test_local_training();
     test_decoder(PF_LM_EXACT, PF_LM_LEARNED);
     test_decoder(PF_LM_EXACT, PF_LM_ROTARY);
     test_decoder(PF_LM_FAVOR, PF_LM_LEARNED);
     test_decoder(PF_LM_FAVOR, PF_LM_ROTARY);
     test_decoder(PF_LM_FAVORPP, PF_LM_ROTARY);
+    test_decoder(PF_LM_LOCAL, PF_LM_LEARNED);
+    test_decoder(PF_LM_LOCAL, PF_LM_ROTARY);
+    test_decoder_k(PF_LM_FAVOR, PF_LM_ROTARY, PF_KERNEL_ELU);
     test_decoder_failed_step();
     test_decoder_prefill(PF_LM_FAVOR, PF_LM_LEARNED);
     test_decoder_prefill(PF_LM_FAVOR, PF_LM_ROTARY);
     test_decoder_prefill(PF_LM_FAVORPP, PF_LM_ROTARY);
     test_decoder_prefill(PF_LM_EXACT, PF_LM_ROTARY);
+    test_decoder_prefill(PF_LM_LOCAL, PF_LM_ROTARY);
+    test_decoder_prefill_k(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_ELU);
     test_decoder_prefill_failure();
     test_sampling();
     test_adamw();

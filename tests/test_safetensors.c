@@ -274,8 +274,10 @@ static void test_damaged(void) {
 
 /* ---- model checkpoints ------------------------------------------------------------------- */
 
-static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos) {
+static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos, pf_kernel kern) {
     pf_model_config c = pf_model_config_default();
+    c.kernel = kern;
+    c.window = 5;
     c.context = 16;
     c.layers = 2;
     c.d_model = 16;
@@ -316,7 +318,8 @@ static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos) {
     pf_model_config rc = pf_model_get_config(r);
     CHECK(rc.context == c.context && rc.layers == c.layers && rc.d_model == c.d_model &&
               rc.heads == c.heads && rc.attention == c.attention && rc.positions == c.positions &&
-              rc.redraw == c.redraw && rc.seed == c.seed,
+              rc.redraw == c.redraw && rc.seed == c.seed && rc.window == c.window &&
+              rc.kernel == c.kernel,
           "configuration differs after load");
     size_t n = m->num_params;
     CHECK(memcmp(m->params_memory, r->params_memory, 4 * n) == 0, "weights differ");
@@ -324,7 +327,8 @@ static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos) {
     CHECK(memcmp(m->v_memory, r->v_memory, 4 * n) == 0, "second moments differ");
     CHECK(pf_model_steps(r) == 4, "step %lld", (long long)pf_model_steps(r));
     CHECK(r->w_stream == m->w_stream, "W stream differs");
-    if (att != PF_LM_EXACT) CHECK(memcmp(m->W, r->W, sizeof(float) * 2 * 8 * 8) == 0, "W differs");
+    if (att == PF_LM_FAVOR || att == PF_LM_FAVORPP)
+        CHECK(memcmp(m->W, r->W, sizeof(float) * 2 * 8 * 8) == 0, "W differs");
     if (att == PF_LM_FAVORPP) {
         /* A is the last forward's; the next forward's comes from rho, as after the load */
         lm_favorpp_refresh(m);
@@ -425,15 +429,22 @@ static void expect_refused_checkpoint(const char *from, const char *to, const ch
  * pf_model_save writes pf_model_load reads (exact attention with redraw -1 or kernel 99 was
  * created, saved, and then refused by the loader). */
 static void test_create_round_trip(void) {
-    pf_model_config bad[5];
-    for (int i = 0; i < 5; i++) bad[i] = pf_model_config_default(); /* exact attention */
+    pf_model_config bad[9];
+    for (int i = 0; i < 9; i++) bad[i] = pf_model_config_default(); /* exact attention */
     bad[0].redraw = -1;
     bad[1].features = -5;
     bad[2].features = PF_LM_MAX_FEATURES + 1;
     bad[3].kernel = (pf_kernel)99;
     bad[4].attention = PF_LM_FAVORPP;
     bad[4].kernel = (pf_kernel)99;
-    for (int i = 0; i < 5; i++) {
+    bad[5].window = 0; /* whatever the attention */
+    bad[6].attention = PF_LM_LOCAL;
+    bad[6].window = -3;
+    bad[7].window = PF_LM_MAX_CONTEXT + 1;
+    bad[8].attention = PF_LM_FAVOR; /* elu maps q', k' themselves: m = d_model/heads = 32 */
+    bad[8].kernel = PF_KERNEL_ELU;
+    bad[8].features = 64;
+    for (int i = 0; i < 9; i++) {
         pf_model *m = NULL;
         CHECK_STATUS(pf_model_create(&m, &bad[i]), PF_EINVAL);
         pf_model_free(m);
@@ -476,6 +487,22 @@ static void test_checkpoint_refusals(void) {
     expect_refused_checkpoint("\"pf.heads\"", "\"pf.hxads\"", "pf.heads");
     expect_refused_checkpoint("\"pf.step\":\"4\"", "\"pf.step\":\"9223372036854775807\"",
                               "pf.step");
+    expect_refused_checkpoint("\"pf.window\":\"5\"", "\"pf.window\":\"0\"", "pf.window");
+    expect_refused_checkpoint("\"pf.window\":\"5\"", "\"pf.window\":\"w\"", "pf.window");
+    expect_refused_checkpoint("\"pf.attention\":\"favor++\"", "\"pf.attention\":\"locals\"",
+                              "pf.attention");
+    {
+        /* a file from before the window was stored: the default window, 32 */
+        char m2[512];
+        pf_model *old = NULL;
+        CHECK(edit_header(tpath("model.safetensors"), tpath("nowindow.safetensors"),
+                          "\"pf.window\"", "\"pf.wxndow\""),
+              "pf.window not in the header");
+        CHECK_STATUS(pf_model_load(&old, tpath("nowindow.safetensors"), m2, sizeof(m2)), PF_OK);
+        CHECK(old && pf_model_get_config(old).window == 32, "window of a file without one: %d",
+              old ? pf_model_get_config(old).window : -1);
+        pf_model_free(old);
+    }
 
     char msg[512];
     pf_model *r = NULL;
@@ -535,9 +562,11 @@ int main(void) {
     }
     test_round_trip_and_python();
     test_damaged();
-    test_checkpoint(PF_LM_EXACT, PF_LM_LEARNED);
-    test_checkpoint(PF_LM_FAVOR, PF_LM_ROTARY);
-    test_checkpoint(PF_LM_FAVORPP, PF_LM_LEARNED);
+    test_checkpoint(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    test_checkpoint(PF_LM_FAVOR, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_checkpoint(PF_LM_LOCAL, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_checkpoint(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_ELU); /* features 8 = d_model/heads */
+    test_checkpoint(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_POSITIVE); /* (the file edited below) */
     test_checkpoint_refusals();
     /* no temporary file survived any write */
     DIR *d = opendir(dir);

@@ -458,6 +458,7 @@ refuse "missing value" 2 "missing value" $Q2 $K2 $V2 $OUT --features
 refuse "unknown flag" 2 "unknown option '--bogus'" $Q2 $K2 $V2 $OUT --bogus
 refuse "unknown method" 2 "unknown value 'fast'" $Q2 $K2 $V2 $OUT --method fast
 refuse "unknown kernel" 2 "unknown value 'gauss'" $Q2 $K2 $V2 $OUT --kernel gauss
+refuse "elu draws no W" 2 "--kernel elu draws none" $Q2 $K2 $V2 $OUT --kernel elu --features 8
 refuse "unknown proj" 2 "unknown value" $Q2 $K2 $V2 $OUT --proj haar
 refuse "unknown norm" 2 "unknown value" $Q2 $K2 $V2 $OUT --norm l2
 refuse "missing --out" 2 "missing --out" $Q2 $K2 $V2

@@ -9,12 +9,14 @@
 #   steps, FAVOR++'s running statistic carried over); so
 #   does a run killed with SIGKILL at an arbitrary moment and resumed;
 #   the checkpoints are read by an independent reader (Python json + numpy.frombuffer);
-# - the log has a header and one row per step, evaluations on schedule, a falling loss;
+# - the log has a header and one row per step, evaluations on schedule, a falling loss; so
+#   do local-window attention and elu + 1 linear attention (run once each: their checkpoints'
+#   round trip is test_safetensors.c's);
 # - text data: the Bible is exported by the `bible` program and cached; a plain text file
 #   trains;
 # - sampling: the prompt comes first, the same seed gives the same bytes, --tokens 0 prints
 #   the prompt only, temperature 0 is deterministic whatever the seed; FAVOR+ decodes with its
-#   recurrent state past the context;
+#   recurrent state past the context, local attention with its window's cache past it too;
 # - --init-from: a new run starts from another checkpoint's weights in its own configuration
 #   (exact -> FAVOR+, FAVOR++ with A fitted by --fit-batches): every trained tensor carried bit
 #   for bit, moments and step 0, W the new seed's (a fresh run's), the source named in the
@@ -128,6 +130,37 @@ check "training loss falls" sh -c "awk -F, 'NR >= 3 && NR <= 8 {a += \$3} NR >= 
 check "summary printed" grep -q "validation loss" "$T/a-learned.out"
 check "FAVOR run's summary" grep -q "FAVOR+ positive" "$T/a-favor.out"
 check "FAVOR++ run's summary" grep -q "FAVOR++" "$T/a-favorpp.out"
+for run in local elu; do
+    case $run in
+    local) args="--positions rotary --attention local --window 5" ;;
+    elu) args="--positions learned --attention favor --kernel elu" ;;
+    esac
+    $P train --out "$T/full-$run" $TINY $args --steps 24 --eval-every 8 --threads 2 \
+        >"$T/a-$run.out" 2>"$T/a.err"
+    check "train ($run) exits 0: $(tail -3 "$T/a.err")" [ $? -eq 0 ]
+    check "$run: training loss falls" sh -c "awk -F, 'NR >= 3 && NR <= 8 {a += \$3}
+        NR >= 21 {b += \$3} END {exit !(b < a - 0.3)}' '$T/full-$run/log.csv'"
+done
+check "local run's summary" grep -q "local, window 5 attention" "$T/a-local.out"
+check "elu run's summary" grep -q "linear elu+1 attention" "$T/a-elu.out"
+# elu: pf.features is the head width (d-model 32 / 2 heads), its W the identity
+check "elu checkpoint: 16 features, W = I, window stored" $PY -c "
+import json, struct
+import numpy as np
+b = open('$T/full-elu/checkpoint.safetensors', 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+m = h['__metadata__']
+assert m['pf.kernel'] == 'elu' and m['pf.features'] == '16', m
+e = h['favor.W']
+W = np.frombuffer(b[8 + n + e['data_offsets'][0]:8 + n + e['data_offsets'][1]], '<f4')
+W = W.reshape(e['shape'])
+assert all((W[l] == np.eye(16, dtype=np.float32)).all() for l in range(2))
+b = open('$T/full-local/checkpoint.safetensors', 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+assert h['__metadata__']['pf.window'] == '5' and 'favor.W' not in h, h['__metadata__']
+"
 # FAVOR++: the running statistic was saved and moved away from its start
 check "FAVOR++ checkpoint holds rho after 24 batches" $PY -c "
 import json, struct, sys
@@ -204,6 +237,14 @@ check "FAVOR+: same seed, same sample" cmp -s "$T/f1" "$T/f2"
 $P sample --checkpoint "$T/full-favorpp/checkpoint.safetensors" --prompt "MK" --tokens 20 \
     >"$T/pp" 2>"$T/pp.err"
 check "FAVOR++ sample: $(cat "$T/pp.err")" grep -q "FAVOR++, recurrent state" "$T/pp.err"
+# local attention: the last --window keys and values, past the context with rotary positions
+$P sample --checkpoint "$T/full-local/checkpoint.safetensors" --prompt "MK" --tokens 100 \
+    >"$T/lo" 2>"$T/lo.err"
+check "local sample: $(cat "$T/lo.err")" \
+    grep -q "then 100 bytes, 99 decoder steps.*local attention" "$T/lo.err"
+$P sample --checkpoint "$T/full-elu/checkpoint.safetensors" --prompt "MK" --tokens 20 \
+    >"$T/el" 2>"$T/el.err"
+check "elu sample: $(cat "$T/el.err")" grep -q "linear elu+1, recurrent state" "$T/el.err"
 # longer than the context (32): the decoder slides its window
 $P sample --checkpoint "$C" --tokens 100 >"$T/s5" 2>/dev/null
 check "sampling past the context" [ $? -eq 0 ]
@@ -347,6 +388,16 @@ expect_fail 2 "unknown option" $P train --out "$T/e5" --bogus
 expect_fail 2 "expected a positive integer" $P train --out "$T/e6" --steps 0
 expect_fail 2 "multiple of --heads" $P train --out "$T/e7" --d-model 30 --heads 4
 expect_fail 2 "missing --out" $P train --steps 3
+expect_fail 2 "--window is for --attention local" $P train --out "$T/e20" --window 4
+expect_fail 2 "--window" $P train --out "$T/e21" --attention local --window 0
+expect_fail 2 "local attention does not use it" $P train --out "$T/e22" --attention local \
+    --features 8
+expect_fail 2 "--attention NAME\|local" $P train --out "$T/e23" --attention locale
+expect_fail 2 "--redraw does not apply" $P train --out "$T/e24" --attention favor --kernel elu \
+    --redraw 5
+expect_fail 2 "must be d-model/heads = 16" $P train --out "$T/e25" $TINY --steps 2 \
+    --attention favor --kernel elu --features 8
+check "refused elu run left no folder" [ ! -e "$T/e25" ]
 head -c 100 "$C" >"$T/cut.safetensors"
 expect_fail 1 "truncated\|safetensors" $P sample --checkpoint "$T/cut.safetensors"
 expect_fail 2 "missing --checkpoint" $P sample --tokens 3

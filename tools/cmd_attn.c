@@ -23,7 +23,7 @@
 
 const char cmd_attn_synopsis[] =
     "performer attn --q Q.npy --k K.npy --v V.npy --out O.npy [--method exact|favor|ra|lara]\n"
-    "     [--causal] [--kernel positive|hyperbolic|trig|relu|oprf|sderf] [--oprf-a A]\n"
+    "     [--causal] [--kernel positive|hyperbolic|trig|relu|oprf|sderf|elu] [--oprf-a A]\n"
     "     [--features M] [--proj orthogonal|iid] [--norm chi|sqrtd|qmc] [--seed S]\n"
     "     [--scale S] [--eps E] [--w W.npy] [--save-w W.npy] [--key-lengths LENS.npy]\n"
     "     [--threads N] [--chunk C] [--grad-out DO.npy --grad-prefix P] [--samples S]\n"
@@ -57,7 +57,9 @@ void cmd_attn_help(void) {
            "  --kernel NAME       positive | hyperbolic | trig | relu (FAVOR+ maps), or\n"
            "                      oprf (FAVOR++, alias favor++) | sderf (FAVOR#, alias favor#):\n"
            "                      positive features with a quadratic term in w fitted to\n"
-           "                      Q and K (Likhosherstov et al. 2022, 2023)       [positive]\n"
+           "                      Q and K (Likhosherstov et al. 2022, 2023) | elu (alias\n"
+           "                      elu+1): elu(Wx) + 1, with W = I (no draw, unless --w) the\n"
+           "                      linear attention of Katharopoulos et al. 2020   [positive]\n"
            "  --oprf-a A          FAVOR++'s A, A < 1/8 (0 is FAVOR+); required with --causal\n"
            "                      (a causal A must not look at the sequence)  [fitted per head]\n"
            "  --features M        random projections m, at most 2^20 (r = m features, 2m\n"
@@ -170,8 +172,9 @@ static int check_flags_apply(const attn_cfg *c) {
 }
 
 static int parse_args(attn_cfg *c, int argc, char **argv) {
-    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", "oprf",
-                                          "sderf",    "favor++",    "favor#", NULL};
+    static const char *const kernels[] = {"positive", "hyperbolic", "trig",  "relu",
+                                          "oprf",     "sderf",      "favor++", "favor#",
+                                          "elu",      "elu+1",      NULL};
     static const char *const projs[] = {"orthogonal", "iid", NULL};
     static const char *const norms[] = {"chi", "sqrtd", "qmc", NULL};
     tool_args a;
@@ -265,6 +268,12 @@ static int parse_args(attn_cfg *c, int argc, char **argv) {
     for (int k = 0; k < 4 && c->w; k++) {
         if (tool_given(&a, drawn[k]))
             return tool_usage(CMD, "%s is for drawing W; with --w, W is given", drawn[k]);
+    }
+    for (int k = 0; k < 4 && c->favor && c->kernel == PF_KERNEL_ELU && !c->w; k++) {
+        if (tool_given(&a, drawn[k]))
+            return tool_usage(CMD, "%s is for drawing W; --kernel elu draws none (W = I: "
+                                   "elu(x) + 1 of each row), unless --w gives one",
+                              drawn[k]);
     }
     if (c->features_over) /* checked here, after --w, which makes --features moot */
         return tool_usage(CMD, "--features: at most %d", MAX_FEATURES);
@@ -835,13 +844,20 @@ static int set_favor(attn_state *s) {
         for (int j = 0; j < s->wrank; j++) s->wshape[j] = in->w.shape[j];
         return 0;
     }
-    if (!(s->W = malloc(sizeof(float) * (size_t)c->m * (size_t)d)))
-        return tool_fail(CMD, "out of memory for W (%d x %d)", c->m, d);
-    pf_status st = pf_projection_draw(s->W, c->m, d, c->proj, c->norm, c->seed, 0);
-    if (st != PF_OK) return library_error("drawing W", st, "");
+    /* elu + 1 without --w: the map of each row itself, W = I (d rows) */
+    const int m = c->kernel == PF_KERNEL_ELU ? d : c->m;
+    if (!(s->W = malloc(sizeof(float) * (size_t)m * (size_t)d)))
+        return tool_fail(CMD, "out of memory for W (%d x %d)", m, d);
+    if (c->kernel == PF_KERNEL_ELU) {
+        for (size_t i = 0; i < (size_t)m * (size_t)d; i++) s->W[i] = 0.0f;
+        for (int i = 0; i < d; i++) s->W[(size_t)i * (size_t)d + (size_t)i] = 1.0f;
+    } else {
+        pf_status st = pf_projection_draw(s->W, m, d, c->proj, c->norm, c->seed, 0);
+        if (st != PF_OK) return library_error("drawing W", st, "");
+    }
     fav->W = s->W;
-    fav->m = c->m;
-    s->wshape[0] = c->m;
+    fav->m = m;
+    s->wshape[0] = m;
     s->wshape[1] = d;
     return 0;
 }

@@ -791,7 +791,7 @@ static void mean_sd(const double *x, int n, double *mean, double *sd) {
 
 static void print_real(const real_report *r, const demo_cfg *c) {
     const int hd = r->cfg.d_model / r->cfg.heads;
-    static const char *const att[] = {"exact", "FAVOR+", "FAVOR++"};
+    static const char *const att[] = {"exact", "FAVOR+", "FAVOR++", "local-window"};
     printf("\n"
            "FAVOR+ on a trained model's own queries, keys and values, causal as the model "
            "attends:\n"
@@ -802,7 +802,10 @@ static void print_real(const real_report *r, const demo_cfg *c) {
            "orthogonal),\n"
            "  the same draws for both kinds of input; the last row: N(0,1) entries of the same\n"
            "  shape, the hard case\n\n",
-           c->checkpoint, att[r->cfg.attention], r->step, r->cfg.layers, r->cfg.d_model,
+           c->checkpoint,
+           r->cfg.attention == PF_LM_FAVOR && r->cfg.kernel == PF_KERNEL_ELU ? "elu + 1 linear"
+                                                                           : att[r->cfg.attention],
+           r->step, r->cfg.layers, r->cfg.d_model,
            r->cfg.heads, hd, c->text, r->B, r->T, r->draws);
     char s[64];
     cell("  inputs", -20);

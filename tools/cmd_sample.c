@@ -137,7 +137,8 @@ int cmd_sample(int argc, char **argv) {
         pf_model_free(m);
         return tool_fail(CMD, "cannot decode with this model: %s", pf_status_str(st));
     }
-    /* the decoder can go past the context only with FAVOR and rotary positions */
+    /* the decoder can go past the context only with FAVOR or local attention and rotary
+     * positions */
     int64_t limit =
         c.attention != PF_LM_EXACT && c.positions == PF_LM_ROTARY ? INT64_MAX : c.context;
     size_t plen = strlen(prompt);
@@ -179,8 +180,11 @@ int cmd_sample(int argc, char **argv) {
                 (long long)fs.prefilled, fs.prefill_ms, tokens, (long long)fs.steps,
                 fs.steps ? (ms - fs.prefill_ms) / (double)fs.steps : 0.0,
                 c.attention == PF_LM_EXACT   ? "exact attention, key/value cache"
-                : c.attention == PF_LM_FAVOR ? "FAVOR+, recurrent state"
-                                             : "FAVOR++, recurrent state");
+                : c.attention == PF_LM_LOCAL ? "local attention, key/value cache of the window"
+                : c.attention == PF_LM_FAVOR
+                    ? (c.kernel == PF_KERNEL_ELU ? "linear elu+1, recurrent state"
+                                                 : "FAVOR+, recurrent state")
+                    : "FAVOR++, recurrent state");
     }
     free(text);
     pf_decoder_free(d);

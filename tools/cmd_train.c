@@ -40,20 +40,20 @@
 
 const char cmd_train_synopsis[] =
     "performer train --out DIR [--data proteins|bible|FILE] [--layers L] [--d-model C]\n"
-    "     [--attention exact|favor|favor++] [--kernel K] [--features M] [--redraw N]\n"
-    "     [--positions learned|rotary] [--heads H] [--context T] [--steps S] [--batch B]\n"
-    "     [--lr LR] [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N]\n"
+    "     [--attention exact|favor|favor++|local] [--window W] [--kernel K] [--features M]\n"
+    "     [--redraw N] [--positions learned|rotary] [--heads H] [--context T] [--steps S]\n"
+    "     [--batch B] [--lr LR] [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N]\n"
     "     [--eval-batches N] [--seed S] [--threads N] [--resume] [--stop-after N]\n"
     "     [--init-from CHECKPOINT] [--fit-batches N] [--parallel data|sequence]   (under mpirun)\n";
 
 void cmd_train_help(void) {
     printf("usage: %s\n"
            "Trains a decoder-only byte Transformer (pre-norm, GELU MLP, tied embeddings) with\n"
-           "exact softmax, FAVOR+ or FAVOR++ attention. Writes to DIR:\n"
-           "checkpoint.safetensors (weights, AdamW moments, settings; written atomically),\n"
-           "log.csv (one row per step, with validation loss, perplexity and next-byte\n"
-           "accuracy on evaluation steps) and curves.png (scripts/plot_train.py). A\n"
-           "progress line goes to stderr.\n"
+           "exact softmax, FAVOR+, FAVOR++, elu + 1 linear or local-window attention. Writes\n"
+           "to DIR: checkpoint.safetensors (weights, AdamW moments, settings; written\n"
+           "atomically), log.csv (one row per step, with validation loss, perplexity and\n"
+           "next-byte accuracy on evaluation steps) and curves.png (scripts/plot_train.py).\n"
+           "A progress line goes to stderr.\n"
            "\n"
            "data:                                                                 [default]\n"
            "  --data NAME|FILE    proteins: Debian's mmseqs2-examples DB.fasta.gz (20,000\n"
@@ -69,10 +69,15 @@ void cmd_train_help(void) {
            "  --heads H           attention heads (C/H even for rotary)           [4]\n"
            "  --context T         sequence length of the training windows         [256]\n"
            "  --attention NAME    exact | favor | favor++ (OPRF features, A from a running\n"
-           "                      average of training batches, frozen for evaluation) [exact]\n"
-           "  --kernel NAME       FAVOR map: positive | hyperbolic | trig | relu  [positive]\n"
+           "                      average of training batches, frozen for evaluation) |\n"
+           "                      local (exact softmax over the last --window keys) [exact]\n"
+           "  --kernel NAME       FAVOR map: positive | hyperbolic | trig | relu | elu (elu(x)\n"
+           "                      + 1 of q and k themselves: the linear attention of\n"
+           "                      Katharopoulos et al.; features = d-model/heads, no W is\n"
+           "                      drawn, so --redraw does not apply)                [positive]\n"
            "  --features M        FAVOR projections per layer                     [64]\n"
            "  --redraw N          a new FAVOR W every N steps, 0 = never          [1000]\n"
+           "  --window W          local: query t sees keys t-W+1..t (W >= context: exact) [32]\n"
            "  --positions NAME    learned | rotary                                [learned]\n"
            "\n"
            "training:\n"
@@ -152,6 +157,7 @@ typedef struct train_cfg {
     unsigned shapes_given; /* SHAPE_* flags given on the command line */
     int parallel;          /* -1: not given; 0 data, 1 sequence (PF_MPI_DATA, PF_MPI_SEQUENCE) */
     int explicit_settings; /* a model or training flag was given */
+    int features_given;    /* --features was given (elu takes d-model/heads otherwise) */
 } train_cfg;
 
 /* ---- command line -------------------------------------------------------------------------- */
@@ -204,6 +210,8 @@ static int parallel_check(const train_cfg *c) {
         return tool_usage(CMD, "--parallel sequence needs --attention favor: %s",
                           c->model.attention == PF_LM_EXACT
                               ? "exact attention's queries need every key of the window"
+                          : c->model.attention == PF_LM_LOCAL
+                              ? "local attention's queries need the keys before their slice"
                               : "FAVOR++'s running statistic would be each rank's own");
     if (n > 1 && c->parallel == 0 && c->model.attention == PF_LM_FAVORPP)
         return tool_usage(CMD, "--attention favor++ does not train across ranks: its running "
@@ -219,8 +227,10 @@ static int parallel_check(const train_cfg *c) {
 }
 
 static int parse_args(train_cfg *c, int argc, char **argv) {
-    static const char *const atts[] = {"exact", "favor", "favor++", NULL};
-    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu", NULL};
+    static const char *const atts[] = {"exact", "favor", "favor++", "local", NULL};
+    static const pf_lm_attention att_of[] = {PF_LM_EXACT, PF_LM_FAVOR, PF_LM_FAVORPP, PF_LM_LOCAL};
+    static const char *const kernels[] = {"positive", "hyperbolic", "trig", "relu",
+                                          "elu",      "elu+1",      NULL};
     static const char *const poss[] = {"learned", "rotary", NULL};
     static const char *const formats[] = {"auto", "fasta", "text", NULL};
     static const char *const parallels[] = {"data", "sequence", NULL};
@@ -254,7 +264,7 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
             if (v) tool_parse_int(&a, "--context", v, 1, PF_LM_MAX_CONTEXT, &m->context);
         } else if (tool_opt(&a, "--attention", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--attention", v, atts)) >= 0)
-                m->attention = idx == 0 ? PF_LM_EXACT : idx == 1 ? PF_LM_FAVOR : PF_LM_FAVORPP;
+                m->attention = att_of[idx];
         } else if (tool_opt(&a, "--kernel", &v)) {
             if (v && tool_parse_choice(&a, "--kernel", v, kernels) >= 0 &&
                 pf_kernel_parse(v, &m->kernel) != PF_OK) {
@@ -263,6 +273,9 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
             }
         } else if (tool_opt(&a, "--features", &v)) {
             if (v) tool_parse_int(&a, "--features", v, 1, PF_LM_MAX_FEATURES, &m->features);
+            c->features_given = 1;
+        } else if (tool_opt(&a, "--window", &v)) {
+            if (v) tool_parse_int(&a, "--window", v, 1, PF_LM_MAX_CONTEXT, &m->window);
         } else if (tool_opt(&a, "--redraw", &v)) {
             if (v) tool_parse_int(&a, "--redraw", v, 0, INT_MAX, &m->redraw);
         } else if (tool_opt(&a, "--positions", &v)) {
@@ -334,12 +347,20 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
         return tool_usage(CMD, "rotary positions need an even head width (d-model/heads)");
     /* flags the chosen settings do not use are refused, not ignored */
     static const char *const favor_flags[] = {"--kernel", "--features", "--redraw"};
-    for (int k = 0; k < 3 && c->model.attention == PF_LM_EXACT; k++) {
+    const int no_favor = c->model.attention == PF_LM_EXACT || c->model.attention == PF_LM_LOCAL;
+    for (int k = 0; k < 3 && no_favor; k++) {
         if (tool_given(&a, favor_flags[k]))
-            return tool_usage(CMD, "%s is for --attention favor or favor++; exact attention does "
+            return tool_usage(CMD, "%s is for --attention favor or favor++; %s attention does "
                                    "not use it",
-                              favor_flags[k]);
+                              favor_flags[k],
+                              c->model.attention == PF_LM_EXACT ? "exact" : "local");
     }
+    if (c->model.attention != PF_LM_LOCAL && tool_given(&a, "--window"))
+        return tool_usage(CMD, "--window is for --attention local");
+    if (c->model.attention == PF_LM_FAVOR && c->model.kernel == PF_KERNEL_ELU &&
+        tool_given(&a, "--redraw"))
+        return tool_usage(CMD, "--kernel elu draws no W (it maps q and k themselves): --redraw "
+                               "does not apply");
     if (c->model.attention == PF_LM_FAVORPP && tool_given(&a, "--kernel"))
         return tool_usage(CMD, "--attention favor++ has its own feature map (OPRF): --kernel is "
                                "for --attention favor");
@@ -634,10 +655,15 @@ static void fmt_time(char *buf, size_t cap, double s) {
 /* ---- plotting ---------------------------------------------------------------------------- */
 
 
-/* "exact", "FAVOR+ positive", "FAVOR++": the attention in words. */
+/* "exact", "local, window 32", "linear elu+1", "FAVOR+ positive, m 64", "FAVOR++, m 64": the
+ * attention in words. */
 static const char *attention_desc(const pf_model_config *m, char *buf, size_t cap) {
     if (m->attention == PF_LM_EXACT)
         snprintf(buf, cap, "exact");
+    else if (m->attention == PF_LM_LOCAL)
+        snprintf(buf, cap, "local, window %d", m->window);
+    else if (m->attention == PF_LM_FAVOR && m->kernel == PF_KERNEL_ELU)
+        snprintf(buf, cap, "linear elu+1");
     else if (m->attention == PF_LM_FAVOR)
         snprintf(buf, cap, "FAVOR+ %s, m %d", pf_kernel_name(m->kernel), m->features);
     else
@@ -970,6 +996,17 @@ static int read_data(run_state *r, uint64_t want_hash) {
  * code. */
 static int create_model(run_state *r, const pf_model *src) {
     char msg[1024];
+    pf_model_config *mc = &r->c->model;
+    if (mc->attention == PF_LM_FAVOR && mc->kernel == PF_KERNEL_ELU) {
+        /* (here, once --init-from has given the shapes) elu + 1 maps the head's q' and k': its
+         * W is the identity, one feature per head coordinate */
+        const int hd = mc->d_model / mc->heads;
+        if (r->c->features_given && mc->features != hd)
+            return tool_usage(CMD, "--kernel elu has one feature per head coordinate: "
+                                   "--features must be d-model/heads = %d (or left out), not %d",
+                              hd, mc->features);
+        mc->features = hd;
+    }
     pf_status st = pf_model_create(&r->model, &r->c->model);
     if (st != PF_OK) return tool_fail(CMD, "cannot create the model: %s", pf_status_str(st));
     if (src && pf_model_init_from(r->model, src, msg, sizeof(msg)) != PF_OK)

@@ -185,7 +185,16 @@ def _drawn_w(m, d, kind, norm, seed):
 def _favor_opts(sh, *, kernel, W, features, proj, norm, seed, eps, chunk, oprf_a, causal):
     """(pf_favor_opts, W array it points into)."""
     kid = _lib.kernel_id(kernel)
-    if W is None:
+    if W is None and kid == _lib.KERNEL_ELU:
+        # elu + 1 of each row itself: W = I, nothing drawn
+        if features not in (256, sh.d):
+            raise ValueError(f"kernel='elu' without W maps each row itself (W = I): features "
+                             f"must be d = {sh.d}, got {features}")
+        if proj != "orthogonal" or norm != "chi" or seed != 0:
+            raise ValueError("kernel='elu' draws no W (W = I unless W is given): proj, norm and "
+                             "seed do not apply")
+        W = np.eye(sh.d, dtype=np.float32)
+    elif W is None:
         m = _int(features, "features", 1, _INT_MAX)
         _lib.choice("proj", proj, _lib.PROJ_KINDS)
         _lib.choice("norm", norm, _lib.NORMS)
@@ -305,7 +314,9 @@ def attention(q, k, v, *, method="favor", causal=False, kernel="positive", featu
 
     FAVOR+ (method "favor"):
     kernel   "positive" (FAVOR+), "hyperbolic", "trig", "relu", "oprf" (FAVOR++: A fitted per
-             head, or oprf_a given; causal needs oprf_a), "sderf" (FAVOR#, bidirectional).
+             head, or oprf_a given; causal needs oprf_a), "sderf" (FAVOR#, bidirectional),
+             "elu" (elu(Wx) + 1; W None is W = I, nothing drawn: the linear attention of
+             Katharopoulos et al. 2020).
     W        the projection, (m,d) or (H,m,d) one per head, used as it is. None draws
              projection(features, d, kind=proj, norm=norm, seed=seed), the W `performer attn
              --features M --proj P --norm N --seed S` draws (the last 16 are cached).
@@ -534,11 +545,12 @@ def features(x, W, kernel="positive", *, scale=None, eps=0.0, stabilize=False, o
     m), such that phi(q).phi(k) estimates exp(scale q.k) (scale None: 1/sqrt(d); inputs are
     scaled by sqrt(scale) first). Maps as in performer.h: positive exp(Wx - |x|^2/2)/sqrt(m),
     hyperbolic, trig, relu relu(Wx)/sqrt(m) + eps, oprf (oprf_a=A), sderf
-    (sderf=(A, B, log_D) from sderf_params).
+    (sderf=(A, B, log_D) from sderf_params), elu elu(Wx) + 1 + eps (W = np.eye(d): the linear
+    attention's map elu(x) + 1).
 
     stabilize False returns phi itself (FloatingPointError if it overflows float32); True
     returns (phi / exp(c), c) with c (..,) the removed log factor of each row, chosen so the
-    row's largest |feature| is O(1) (0 for relu)."""
+    row's largest |feature| is O(1) (0 for relu and elu)."""
     kid = _lib.kernel_id(kernel)
     x, W = _f32(x, "x"), _f32(W, "W")
     if x.ndim < 1 or W.ndim != 2 or W.shape[1] != x.shape[-1]:
@@ -610,7 +622,7 @@ class DecodeState:
     reset(seq) empties one; save()/load() (bytes) and save_file()/load_file() snapshot a
     sequence, refusing one of another shape, map or W.
 
-    W is copied by the library. kernel: positive, hyperbolic, trig, relu, or oprf with oprf_a
+    W is copied by the library. kernel: positive, hyperbolic, trig, relu, elu, or oprf with oprf_a
     (a causal A is fixed beforehand). scale None is 1/sqrt(d). Not to be shared by threads
     without a lock. close() (or a `with` block) frees it at once; it is freed when collected
     anyway."""

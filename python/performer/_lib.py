@@ -250,7 +250,8 @@ def check(st, function, detail=""):
 
 PROJ_KINDS = {"iid": 0, "orthogonal": 1}
 NORMS = {"chi": 0, "sqrtd": 1, "qmc": 2}
-KERNEL_NAMES = ("positive", "hyperbolic", "trig", "relu", "oprf", "sderf")
+KERNEL_NAMES = ("positive", "hyperbolic", "trig", "relu", "oprf", "sderf", "elu")
+KERNEL_ELU = 6  # pf_kernel's PF_KERNEL_ELU
 
 
 _KERNEL_IDS = {}
@@ -258,7 +259,7 @@ _KERNEL_IDS = {}
 
 def kernel_id(name):
     """The pf_kernel of a name the library parses (pf_kernel_parse): positive, hyperbolic, trig,
-    relu, oprf (favor++), sderf (favor#). ValueError for anything else."""
+    relu, oprf (favor++), sderf (favor#), elu (elu+1). ValueError for anything else."""
     kid = _KERNEL_IDS.get(name) if isinstance(name, str) else None
     if kid is not None:
         return kid
@@ -268,7 +269,7 @@ def kernel_id(name):
     k = c_int()
     if lib.pf_kernel_parse(name.encode(), ctypes.byref(k)) != PF_OK:
         raise ValueError(f"kernel '{name}' is not known: one of {', '.join(KERNEL_NAMES)} "
-                         "(or favor++, favor#)")
+                         "(or favor++, favor#, elu+1)")
     _KERNEL_IDS[name] = k.value
     return k.value
 

@@ -463,8 +463,9 @@ def attention(q, k, v, *, W=None, causal=False, kernel="positive", method="favor
 
     method "favor": FAVOR+ with the projection W (m,d), or (H,m,d) one per head, a constant
     (no gradient flows into it); kernel "positive" (default), "hyperbolic", "trig", "relu",
-    "oprf" (FAVOR++: oprf_a given, or fitted per head when bidirectional) or "sderf" (FAVOR#,
-    bidirectional). The forward keeps the features for the backward (pf_attn_favor_save) for
+    "oprf" (FAVOR++: oprf_a given, or fitted per head when bidirectional), "sderf" (FAVOR#,
+    bidirectional) or "elu" (elu(Wx) + 1; W = torch.eye(d) is the linear attention of
+    Katharopoulos et al.). The forward keeps the features for the backward (pf_attn_favor_save) for
     as many heads as fit in save_bytes (None: SAVE_BYTES, 1 GiB; 0: every head), the backward
     is pf_attn_favor_backward_saved; heads beyond the budget are recomputed (the same bits).
     method "exact": softmax attention, online forward keeping the log-sum-exp, flash-style
@@ -680,8 +681,8 @@ def _cuda_attention(q, k, v, *, W, causal, kernel, method, key_lengths, scale, e
     kid = _lib.kernel_id(kernel)
     if kid >= len(_CUDA_KERNELS):
         raise NotImplementedError(f"kernel '{kernel}' does not run on CUDA: the GPU runs "
-                                  f"{', '.join(_CUDA_KERNELS)}; FAVOR++ (oprf) and FAVOR# "
-                                  "(sderf) run on CPU tensors")
+                                  f"{', '.join(_CUDA_KERNELS)}; FAVOR++ (oprf), FAVOR# "
+                                  "(sderf) and elu run on CPU tensors")
     if oprf_a is not None:
         raise ValueError("oprf_a is for kernel='oprf' only")
     if W is None:

@@ -126,6 +126,33 @@ class TestToolBits(unittest.TestCase):
         self.check(q, k, v, ["--kernel", "oprf", "--oprf-a", "-0.1", "--causal"], W=W,
                    kernel="oprf", oprf_a=-0.1, causal=True)
         self.check(q, k, v, ["--kernel", "sderf"], W=W, kernel="sderf", key_lengths=lens)
+        # elu + 1: W = I when none is given (tool and package alike), or the W given
+        for causal in (False, True):
+            flags = ["--kernel", "elu"] + (["--causal"] if causal else [])
+            with self.subTest(kernel="elu", causal=causal):
+                self.check(q, k, v, flags, kernel="elu", causal=causal, key_lengths=lens)
+        self.check(q, k, v, ["--kernel", "elu"], W=W, kernel="elu")
+
+    def test_elu_against_float64(self):
+        """kernel='elu' without W is the linear attention of elu(x') + 1, x' = x d^-1/4."""
+        r = rng(11)
+        q, k, v = (normal(r, (2, 29, 8), 1.5) for _ in range(3))
+        def phi(x):
+            x = x.astype(np.float64) * 8 ** -0.25
+            return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0)))
+        a = phi(q) @ np.swapaxes(phi(k), -1, -2)
+        for causal in (False, True):
+            w = np.tril(a) if causal else a
+            want = (w @ v.astype(np.float64)) / w.sum(-1, keepdims=True)
+            got = performer.attention(q, k, v, kernel="elu", causal=causal)
+            self.assertLess(np.abs(got - want).max(), 1e-5)
+        x = normal(r, (5, 8), 3.0)
+        got = performer.features(x, np.eye(8, dtype=np.float32), "elu", scale=1.0)
+        self.assertLess(np.abs(got - phi(x * 8 ** 0.25)).max() / np.abs(got).max(), 1e-6)
+        with self.assertRaises(ValueError):
+            performer.attention(q, k, v, kernel="elu", features=16)
+        with self.assertRaises(ValueError):
+            performer.attention(q, k, v, kernel="elu", seed=3)
 
     def test_ranks_shapes_and_options(self):
         r = rng(2)

@@ -65,11 +65,12 @@ static pf_status plan_make(favor_plan *p, pf_cuda_dtype dtype, const pf_shape *s
         return pf_cuda_fail(PF_EINVAL, "opts.scale must be finite and >= 0 (0: 1/sqrt(d)), "
                                        "got %g", (double)o->scale);
     if (!pf_cuda_kernel_supported(f->kernel))
-        return pf_cuda_fail(f->kernel == PF_KERNEL_OPRF || f->kernel == PF_KERNEL_SDERF
+        return pf_cuda_fail(f->kernel == PF_KERNEL_OPRF || f->kernel == PF_KERNEL_SDERF ||
+                                    f->kernel == PF_KERNEL_ELU
                                 ? PF_ENOTSUP
                                 : PF_EINVAL,
                             "kernel %d: the GPU runs positive, hyperbolic, trig and relu "
-                            "(FAVOR++ and FAVOR# run on the CPU library)", (int)f->kernel);
+                            "(FAVOR++, FAVOR# and elu run on the CPU library)", (int)f->kernel);
     if (f->m < 1 || f->m > PF_LM_MAX_FEATURES)
         return pf_cuda_fail(PF_EINVAL, "favor.m must be in [1, %d], got %d", PF_LM_MAX_FEATURES,
                             f->m);

@@ -353,7 +353,8 @@ PF_CUDA_API pf_status pf_cuda_favor_state_create(pf_cuda_favor_state **out, pf_c
     if (!isfinite(scale) || scale < 0)
         return pf_cuda_fail(PF_EINVAL, "scale must be finite and >= 0 (0: 1/sqrt(d))");
     if (!pf_cuda_kernel_supported(favor->kernel))
-        return pf_cuda_fail(favor->kernel == PF_KERNEL_OPRF || favor->kernel == PF_KERNEL_SDERF
+        return pf_cuda_fail(favor->kernel == PF_KERNEL_OPRF || favor->kernel == PF_KERNEL_SDERF ||
+                                    favor->kernel == PF_KERNEL_ELU
                                 ? PF_ENOTSUP
                                 : PF_EINVAL,
                             "kernel %d: the GPU runs positive, hyperbolic, trig and relu",

@@ -20,6 +20,7 @@ int pf_kernel_width(pf_kernel kernel, int m) {
     case PF_KERNEL_RELU:
     case PF_KERNEL_OPRF:
     case PF_KERNEL_SDERF:
+    case PF_KERNEL_ELU:
         return m;
     case PF_KERNEL_HYPERBOLIC:
     case PF_KERNEL_TRIG:
@@ -28,9 +29,14 @@ int pf_kernel_width(pf_kernel kernel, int m) {
     return 0;
 }
 
-enum { NKERNELS = 6 };
-static const char *const kernel_names[NKERNELS] = {"positive", "hyperbolic", "trig",
-                                                   "relu",     "oprf",       "sderf"};
+enum { NKERNELS = 7 };
+static const char *const kernel_names[NKERNELS] = {"positive", "hyperbolic", "trig", "relu",
+                                                   "oprf",     "sderf",      "elu"};
+
+/* relu and elu add eps to each feature as it is; the softmax maps relative to the row's top */
+static int eps_absolute(pf_kernel kernel) {
+    return kernel == PF_KERNEL_RELU || kernel == PF_KERNEL_ELU;
+}
 
 pf_status pf_kernel_parse(const char *name, pf_kernel *kernel) {
     if (!name || !kernel) return PF_EINVAL;
@@ -43,6 +49,10 @@ pf_status pf_kernel_parse(const char *name, pf_kernel *kernel) {
     /* the papers' names */
     if (strcmp(name, "favor++") == 0 || strcmp(name, "favor#") == 0) {
         *kernel = name[5] == '+' ? PF_KERNEL_OPRF : PF_KERNEL_SDERF;
+        return PF_OK;
+    }
+    if (strcmp(name, "elu+1") == 0) {
+        *kernel = PF_KERNEL_ELU;
         return PF_OK;
     }
     return PF_EINVAL;
@@ -316,6 +326,12 @@ PF_CLONES pf_status pf_fmap_map_rows(const pf_fmap *fm, float *phi, int ldphi, d
             c[i] = 0;
             break;
         }
+        case PF_KERNEL_ELU:
+            /* elu(u) + 1: u + 1 for u > 0, exp(u) otherwise (taken as it is, not expm1 + 1,
+             * which would lose the small values' digits); in (0, 1 + |u|]: no log factor */
+            for (int f = 0; f < m; f++) p[f] = (p[f] > 0.0f ? p[f] + 1.0f : expf(p[f])) + eps;
+            c[i] = 0;
+            break;
         }
         if (amax) amax[i] = top;
     }
@@ -419,8 +435,8 @@ PF_CLONES int pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, i
         float *dp = dphi + (size_t)i * (size_t)lddphi;
         const float *p = phi + (size_t)i * (size_t)ldphi;
         /* g = phi~ before eps */
-        const float sub = fm->kernel == PF_KERNEL_RELU ? eps : eps * amax[i];
-        if (eps > 0 && fm->kernel != PF_KERNEL_RELU) {
+        const float sub = eps_absolute(fm->kernel) ? eps : eps * amax[i];
+        if (eps > 0 && !eps_absolute(fm->kernel)) {
             /* phi~ = g + eps max|g|: the max passes eps sign(g*) sum(dphi) to its argmax */
             int fs = 0;
             float best = -1.0f;
@@ -453,6 +469,11 @@ PF_CLONES int pf_fmap_rows_backward(const pf_fmap *fm, float *dX, float *dphi, i
             b[i] = 0;
             break;
         }
+        case PF_KERNEL_ELU: /* g = u + 1 > 1 for u > 0 (dg/du = 1), g = exp(u) <= 1 otherwise
+                               (dg/du = g): dg/du = min(g, 1), read off the kept feature */
+            for (int f = 0; f < m; f++) dp[f] *= fminf(p[f] - sub, 1.0f);
+            b[i] = 0;
+            break;
         }
     }
     /* dx = sqrt(s) dx' = sqrt(s) (a W + b x') = sqrt(s) a W + s b x (du/dx': OPRF B W, SDERF the
@@ -599,6 +620,8 @@ static double base_f64(const pf_fmap *fm, const double *u, double h, int f) {
         return exp(h) * (f < m ? sin(u[f]) : cos(u[f - m])) / sqrt((double)m);
     case PF_KERNEL_RELU:
         return (u[f] > 0 ? u[f] : 0.0) / sqrt((double)m);
+    case PF_KERNEL_ELU:
+        return u[f] > 0 ? u[f] + 1.0 : exp(u[f]);
     }
     return 0;
 }
@@ -611,8 +634,8 @@ int pf_fmap_row_f64(const pf_fmap *fm, double *phi, double *u, const float *x) {
         phi[f] = base_f64(fm, u, h, f);
         amax = fmax(amax, fabs(phi[f]));
     }
-    /* eps: relative to the row's largest |feature| for the softmax maps, absolute for relu */
-    const double add = fm->kernel == PF_KERNEL_RELU ? (double)fm->eps : (double)fm->eps * amax;
+    /* eps: relative to the row's largest |feature| for the softmax maps, absolute for relu, elu */
+    const double add = eps_absolute(fm->kernel) ? (double)fm->eps : (double)fm->eps * amax;
     int bad = 0;
     for (int f = 0; f < r; f++) {
         phi[f] += add;
@@ -646,7 +669,7 @@ void pf_fmap_row_f64_backward(const pf_fmap *fm, double *dx, const double *dphi,
         }
     }
     double extra = 0;
-    if (fm->kernel != PF_KERNEL_RELU) extra = (double)fm->eps * (gmax < 0 ? -1.0 : 1.0) * dsum;
+    if (!eps_absolute(fm->kernel)) extra = (double)fm->eps * (gmax < 0 ? -1.0 : 1.0) * dsum;
 
     /* dx' = sum_f (dg/du_f) w_f + (dg/dh) x'  (du_f/dx' = w_f, dh/dx' = x'; OPRF and SDERF:
      * du_f/dx' = B w_f, so dx' = B sum_f (dg/du_f) w_f + (dg/dh) x') */
@@ -678,6 +701,9 @@ void pf_fmap_row_f64_backward(const pf_fmap *fm, double *dx, const double *dphi,
             break;
         case PF_KERNEL_RELU: /* g = relu(u)/sqrt(m) */
             a = u[f] > 0 ? d1 / sqrt((double)m) : 0.0;
+            break;
+        case PF_KERNEL_ELU: /* g = u + 1 (u > 0), exp(u) (u <= 0) */
+            a = u[f] > 0 ? d1 : d1 * exp(u[f]);
             break;
         }
         const float *w = fm->W0 + (size_t)f * (size_t)d;

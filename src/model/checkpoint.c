@@ -25,7 +25,10 @@ static pf_status fail(pf_status st, char *errmsg, size_t errlen, const char *pat
 }
 
 static const char *attention_name(pf_lm_attention a) {
-    return a == PF_LM_EXACT ? "exact" : a == PF_LM_FAVOR ? "favor" : "favor++";
+    return a == PF_LM_EXACT   ? "exact"
+           : a == PF_LM_FAVOR ? "favor"
+           : a == PF_LM_LOCAL ? "local"
+                              : "favor++";
 }
 
 pf_status pf_model_save(const pf_model *m, const char *path, const char *const *meta,
@@ -64,6 +67,7 @@ pf_status pf_model_save(const pf_model *m, const char *path, const char *const *
     META_INT("pf.step", "%" PRId64, m->step, 7);
     META_INT("pf.w_stream", "%" PRId64, m->w_stream, 8);
     META_INT("pf.rho_count", "%" PRId64, m->rho_count, 9);
+    META_INT("pf.window", "%d", c->window, 12);
 #undef META_INT
     for (int i = 0; meta && meta[i]; i += 2) {
         if (!meta[i + 1] || strncmp(meta[i], "pf.", 3) == 0 || strcmp(meta[i], "format") == 0)
@@ -104,7 +108,7 @@ pf_status pf_model_save(const pf_model *m, const char *path, const char *const *
             n++;
         }
     }
-    if (c->attention != PF_LM_EXACT) {
+    if (lm_uses_favor(c)) {
         t[n] = (pf_st_entry){.name = "favor.W", .ndim = 3, .data = m->W};
         t[n].shape[0] = c->layers;
         t[n].shape[1] = c->features;
@@ -175,7 +179,7 @@ static pf_status check_tensors(const pf_st_file *f, const pf_model_config *c, in
             st = check_tensor(f, oname, nd, shape, path, errmsg, errlen);
         }
     }
-    if (st == PF_OK && c->attention != PF_LM_EXACT) {
+    if (st == PF_OK && lm_uses_favor(c)) {
         int64_t ws[3] = {c->layers, c->features, c->d_model / c->heads}, rs[1] = {c->layers};
         st = check_tensor(f, "favor.W", 3, ws, path, errmsg, errlen);
         if (st == PF_OK) st = check_tensor(f, "favorpp.rho", 1, rs, path, errmsg, errlen);
@@ -228,7 +232,12 @@ static pf_status read_ints(const pf_st_file *f, pf_model_config *c, lm_counters 
         st = meta_int(f, "pf.w_stream", -1, INT64_MAX / 4, &n->w_stream, path, errmsg, errlen);
     if (st == PF_OK)
         st = meta_int(f, "pf.rho_count", 0, INT64_MAX / 4, &n->rho_count, path, errmsg, errlen);
+    /* the local window (files from before it have none: the default stays) */
+    int64_t w = c->window;
+    if (st == PF_OK && pf_st_meta(f, "pf.window"))
+        st = meta_int(f, "pf.window", 1, PF_LM_MAX_CONTEXT, &w, path, errmsg, errlen);
     if (st != PF_OK) return st;
+    c->window = (int)w;
     c->context = (int)v[0];
     c->layers = (int)v[1];
     c->d_model = (int)v[2];
@@ -247,6 +256,8 @@ static pf_status parse_names(pf_model_config *c, const char *att, const char *po
         c->attention = PF_LM_FAVOR;
     else if (strcmp(att, "favor++") == 0)
         c->attention = PF_LM_FAVORPP;
+    else if (strcmp(att, "local") == 0)
+        c->attention = PF_LM_LOCAL;
     else
         return fail(PF_EFORMAT, errmsg, errlen, path, "unknown pf.attention: ", att);
     if (strcmp(pos, "learned") == 0)
@@ -290,16 +301,16 @@ static pf_status read_config(const pf_st_file *f, pf_model_config *c, lm_counter
  * c->features becomes 1 where exact attention leaves it 0. Messages quote f's own names. */
 static pf_status check_config(pf_model_config *c, const pf_st_file *f, const char *path,
                               char *errmsg, size_t errlen) {
-    if (c->attention == PF_LM_EXACT && c->features < 1) c->features = 1;
+    if (!lm_uses_favor(c) && c->features < 1) c->features = 1;
     if (c->positions == PF_LM_ROTARY && (c->d_model / c->heads) % 2)
         return fail(PF_EFORMAT, errmsg, errlen, path,
                     "rotary positions need an even head width (pf.d_model / pf.heads)", "");
-    if (c->attention != PF_LM_EXACT && c->features < 1)
+    if (lm_uses_favor(c) && c->features < 1)
         return fail(PF_EFORMAT, errmsg, errlen, path, "pf.features must be >= 1 with ",
                     "FAVOR attention");
     if (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_POSITIVE &&
         c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
-        c->kernel != PF_KERNEL_RELU)
+        c->kernel != PF_KERNEL_RELU && c->kernel != PF_KERNEL_ELU)
         return fail(PF_EFORMAT, errmsg, errlen, path, "pf.kernel is not a FAVOR+ map: ",
                     pf_st_meta(f, "pf.kernel"));
     pf_status st = lm_config_check(c);
@@ -330,7 +341,7 @@ static pf_status load_tensors(pf_model *m, const pf_st_file *f, int with_opt, co
         }
         off += m->param_sizes[i];
     }
-    if (st == PF_OK && m->config.attention != PF_LM_EXACT) {
+    if (st == PF_OK && lm_uses_favor(&m->config)) {
         st = load_tensor(f, "favor.W", m->W, 0, path, errmsg, errlen);
         if (st == PF_OK) st = load_tensor(f, "favorpp.rho", m->rho, 1, path, errmsg, errlen);
     }
@@ -365,7 +376,7 @@ static pf_status load_into(pf_model **out, const pf_st_file *f, const char *path
         return fail(st, errmsg, errlen, path, "cannot create the model: ", pf_status_str(st));
     st = load_tensors(m, f, with_opt, path, errmsg, errlen);
     if (st == PF_OK) {
-        if (c.attention != PF_LM_EXACT) m->w_stream = n.w_stream;
+        if (lm_uses_favor(&c)) m->w_stream = n.w_stream;
         m->step = n.step;
         m->rho_count = n.rho_count;
         lm_favorpp_refresh(m);

@@ -2,7 +2,9 @@
  *
  * The decoder runs the same layer functions as pf_model_forward on a single row. Exact
  * attention keeps each layer's keys and values (L, H, context, hd) and attends over the first
- * pos + 1 of them (the library's exact attention, one head at a time); FAVOR keeps a
+ * pos + 1 of them (the library's exact attention, one head at a time); local attention keeps
+ * only the last `window` keys and values, a ring (L, H, window, hd), and attends over them with
+ * the forward's own row function (local_row: the forward's bits); FAVOR keeps a
  * pf_favor_state per layer: O(H m hd) memory and time per token, whatever the position. */
 #include <math.h>
 #include <stdlib.h>
@@ -16,7 +18,9 @@
 struct pf_decoder {
     const pf_model *m;
     int64_t pos;
-    float *kcache, *vcache;  /* (L, H, context, hd), exact attention */
+    float *kcache, *vcache;  /* (L, H, context, hd), exact; (L, H, window, hd) rings, local */
+    int ring;                /* local: rows of each head's ring (window, at most context) */
+    double *p;               /* local: (ring + hd) scratch of local_row */
     pf_favor_state **states; /* (L), FAVOR */
     float *mem;              /* the scratch below, one allocation */
     float *x;                /* (C) the residual stream */
@@ -35,6 +39,7 @@ void pf_decoder_free(pf_decoder *d) {
     }
     pf_free(d->kcache);
     pf_free(d->vcache);
+    pf_free(d->p);
     pf_free(d->mem);
     free(d);
 }
@@ -61,11 +66,17 @@ pf_status pf_decoder_create(pf_decoder **out, const pf_model *m) {
     d->tmp = d->att + C16;
     d->fch = d->tmp + C16;
     d->fch_gelu = d->fch + 4 * C16;
-    if (c->attention == PF_LM_EXACT) {
-        size_t n = (size_t)L * H * c->context * hd;
+    if (!lm_uses_favor(c)) {
+        /* with learned positions a local model stops at its context too: no more ring rows */
+        const int rows = c->attention == PF_LM_EXACT                               ? c->context
+                         : c->positions == PF_LM_LEARNED && c->context < c->window ? c->context
+                                                                                   : c->window;
+        size_t n = (size_t)L * H * rows * hd;
+        d->ring = c->attention == PF_LM_LOCAL ? rows : 0;
         d->kcache = pf_alloc(n, sizeof(float));
         d->vcache = pf_alloc(n, sizeof(float));
-        if (!d->kcache || !d->vcache) {
+        d->p = d->ring ? pf_alloc((size_t)rows + (size_t)hd, sizeof(double)) : NULL;
+        if (!d->kcache || !d->vcache || (d->ring && !d->p)) {
             pf_decoder_free(d);
             return PF_ENOMEM;
         }
@@ -158,7 +169,22 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
             rope_row(k, t, H, hd, m->rope, m->rope_len);
         }
         pf_status st;
-        if (c->attention == PF_LM_EXACT) {
+        if (c->attention == PF_LM_LOCAL) {
+            /* key t into ring row t % ring; the query sees keys max(0, t - ring + 1)..t */
+            const double s = (double)pf_effective_scale(0.0f, hd);
+            const int64_t j0 = t - d->ring + 1 > 0 ? t - d->ring + 1 : 0;
+            st = PF_OK;
+            for (int h = 0; h < H; h++) {
+                size_t head = ((size_t)l * H + h) * (size_t)d->ring * hd;
+                float *kc = d->kcache + head, *vc = d->vcache + head, lse;
+                memcpy(kc + (t % d->ring) * hd, k + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                memcpy(vc + (t % d->ring) * hd, v + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                local_row(d->att + (size_t)h * hd, &lse, q + (size_t)h * hd, kc, vc, j0, t, d->ring,
+                          hd, s, d->p);
+                if (pf_any_nonfinite(d->att + (size_t)h * hd, (size_t)hd) || !isfinite(lse))
+                    st = PF_ENONFINITE;
+            }
+        } else if (c->attention == PF_LM_EXACT) {
             pf_shape shape = {.B = 1, .H = 1, .Lq = 1, .Lk = (int)t + 1, .d = hd, .dv = hd};
             pf_attn_opts opts = pf_attn_opts_default();
             st = PF_OK;
@@ -174,7 +200,8 @@ pf_status pf_decoder_step(pf_decoder *d, float *logits, int32_t token) {
             st = pf_favor_state_stage(d->states[l], d->att, q, k, v, 1);
         }
         if (st != PF_OK) {
-            /* a failed token changes no layer's state (the exact caches' row t is past pos) */
+            /* a failed token changes no layer's state (the exact caches' row t is past pos; a
+             * local ring's row t % ring held a key that no query from t on sees) */
             if (d->states)
                 for (int j = 0; j < l; j++) pf_favor_state_abort(d->states[j]);
             return st;

@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "model/model.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Channels per block of the embeddings' gradient reduction. Fixed, so the same sums happen
  * whatever the thread count. */
@@ -501,6 +504,9 @@ pf_status attention_forward(float *out, float *q, float *k, float *v, float *att
     case PF_LM_EXACT:
         st = pf_attn_exact(att, lse, q, k, v, &shape, &opts);
         break;
+    case PF_LM_LOCAL:
+        st = local_attention_forward(att, lse, q, k, v, B, H, T, hd, spec->window);
+        break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
         if (spec->parallel) {
@@ -547,6 +553,9 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
     case PF_LM_EXACT:
         st = pf_attn_exact_backward(dq, dk, dv, datt, q, k, v, att, lse, &shape, &opts);
         break;
+    case PF_LM_LOCAL:
+        st = local_attention_backward(dq, dk, dv, datt, q, k, v, lse, B, H, T, hd, spec->window);
+        break;
     case PF_LM_FAVOR:
     case PF_LM_FAVORPP:
         if (spec->parallel)
@@ -571,6 +580,166 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
     merge_heads(dqkv, dq, 3 * C, 0, B, T, H, hd);
     merge_heads(dqkv, dk, 3 * C, C, B, T, H, hd);
     merge_heads(dqkv, dv, 3 * C, 2 * C, B, T, H, hd);
+    return PF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Local-window attention (SPEC §6b): exact softmax over the last `window` keys
+ *
+ *     out_t = sum_j p_tj v_j,  p_tj = exp(s q_t.k_j - lse_t),  t - window < j <= t
+ *
+ * A query row costs O(window hd), so the layer O(T window hd), never a T x T matrix. Products of
+ * float inputs are summed in double (dot_f64's fixed lanes), the softmax and the weighted sum
+ * too, and each output is rounded once; each row of an output is written by one loop iteration
+ * that reads only inputs, so the bits do not depend on the thread count. The backward works a
+ * head at a time: a pass over its queries keeps p_tj and ds_tj (T x window doubles) for a pass
+ * over its keys, which sums them into dk and dv.
+ * ------------------------------------------------------------------------------------------ */
+
+/* Row j of a (rows, hd) array, or of a ring of `ring` rows. */
+static const float *ring_row(const float *X, int64_t j, int ring, int hd) {
+    return X + (size_t)(ring > 0 ? j % ring : j) * (size_t)hd;
+}
+
+/* sum_c a_c b_c in double: four lanes in a fixed order (so -O2 vectorises it, and every caller
+ * gets the same bits), then their pairwise sum and the tail */
+static double dot_f64(const float *restrict a, const float *restrict b, int n) {
+    double l[4] = {0, 0, 0, 0};
+    int c = 0;
+    for (; c + 4 <= n; c += 4)
+        for (int k = 0; k < 4; k++) l[k] += (double)a[c + k] * (double)b[c + k];
+    double tail = 0;
+    for (; c < n; c++) tail += (double)a[c] * (double)b[c];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + tail;
+}
+
+/* acc (n) += a x (n) */
+static void axpy_f64(double *restrict acc, double a, const float *restrict x, int n) {
+    for (int c = 0; c < n; c++) acc[c] += a * (double)x[c];
+}
+
+void local_row(float *out, float *lse, const float *q, const float *K, const float *V, int64_t j0,
+               int64_t j1, int ring, int hd, double s, double *p) {
+    const int n = (int)(j1 - j0 + 1);
+    double *acc = p + n; // (hd)
+    double mx = -INFINITY;
+    for (int a = 0; a < n; a++) {
+        p[a] = s * dot_f64(q, ring_row(K, j0 + a, ring, hd), hd);
+        mx = p[a] > mx ? p[a] : mx;
+    }
+    double sum = 0;
+    for (int c = 0; c < hd; c++) acc[c] = 0;
+    // out = sum_j p_j v_j / sum_j p_j, keys in order
+    for (int a = 0; a < n; a++) {
+        p[a] = exp(p[a] - mx);
+        sum += p[a];
+        axpy_f64(acc, p[a], ring_row(V, j0 + a, ring, hd), hd);
+    }
+    for (int c = 0; c < hd; c++) out[c] = (float)(acc[c] / sum);
+    *lse = (float)(mx + log(sum));
+}
+
+pf_status local_attention_forward(float *att, float *lse, const float *q, const float *k,
+                                  const float *v, int B, int H, int T, int hd, int window) {
+    // q, k, v, att (B,H,T,hd); lse (B,H,T)
+    const double s = (double)pf_effective_scale(0.0f, hd);
+    const int w = window < T ? window : T;
+    const int nt = threads_for((size_t)B * H * T * w * hd);
+    (void)nt;
+    const size_t per = (size_t)w + (size_t)hd; // local_row's scratch
+    double *scr = pf_alloc((size_t)pf_threads(0) * per, sizeof(double));
+    if (!scr) return PF_ENOMEM;
+    int bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
+    for (int64_t bht = 0; bht < (int64_t)B * H * T; bht++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        const int t = (int)(bht % T);
+        const int64_t head = bht - t; // row 0 of this (b, h)
+        const int64_t j0 = t - w + 1 > 0 ? t - w + 1 : 0;
+        float *o = att + bht * hd;
+        local_row(o, lse + bht, q + bht * hd, k + head * hd, v + head * hd, j0, t, 0, hd, s,
+                  scr + (size_t)tid * per);
+        bad |= pf_any_nonfinite(o, (size_t)hd) || !isfinite(lse[bht]);
+    }
+    pf_free(scr);
+    return bad ? PF_ENONFINITE : PF_OK;
+}
+
+/* The backward of one head: q, k, v, dout, dq, dk, dv (T,hd), lse (T). P and DS: (T, w)
+ * scratch, entry (t, j - t + w - 1) for the keys t - w < j <= t; acc: 2 hd doubles. */
+static void local_head_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, const float *lse, int T, int hd,
+                                int w, double s, double *P, double *DS, double *acc) {
+    // pass 1, queries: p_tj, dp_tj = do_t.v_j, D_t = sum_j p_tj dp_tj, ds_tj = p_tj (dp_tj - D_t),
+    // dq_t = s sum_j ds_tj k_j
+    for (int t = 0; t < T; t++) {
+        const float *qt = q + (size_t)t * hd, *go = dout + (size_t)t * hd;
+        double *pt = P + (size_t)t * w, *dst = DS + (size_t)t * w;
+        const int j0 = t - w + 1 > 0 ? t - w + 1 : 0, off = w - 1 - t;
+        double D = 0;
+        for (int j = j0; j <= t; j++) {
+            pt[j + off] = exp(s * dot_f64(qt, k + (size_t)j * hd, hd) - (double)lse[t]);
+            dst[j + off] = dot_f64(go, v + (size_t)j * hd, hd); // dp, for now
+            D += pt[j + off] * dst[j + off];
+        }
+        double *g = acc;
+        for (int c = 0; c < hd; c++) g[c] = 0;
+        for (int j = j0; j <= t; j++) {
+            dst[j + off] = pt[j + off] * (dst[j + off] - D);
+            axpy_f64(g, dst[j + off], k + (size_t)j * hd, hd);
+        }
+        for (int c = 0; c < hd; c++) dq[(size_t)t * hd + c] = (float)(s * g[c]);
+    }
+    // pass 2, keys: dv_j = sum_t p_tj do_t, dk_j = s sum_t ds_tj q_t over t = j..j + w - 1
+    for (int j = 0; j < T; j++) {
+        double *gk = acc, *gv = acc + hd;
+        for (int c = 0; c < hd; c++) gk[c] = gv[c] = 0;
+        const int t1 = j + w - 1 < T - 1 ? j + w - 1 : T - 1;
+        for (int t = j; t <= t1; t++) {
+            const size_t e = (size_t)t * w + (size_t)(j - t + w - 1);
+            axpy_f64(gv, P[e], dout + (size_t)t * hd, hd);
+            axpy_f64(gk, DS[e], q + (size_t)t * hd, hd);
+        }
+        for (int c = 0; c < hd; c++) {
+            dk[(size_t)j * hd + c] = (float)(s * gk[c]);
+            dv[(size_t)j * hd + c] = (float)gv[c];
+        }
+    }
+}
+
+pf_status local_attention_backward(float *dq, float *dk, float *dv, const float *datt,
+                                   const float *q, const float *k, const float *v, const float *lse,
+                                   int B, int H, int T, int hd, int window) {
+    // Forward: s_tj = s q_t.k_j, p_tj = exp(s_tj - lse_t), out_t = sum_j p_tj v_j. With
+    // dp_tj = do_t.v_j and D_t = sum_j p_tj dp_tj:
+    //   dv_j = sum_t p_tj do_t,  ds_tj = p_tj (dp_tj - D_t),  dq_t = s sum_j ds_tj k_j,
+    //   dk_j = s sum_t ds_tj q_t   (t over the queries that see key j: j <= t < j + window)
+    const double s = (double)pf_effective_scale(0.0f, hd);
+    const int w = window < T ? window : T;
+    const int64_t heads = (int64_t)B * H;
+    int nt = threads_for((size_t)heads * T * w * hd);
+    if (nt > heads) nt = (int)heads;
+    const size_t per = 2 * (size_t)T * (size_t)w + 2 * (size_t)hd; // P, DS, acc
+    double *scr = pf_alloc((size_t)nt * per, sizeof(double));
+    if (!scr) return PF_ENOMEM;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t bh = 0; bh < heads; bh++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        double *P = scr + (size_t)tid * per, *DS = P + (size_t)T * w, *acc = DS + (size_t)T * w;
+        const size_t o = (size_t)bh * T * hd;
+        local_head_backward(dq + o, dk + o, dv + o, datt + o, q + o, k + o, v + o,
+                            lse + (size_t)bh * T, T, hd, w, s, P, DS, acc);
+    }
+    pf_free(scr);
+    const size_t n = (size_t)heads * T * hd;
+    if (pf_any_nonfinite(dq, n) || pf_any_nonfinite(dk, n) || pf_any_nonfinite(dv, n))
+        return PF_ENONFINITE;
     return PF_OK;
 }
 

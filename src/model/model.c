@@ -22,7 +22,8 @@ pf_model_config pf_model_config_default(void) {
                          .kernel = PF_KERNEL_POSITIVE,
                          .features = 64,
                          .redraw = 1000,
-                         .seed = 1};
+                         .seed = 1,
+                         .window = 32};
     return c;
 }
 
@@ -36,17 +37,22 @@ pf_status lm_config_check(const pf_model_config *c) {
     int hd = c->d_model / c->heads;
     if (c->positions != PF_LM_LEARNED && c->positions != PF_LM_ROTARY) return PF_EINVAL;
     if (c->positions == PF_LM_ROTARY && hd % 2 != 0) return PF_EINVAL;
-    if (c->attention != PF_LM_EXACT && c->attention != PF_LM_FAVOR && c->attention != PF_LM_FAVORPP)
+    if (c->attention != PF_LM_EXACT && c->attention != PF_LM_FAVOR &&
+        c->attention != PF_LM_FAVORPP && c->attention != PF_LM_LOCAL)
         return PF_EINVAL;
+    if (c->window < 1 || c->window > PF_LM_MAX_CONTEXT) return PF_EINVAL;
     /* every field in range whatever the attention, so that what pf_model_save writes
      * pf_model_load reads: FAVOR settings unused by exact attention still round-trip */
-    if ((int)c->kernel < 0 || (int)c->kernel > PF_KERNEL_SDERF || c->redraw < 0) return PF_EINVAL;
-    if (c->features < (c->attention == PF_LM_EXACT ? 0 : 1) || c->features > PF_LM_MAX_FEATURES)
+    if ((int)c->kernel < 0 || (int)c->kernel > PF_KERNEL_ELU || c->redraw < 0) return PF_EINVAL;
+    if (c->features < (lm_uses_favor(c) ? 1 : 0) || c->features > PF_LM_MAX_FEATURES)
         return PF_EINVAL;
-    /* FAVOR+ maps; FAVOR++'s OPRF map is PF_LM_FAVORPP's (kernel is unused there) */
+    /* FAVOR+ maps and elu; FAVOR++'s OPRF map is PF_LM_FAVORPP's (kernel is unused there) */
     if (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_POSITIVE &&
         c->kernel != PF_KERNEL_HYPERBOLIC && c->kernel != PF_KERNEL_TRIG &&
-        c->kernel != PF_KERNEL_RELU)
+        c->kernel != PF_KERNEL_RELU && c->kernel != PF_KERNEL_ELU)
+        return PF_EINVAL;
+    /* elu + 1 of the head's own q', k': W = I (m = C/H) */
+    if (c->attention == PF_LM_FAVOR && c->kernel == PF_KERNEL_ELU && c->features != hd)
         return PF_EINVAL;
     return PF_OK;
 }
@@ -180,8 +186,17 @@ static pf_status init_params(pf_model *m) {
 
 pf_status lm_draw_projections(pf_model *m, int64_t stream) {
     const pf_model_config *c = &m->config;
-    if (c->attention == PF_LM_EXACT || m->w_stream == stream) return PF_OK;
+    if (!lm_uses_favor(c) || m->w_stream == stream) return PF_OK;
     int hd = c->d_model / c->heads;
+    if (c->attention == PF_LM_FAVOR && c->kernel == PF_KERNEL_ELU) {
+        /* elu + 1 is the map of q', k' themselves: W = I, the same in every period */
+        float *W = m->W;
+        memset(W, 0, sizeof(float) * (size_t)c->layers * hd * hd);
+        for (int l = 0; l < c->layers; l++)
+            for (int k = 0; k < hd; k++) W[((size_t)l * hd + k) * hd + k] = 1.0f;
+        m->w_stream = stream;
+        return PF_OK;
+    }
     for (int l = 0; l < c->layers; l++) {
         /* one stream per (redraw period, layer): the layer index in the low 16 bits */
         uint64_t s = ((uint64_t)stream << 16) | (uint64_t)l;
@@ -197,7 +212,8 @@ lm_attn_spec lm_layer_spec(const pf_model *m, int l) {
     const pf_model_config *c = &m->config;
     int hd = c->d_model / c->heads;
     lm_attn_spec s = {.kind = c->attention, .kernel = c->kernel, .W = NULL, .m = 0, .eps = 0};
-    if (c->attention != PF_LM_EXACT) {
+    if (c->attention == PF_LM_LOCAL) s.window = c->window;
+    if (lm_uses_favor(c)) {
         s.W = m->W + (size_t)l * c->features * hd;
         s.m = c->features;
         s.eps = m->favor_eps;
@@ -206,7 +222,7 @@ lm_attn_spec lm_layer_spec(const pf_model *m, int l) {
         s.kernel = PF_KERNEL_OPRF;
         s.A = m->A[l];
     }
-    if (c->attention != PF_LM_EXACT && m->saved) {
+    if (lm_uses_favor(c) && m->saved) {
         s.saved = &m->saved[l];
         s.keep = m->training;
     }
@@ -245,14 +261,14 @@ pf_status pf_model_create(pf_model **model, const pf_model_config *config) {
     m->grads_memory = pf_alloc(m->num_params, sizeof(float));
     m->m_memory = pf_alloc(m->num_params, sizeof(float));
     m->v_memory = pf_alloc(m->num_params, sizeof(float));
-    if (c->attention != PF_LM_EXACT) {
+    if (lm_uses_favor(c)) {
         m->W = pf_alloc((size_t)c->layers * c->features * hd, sizeof(float));
         m->rho = pf_alloc((size_t)c->layers, sizeof(float));
         m->A = pf_alloc((size_t)c->layers, sizeof(float));
         m->saved = calloc((size_t)c->layers, sizeof(pf_favor_saved *));
     }
     if (!m->params_memory || !m->grads_memory || !m->m_memory || !m->v_memory ||
-        (c->attention != PF_LM_EXACT && (!m->W || !m->rho || !m->A || !m->saved))) {
+        (lm_uses_favor(c) && (!m->W || !m->rho || !m->A || !m->saved))) {
         pf_model_free(m);
         return PF_ENOMEM;
     }
@@ -474,7 +490,7 @@ static pf_status forward_prepare(pf_model *m, const int32_t *tokens, const int32
     pf_status st = ensure_acts(m, B, T);
     if (st == PF_OK) st = ensure_rope(m, (int)(pos + T));
     /* Training draws W for this step's redraw period; evaluation keeps the current one. */
-    if (st == PF_OK && m->training && c->attention != PF_LM_EXACT)
+    if (st == PF_OK && m->training && lm_uses_favor(c))
         st = lm_draw_projections(m, (int64_t)pf_projection_stream((uint64_t)m->step, c->redraw));
     return st;
 }

@@ -64,7 +64,8 @@ PF_INTERNAL void rope_forward(float *x, const float *cos_sin, int B, int H, int 
 PF_INTERNAL void rope_backward(float *dx, const float *cos_sin, int B, int H, int T, int hd);
 
 /* Which attention a layer runs; W (m,hd) and eps only for FAVOR, A only for FAVOR++ (the
- * scalar of the OPRF features, SPEC §2b: a constant of the forward, no gradient). */
+ * scalar of the OPRF features, SPEC §2b: a constant of the forward, no gradient), window only
+ * for PF_LM_LOCAL. */
 typedef struct lm_attn_spec {
     pf_lm_attention kind;
     pf_kernel kernel;
@@ -78,6 +79,7 @@ typedef struct lm_attn_spec {
     int keep;
     /* FAVOR: sequence parallel, the attention over every process's slice (NULL: alone) */
     const pf_model_parallel *parallel;
+    int window; /* PF_LM_LOCAL: keys t - window + 1..t */
 } lm_attn_spec;
 
 /* Causal multi-head attention on qkv (B,T,3C) (q | k | v, head h at columns h*hd):
@@ -94,6 +96,26 @@ PF_INTERNAL pf_status attention_backward(float *dqkv, float *datt, float *dq, fl
                                          const float *v, const float *att, const float *lse,
                                          const float *cos_sin, const lm_attn_spec *spec, int B,
                                          int T, int C, int H);
+
+/* Local-window causal softmax attention (SPEC §6b) of one head's query row q (hd) over keys
+ * j0..j1 (inclusive, j0 <= j1): key j is row j of K (hd) and V (hd), or row j % ring when
+ * ring > 0 (a decoder's ring buffer). Scores s q.k_j, their softmax and the output in float64;
+ * out (hd) and *lse = log sum_j exp(s q.k_j) rounded to float. p: scratch of j1 - j0 + 1 + hd
+ * doubles. Forward and decoder share it, so that a decoded row has the forward's bits. */
+PF_INTERNAL void local_row(float *out, float *lse, const float *q, const float *K, const float *V,
+                           int64_t j0, int64_t j1, int ring, int hd, double s, double *p);
+/* The window's attention on q, k, v (B,H,T,hd): att (B,H,T,hd), lse (B,H,T), query t over keys
+ * max(0, t - window + 1)..t. O(B H T window hd). PF_ENONFINITE if an output is not finite. */
+PF_INTERNAL pf_status local_attention_forward(float *att, float *lse, const float *q,
+                                              const float *k, const float *v, int B, int H, int T,
+                                              int hd, int window);
+/* Its gradient: dq, dk, dv (B,H,T,hd) overwritten, from datt (B,H,T,hd) and the forward's q, k,
+ * v, lse; the probabilities are recomputed from lse (float64 inside). PF_ENOMEM, or
+ * PF_ENONFINITE if a gradient is not finite. */
+PF_INTERNAL pf_status local_attention_backward(float *dq, float *dk, float *dv, const float *datt,
+                                               const float *q, const float *k, const float *v,
+                                               const float *lse, int B, int H, int T, int hd,
+                                               int window);
 
 /* Softmax cross-entropy over V classes: probs (N,V), losses (N) (0 where target < 0);
  * returns the number of counted rows. logits (N,V), targets (N). */
@@ -121,6 +143,12 @@ PF_INTERNAL float favorpp_update(float rho, double x, int64_t n);
 /* ---- the model (model.c) ----------------------------------------------------------------- */
 
 #define LM_NUM_PARAMS 16
+
+/* Whether a configuration runs FAVOR (a W per layer, features kept for the backward): FAVOR+ and
+ * FAVOR++; exact and local attention have no W. */
+static inline int lm_uses_favor(const pf_model_config *c) {
+    return c->attention == PF_LM_FAVOR || c->attention == PF_LM_FAVORPP;
+}
 
 /* The trainable tensors, each a named pointer into one allocation (llm.c's ParameterTensors). */
 typedef struct lm_params {

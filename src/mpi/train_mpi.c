@@ -168,13 +168,15 @@ pf_status pf_mpi_trainer_create(pf_mpi_trainer **trainer, pf_model *model, pf_mp
         } else if (kind == PF_MPI_SEQUENCE && c.attention != PF_LM_FAVOR) {
             st = PF_ENOTSUP;
             snprintf(why, sizeof why, "sequence parallelism needs FAVOR attention: exact "
-                                      "attention's queries need every key of the sequence");
+                                      "and local attention's queries need keys of other "
+                                      "slices");
         }
         const int64_t step = pf_model_steps(model);
         size_t n = 0;
         const float *p = pf_model_parameters(model, &n);
         const int fields[] = {c.context, c.layers, c.d_model, c.heads, (int)c.attention,
-                              (int)c.positions, (int)c.kernel, c.features, c.redraw, (int)kind};
+                              (int)c.positions, (int)c.kernel, c.features, c.redraw, (int)kind,
+                              c.window};
         h = fnv1a(h, fields, sizeof fields);
         h = fnv1a(h, &c.seed, sizeof c.seed);
         h = fnv1a(h, &step, sizeof step);

@@ -797,7 +797,7 @@ static void test_errors(void) {
         pf_cuda_kernel_supported(PF_KERNEL_POSITIVE) && pf_cuda_kernel_supported(PF_KERNEL_TRIG) &&
             pf_cuda_kernel_supported(PF_KERNEL_HYPERBOLIC) &&
             pf_cuda_kernel_supported(PF_KERNEL_RELU) && !pf_cuda_kernel_supported(PF_KERNEL_OPRF) &&
-            !pf_cuda_kernel_supported(PF_KERNEL_SDERF),
+            !pf_cuda_kernel_supported(PF_KERNEL_SDERF) && !pf_cuda_kernel_supported(PF_KERNEL_ELU),
         "pf_cuda_kernel_supported");
     CHECK(pf_cuda_ctx_device(ctx_) == 0, "pf_cuda_ctx_device: %d", pf_cuda_ctx_device(ctx_));
     void *hout = xmalloc(g.bo), *hQ = xmalloc(g.bq), *hK = xmalloc(g.bk), *hV = xmalloc(g.bv);
@@ -864,8 +864,10 @@ static void test_errors(void) {
     fb.w_per_head = 2;
     EXPECT_FAIL(pf_cuda_favor(ctx_, g.out, g.Q, g.K, g.V, F32, &s, &o, &fb, 0), PF_EINVAL);
     fb = f;
-    fb.kernel = (pf_kernel)6;
+    fb.kernel = (pf_kernel)7;
     EXPECT_FAIL(pf_cuda_favor(ctx_, g.out, g.Q, g.K, g.V, F32, &s, &o, &fb, 0), PF_EINVAL);
+    fb.kernel = PF_KERNEL_ELU;
+    EXPECT_FAIL(pf_cuda_favor(ctx_, g.out, g.Q, g.K, g.V, F32, &s, &o, &fb, 0), PF_ENOTSUP);
     fb.kernel = PF_KERNEL_OPRF;
     fb.oprf_a_given = 1;
     EXPECT_FAIL(pf_cuda_favor(ctx_, g.out, g.Q, g.K, g.V, F32, &s, &o, &fb, 0), PF_ENOTSUP);

@@ -978,7 +978,7 @@ static void test_errors(void) {
     fb.w_per_head = 2;
     EXPECT_FAIL(BWD(dQ, dK, dV, G, Q, K, V, F32, &s, &o, &fb, NULL), PF_EINVAL);
     fb = f;
-    fb.kernel = (pf_kernel)6;
+    fb.kernel = (pf_kernel)7;
     EXPECT_FAIL(BWD(dQ, dK, dV, G, Q, K, V, F32, &s, &o, &fb, NULL), PF_EINVAL);
     fb.kernel = PF_KERNEL_OPRF;
     fb.oprf_a_given = 1;

@@ -298,9 +298,10 @@ int main(int argc, char **argv) {
         if (rank == nranks - 1) raise(SIGKILL);
         for (;;) strict_causality();
     }
-    const pf_kernel ks[6] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_TRIG,
-                             PF_KERNEL_RELU,     PF_KERNEL_OPRF,       PF_KERNEL_SDERF};
-    for (int k = 0; k < 6; k++)
+    const pf_kernel ks[7] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_TRIG,
+                             PF_KERNEL_RELU,     PF_KERNEL_OPRF,       PF_KERNEL_SDERF,
+                             PF_KERNEL_ELU};
+    for (int k = 0; k < 7; k++)
         for (int causal = 0; causal < 2; causal++) {
             if (causal && ks[k] == PF_KERNEL_SDERF) continue;
             cs c = {ks[k], causal, 300, causal ? 300 : 217, causal ? 70 : 100};
