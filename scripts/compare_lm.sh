@@ -115,43 +115,7 @@ case $DATA in
 proteins) src=/usr/share/doc/mmseqs2/example-data/DB.fasta.gz ;;
 bible) src=$(ls "$OUT"/*/bible-kjv.txt | head -1) ;;
 esac
-unigram=$(/usr/bin/python3 - "$src" "$DATA" <<'EOF'
-import collections, gzip, math, sys
-path, kind = sys.argv[1], sys.argv[2]
-raw = (gzip.open if path.endswith(".gz") else open)(path, "rb").read()
-docs = []
-if kind == "proteins":  # each record's residues, then '\n' (src/io/text.c)
-    cur = []
-    for line in raw.split(b"\n"):
-        if line.startswith(b">"):
-            if cur:
-                docs.append(b"".join(cur) + b"\n")
-            cur = []
-        elif line.strip():
-            cur.append(line.strip())
-    if cur:
-        docs.append(b"".join(cur) + b"\n")
-else:  # text: pieces ending at the first line end after 2048 bytes
-    s = 0
-    for i, ch in enumerate(raw):
-        if ch == 10 and (i + 1 - s >= 2048 or i + 1 == len(raw)):
-            docs.append(raw[s:i + 1])
-            s = i + 1
-M = (1 << 64) - 1
-def doc_hash(b):  # pf_doc_hash: FNV-1a 64, then splitmix64's finaliser
-    h = 14695981039346656037
-    for x in b:
-        h = ((h ^ x) * 1099511628211) & M
-    h ^= h >> 30; h = (h * 0xbf58476d1ce4e5b9) & M
-    h ^= h >> 27; h = (h * 0x94d049bb133111eb) & M
-    return h ^ (h >> 31)
-train, val = collections.Counter(), collections.Counter()
-for d in docs:
-    ((val if (doc_hash(d) >> 11) * 2.0 ** -53 < 0.05 else train)).update(d)
-nt, nv = sum(train.values()), sum(val.values())
-print("%.4f" % -sum(c / nv * math.log(train[b] / nt) for b, c in val.items()))
-EOF
-)
+unigram=$(/usr/bin/python3 scripts/unigram_loss.py "$DATA" "$src")
 title="$what: $LAYERS layers, d_model $DMODEL, $HEADS heads, context"
 title="$title $CONTEXT, batch $BATCH, $STEPS steps"
 # labels hold spaces: pass them through a '|'-separated list

@@ -47,7 +47,7 @@ else
 fi
 
 "$PY" - "$OUT" "$DEST" "$cmd" "$("$P" --version | head -1)" "$(sed -n 's/^model name[^:]*: //p' \
-    /proc/cpuinfo | head -1), $(nproc) cores" <<'EOF'
+    /proc/cpuinfo | head -1), $(nproc) cores" "$(dirname "$0")" <<'EOF'
 import collections, csv, hashlib, json, math, os, struct, sys, tempfile
 out, dest, cmd, version, cpu = sys.argv[1:6]
 
@@ -82,26 +82,17 @@ hj += b" " * (-len(hj) % 8)
 ckpt = struct.pack("<Q", len(hj)) + hj + b"".join(chunks)
 atomic_write(os.path.join(dest, "demo-kjv.safetensors"), ckpt)
 
-# the split as the tool makes it: text pieces ending at the first line end after 2048 bytes,
-# a piece is validation when its hash (pf_doc_hash) maps below run.val_fraction
-raw = open(os.path.join(out, "bible-kjv.txt"), "rb").read()
-docs, s = [], 0
-for i, ch in enumerate(raw):
-    if ch == 10 and (i + 1 - s >= 2048 or i + 1 == len(raw)):
-        docs.append(raw[s:i + 1])
-        s = i + 1
-M = (1 << 64) - 1
-def doc_hash(d):  # FNV-1a 64, then splitmix64's finaliser
-    h = 14695981039346656037
-    for x in d:
-        h = ((h ^ x) * 1099511628211) & M
-    h ^= h >> 30; h = (h * 0xbf58476d1ce4e5b9) & M
-    h ^= h >> 27; h = (h * 0x94d049bb133111eb) & M
-    return h ^ (h >> 31)
+# the split as the tool makes it (scripts/unigram_loss.py): text pieces ending at the first line
+# end after 2048 bytes, a piece validation when its hash (pf_doc_hash) maps below
+# run.val_fraction
+sys.path.insert(0, sys.argv[6])
+from unigram_loss import documents, is_validation  # noqa: E402
+
+docs = documents(open(os.path.join(out, "bible-kjv.txt"), "rb").read(), "text")
 frac = float(meta["run.val_fraction"])
 train, val, val_docs = collections.Counter(), collections.Counter(), []
 for d in docs:
-    if (doc_hash(d) >> 11) * 2.0 ** -53 < frac:
+    if is_validation(d, frac):
         val.update(d)
         val_docs.append(d)
     else:
