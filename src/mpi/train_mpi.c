@@ -177,6 +177,7 @@ pf_status pf_mpi_trainer_create(pf_mpi_trainer **trainer, pf_model *model, pf_mp
                               (int)c.positions, (int)c.kernel, c.features, c.redraw, (int)kind};
         h = fnv1a(h, fields, sizeof fields);
         h = fnv1a(h, &c.seed, sizeof c.seed);
+        h = fnv1a(h, &c.w_seed, sizeof c.w_seed);
         h = fnv1a(h, &step, sizeof step);
         h = fnv1a(h, p, sizeof(float) * n);
     }
