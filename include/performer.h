@@ -822,7 +822,9 @@ typedef struct pf_model_config {
                                  features must be C/H, and it is never drawn */
     int features;             /* m: rows of each layer's W (m, C/H), shared by the heads */
     int redraw;               /* a new W every `redraw` optimizer steps; 0: never */
-    uint64_t seed;            /* initial weights and every W (orthogonal rows, chi norms) */
+    uint64_t seed;            /* the initial weights (GPT-2's initialisation) */
+    uint64_t w_seed;          /* every W (orthogonal rows, chi norms), apart from seed; code
+                               * that set seed alone to move W too now sets both */
     int window;               /* PF_LM_LOCAL's window w >= 1 (kept, >= 1, whatever the
                                  attention); w >= context is exact attention */
 } pf_model_config;
@@ -830,11 +832,11 @@ typedef struct pf_model_config {
 typedef struct pf_model pf_model;
 
 /* A small default: context 256, 4 layers, C 128, 4 heads, exact, learned positions, FAVOR
- * settings positive, m 64, redraw 1000, seed 1, window 32. */
+ * settings positive, m 64, redraw 1000, seed 1, w_seed 1, window 32. */
 PF_API pf_model_config pf_model_config_default(void);
 
-/* Creates a model with GPT-2's initialisation from config->seed. PF_EINVAL on a bad config,
- * PF_ENOMEM. */
+/* Creates a model with GPT-2's initialisation from config->seed and W (FAVOR) for step 0 from
+ * config->w_seed. PF_EINVAL on a bad config, PF_ENOMEM. */
 PF_API pf_status pf_model_create(pf_model **model, const pf_model_config *config);
 
 /* Frees a model; harmless on NULL. */
@@ -844,7 +846,7 @@ PF_API void pf_model_free(pf_model *model);
 PF_API pf_model_config pf_model_get_config(const pf_model *model);
 PF_API int64_t pf_model_num_params(const pf_model *model);
 
-/* Training mode (1): pf_model_forward draws W for the current redraw period (from config.seed
+/* Training mode (1): pf_model_forward draws W for the current redraw period (from config.w_seed
  * and the step count) and updates running statistics (FAVOR++). Evaluation mode (0, the
  * default) keeps both as they are. */
 PF_API pf_status pf_model_set_training(pf_model *model, int training);
@@ -991,6 +993,40 @@ PF_API pf_status pf_corpus_hash(const pf_corpus *c, uint64_t *hash);
 /* Frees c's bytes and empties it; harmless on an empty corpus or NULL. */
 PF_API void pf_corpus_free(pf_corpus *c);
 
+/* ---- Training data: multi-query associative recall (MQAR) ----------------------------------
+ * The synthetic recall task of the Zoology study (Arora et al. 2023, "Zoology: measuring and
+ * improving recall in efficient language models"), on bytes. A sequence of T tokens starts with
+ * N key-value pairs k1 v1 k2 v2 ... kN vN; then Q of its keys are asked again, each at a query
+ * position whose target is that key's value; every other position holds filler. Keys are bytes
+ * [0, K), values [K, 2K), filler [2K, 256): the N keys of a sequence are distinct, and so are its
+ * N values. The queries ask the keys in random order, every N queries a fresh permutation of
+ * them (Q <= N: Q different keys; Zoology asks each key once, Q = N). As in Zoology, query j
+ * sits at position 2N + 2g_j, the slots g drawn without replacement from [0, (T - 2N) / 2) with
+ * weights 1/(g + 1) (to 2^-40; Zoology's power law with its a = 0.01 taken as 0: the queries
+ * crowd towards the pairs but reach the end). Unlike Zoology, whose filler is any token, the
+ * filler is never a key or a value (on 256 bytes it would often repeat a key). Only the answers
+ * count: every other target is -1 (pf_model_forward skips those). The draws are integer
+ * arithmetic only. */
+typedef struct pf_mqar {
+    int pairs;   /* N: 1..keys */
+    int queries; /* Q: 1 or more */
+    int keys;    /* K: key tokens, and as many value tokens; 1..127 (filler needs a byte) */
+} pf_mqar;
+
+/* 8 pairs, 8 queries (every key asked, as Zoology), 64 keys: the smallest context is 32. */
+PF_API pf_mqar pf_mqar_default(void);
+
+/* PF_OK if task is valid (1 <= N <= K <= 127, Q >= 1) and fits sequences of T tokens (2N + 2Q
+ * <= T), else PF_EINVAL. */
+PF_API pf_status pf_mqar_check(const pf_mqar *task, int T);
+
+/* B sequences of T tokens into tokens (B,T) and targets (B,T), as pf_model_forward takes them.
+ * Sequence b is a function of (seed, stream, b) alone (Philox blocks b 2^32 onward of (seed,
+ * stream)), whatever B: the same arguments give the same sequences on every machine. PF_EINVAL on
+ * a NULL pointer, B below 1 or a task pf_mqar_check refuses for T; PF_ENOMEM. */
+PF_API pf_status pf_mqar_batch(const pf_mqar *task, int32_t *tokens, int32_t *targets, int B,
+                               int T, uint64_t seed, uint64_t stream);
+
 /* Writes the model to a safetensors file, atomically (a temporary file, then renamed): the
  * weights, the FAVOR projections, the configuration and step in "__metadata__", with
  * with_optimizer the AdamW moments too. meta: NULL or key, value, ..., NULL strings added to
@@ -1009,7 +1045,7 @@ PF_API const char *pf_model_meta(const pf_model *model, const char *key);
 /* Starts dst from src's trained weights, whatever either model's attention: every trainable
  * tensor (embeddings, learned positions, layer norms, qkv, projections, MLP) is copied from src.
  * Everything else is dst's own and starts afresh, as pf_model_create left it: the step count
- * (0), the AdamW moments (0), FAVOR's W (dst's, drawn from dst's seed for step 0), FAVOR++'s
+ * (0), the AdamW moments (0), FAVOR's W (dst's, drawn from dst's w_seed for step 0), FAVOR++'s
  * running statistic (none: A = 0 until a training batch). The shapes must agree: layers,
  * d_model, heads, positions, and with learned positions the context (the table's rows; rotary
  * positions hold no tensor, so the contexts may differ). PF_EINVAL if they do not (errmsg, if

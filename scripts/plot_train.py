@@ -19,7 +19,9 @@
         attention, moves the curve), 10-step means, over the steps both have
 
 The log's columns: step, lr, train_loss, grad_norm, tokens_per_s, elapsed_s, val_loss,
-val_ppl, val_acc (the val_* columns only on evaluation steps). Needs numpy and matplotlib.
+val_ppl, val_acc (the val_* columns only on evaluation steps); a --task mqar run's log has
+val_answer_acc too (the accuracy on the recall answers, plotted in val_acc's place, which it
+leaves empty). Needs numpy and matplotlib.
 """
 import csv
 import sys
@@ -32,9 +34,15 @@ import numpy as np  # noqa: E402
 
 
 def read_log(path):
+    """The log's columns as arrays; "val_acc" is MQAR's val_answer_acc where the log has it,
+    and "acc_label" says which accuracy it is."""
     cols = {k: [] for k in ("step", "train_loss", "val_step", "val_loss", "val_acc")}
+    acc = "val_acc"
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        if "val_answer_acc" in (reader.fieldnames or []):
+            acc = "val_answer_acc"
+        for row in reader:
             step = int(row["step"])
             if row["train_loss"]:
                 cols["step"].append(step)
@@ -42,8 +50,11 @@ def read_log(path):
             if row["val_loss"]:
                 cols["val_step"].append(step)
                 cols["val_loss"].append(float(row["val_loss"]))
-                cols["val_acc"].append(float(row["val_acc"]))
-    return {k: np.asarray(v) for k, v in cols.items()}
+                cols["val_acc"].append(float(row[acc]))
+    out = {k: np.asarray(v) for k, v in cols.items()}
+    out["acc_label"] = ("validation accuracy on the recall answers" if acc == "val_answer_acc"
+                        else "validation next-byte accuracy")
+    return out
 
 
 def smooth(y, n):
@@ -74,7 +85,7 @@ def one(log_path, png, title):
     ax1.legend()
     ax1.grid(alpha=0.3)
     ax2.set_xlabel("step")
-    ax2.set_ylabel("validation next-byte accuracy")
+    ax2.set_ylabel(d["acc_label"])
     ax2.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
@@ -85,8 +96,10 @@ def compare(png, title, runs, baseline=None):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
     # curves that overlap are told apart by marker and line style as well as colour
     looks = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
+    acc_labels = set()
     for i, (label, path) in enumerate(runs):
         d = read_log(path)
+        acc_labels.add(d["acc_label"])
         keep = d["val_step"] > 0
         marker, ls = looks[i % len(looks)]
         for ax, key in ((ax1, "val_loss"), (ax2, "val_acc")):
@@ -103,7 +116,7 @@ def compare(png, title, runs, baseline=None):
     ax1.set_ylabel("validation cross-entropy (nats per byte)")
     ax1.grid(alpha=0.3)
     ax2.set_xlabel("step")
-    ax2.set_ylabel("validation next-byte accuracy")
+    ax2.set_ylabel(acc_labels.pop() if len(acc_labels) == 1 else "validation accuracy")
     ax2.grid(alpha=0.3)
     # the legend below the panels, where it covers no curve
     handles, labels = ax1.get_legend_handles_labels()

@@ -11,8 +11,16 @@
  *   sequence (line and column named), data before the first header, headers only, damaged
  *   and truncated gzip, data after the last gzip member, a FIFO, /dev/zero: each a clear
  *   error (concatenated gzip members read as one);
- * - the real protein set (Debian's mmseqs2-examples): 20,000 sequences. */
+ * - the real protein set (Debian's mmseqs2-examples): 20,000 sequences;
+ * - MQAR (pf_mqar_batch), read back here without the generator's code: N distinct keys and N
+ *   distinct values in their byte ranges at the start, every answer target at a query position
+ *   (2N + an even offset) whose key appears earlier, paired with that value, exactly Q of them,
+ *   the keys asked evenly (Q <= N: all different), filler elsewhere with target -1; the same
+ *   arguments give the same bytes, another seed or stream others, sequence b is the same whatever
+ *   B; the query slots follow the weights 1/(g+1) (each slot's frequency within 5 SD over 20,000
+ *   sequences); impossible settings refused. */
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,6 +314,154 @@ static void test_proteins(void) {
     pf_corpus_free(&c);
 }
 
+/* ---- MQAR --------------------------------------------------------------------------------- */
+
+/* The invariants of one MQAR sequence (tok, tgt: T each) for task t; 1 if all hold. */
+static int mqar_sequence_ok(const pf_mqar *t, const int32_t *tok, const int32_t *tgt, int T) {
+    const int N = t->pairs, K = t->keys;
+    int seen_key[256] = {0}, seen_val[256] = {0}, asked[256] = {0};
+    for (int i = 0; i < N; i++) {
+        int k = tok[2 * i], v = tok[2 * i + 1];
+        if (k < 0 || k >= K || v < K || v >= 2 * K || seen_key[k]++ || seen_val[v]++) {
+            CHECK(0, "pair %d: key %d, value %d (K %d): out of range or repeated", i, k, v, K);
+            return 0;
+        }
+        if (tgt[2 * i] != -1 || tgt[2 * i + 1] != -1) {
+            CHECK(0, "pair %d has a target", i);
+            return 0;
+        }
+    }
+    int answers = 0;
+    for (int p = 2 * N; p < T; p++) {
+        if (tok[p] < 0 || tok[p] > 255) {
+            CHECK(0, "token %d at %d", tok[p], p);
+            return 0;
+        }
+        if (tgt[p] < 0) { /* filler: neither a key nor a value */
+            if (tgt[p] != -1 || tok[p] < 2 * K) {
+                CHECK(0, "position %d: token %d, target %d: not filler", p, tok[p], tgt[p]);
+                return 0;
+            }
+            continue;
+        }
+        answers++;
+        /* a query: at an even offset after the pairs, its key earlier with exactly this value */
+        int found = -1;
+        for (int i = 0; i + 1 < p; i++)
+            if (tok[i] == tok[p] && i < 2 * N && i % 2 == 0) found = i;
+        if ((p - 2 * N) % 2 != 0 || found < 0 || tok[found + 1] != tgt[p]) {
+            CHECK(0, "position %d: key %d, target %d: not a query of an earlier pair", p, tok[p],
+                  tgt[p]);
+            return 0;
+        }
+        asked[tok[p]]++;
+    }
+    if (answers != t->queries) {
+        CHECK(0, "%d answers, expected %d", answers, t->queries);
+        return 0;
+    }
+    /* every key asked floor(Q/N) or ceil(Q/N) times */
+    const int lo = t->queries / N, hi = (t->queries + N - 1) / N;
+    for (int i = 0; i < N; i++) {
+        int a = asked[tok[2 * i]];
+        if (a < lo || a > hi) {
+            CHECK(0, "key %d asked %d times (Q %d, N %d)", tok[2 * i], a, t->queries, N);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void test_mqar(void) {
+    pf_mqar d = pf_mqar_default();
+    CHECK(d.pairs == 8 && d.queries == 8 && d.keys == 64, "default %d %d %d", d.pairs, d.queries,
+          d.keys);
+    CHECK_STATUS(pf_mqar_check(&d, 32), PF_OK);
+    CHECK_STATUS(pf_mqar_check(&d, 31), PF_EINVAL); /* 2N + 2Q = 32 */
+    const struct {
+        int pairs, queries, keys, T;
+        pf_status want;
+    } checks[] = {{1, 1, 1, 4, PF_OK},         {127, 1, 127, 256, PF_OK},
+                  {4, 28, 16, 64, PF_OK},       {0, 1, 8, 64, PF_EINVAL},
+                  {9, 1, 8, 64, PF_EINVAL},     {1, 0, 8, 64, PF_EINVAL},
+                  {1, 1, 0, 64, PF_EINVAL},     {1, 1, 128, 64, PF_EINVAL},
+                  {4, 29, 16, 64, PF_EINVAL},   {1, 1, 1, 3, PF_EINVAL}};
+    for (size_t i = 0; i < sizeof(checks) / sizeof(checks[0]); i++) {
+        pf_mqar t = {checks[i].pairs, checks[i].queries, checks[i].keys};
+        CHECK_STATUS(pf_mqar_check(&t, checks[i].T), checks[i].want);
+    }
+    CHECK_STATUS(pf_mqar_check(NULL, 64), PF_EINVAL);
+
+    /* the invariants, on Zoology's Q = N, Q > N (keys asked again), Q < N with an odd T, and
+     * every key used */
+    const struct {
+        pf_mqar t;
+        int T;
+    } cases[] = {{{8, 8, 64}, 64}, {{4, 28, 16}, 64}, {{3, 2, 3}, 11}, {{127, 1, 127}, 256}};
+    enum { B = 16 };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const pf_mqar *t = &cases[c].t;
+        const int T = cases[c].T;
+        int32_t *tok = malloc(sizeof(int32_t) * B * T), *tgt = malloc(sizeof(int32_t) * B * T);
+        int32_t *tok2 = malloc(sizeof(int32_t) * B * T), *tgt2 = malloc(sizeof(int32_t) * B * T);
+        if (!tok || !tgt || !tok2 || !tgt2) exit(2);
+        CHECK_STATUS(pf_mqar_batch(t, tok, tgt, B, T, 5, 9), PF_OK);
+        for (int b = 0; b < B; b++)
+            if (!mqar_sequence_ok(t, tok + b * T, tgt + b * T, T)) {
+                fprintf(stderr, "  case %zu, sequence %d\n", c, b);
+                break;
+            }
+        /* deterministic; sequence b whatever B; another seed, another stream: other bytes */
+        CHECK_STATUS(pf_mqar_batch(t, tok2, tgt2, B, T, 5, 9), PF_OK);
+        CHECK(memcmp(tok, tok2, sizeof(int32_t) * B * T) == 0 &&
+                  memcmp(tgt, tgt2, sizeof(int32_t) * B * T) == 0,
+              "case %zu: the same arguments gave other sequences", c);
+        CHECK_STATUS(pf_mqar_batch(t, tok2, tgt2, 3, T, 5, 9), PF_OK);
+        CHECK(memcmp(tok, tok2, sizeof(int32_t) * 3 * T) == 0 &&
+                  memcmp(tgt, tgt2, sizeof(int32_t) * 3 * T) == 0,
+              "case %zu: the first 3 sequences depend on B", c);
+        CHECK_STATUS(pf_mqar_batch(t, tok2, tgt2, B, T, 6, 9), PF_OK);
+        CHECK(memcmp(tok, tok2, sizeof(int32_t) * B * T) != 0, "case %zu: seed 6 = seed 5", c);
+        CHECK_STATUS(pf_mqar_batch(t, tok2, tgt2, B, T, 5, 10), PF_OK);
+        CHECK(memcmp(tok, tok2, sizeof(int32_t) * B * T) != 0, "case %zu: stream 10 = 9", c);
+        /* no two sequences of a batch alike */
+        for (int b = 1; b < B; b++)
+            CHECK(memcmp(tok, tok + b * T, sizeof(int32_t) * T) != 0, "case %zu: sequence %d = 0",
+                  c, b);
+        free(tok), free(tgt), free(tok2), free(tgt2);
+    }
+
+    /* the slots: one pair, one query, S = 15 slots (T 32): slot g with probability
+     * (1/(g+1)) / H(15), each frequency over n sequences within 5 SD */
+    {
+        const pf_mqar t = {1, 1, 8};
+        enum { T = 32, S = 15, NS = 20000 };
+        int32_t *tok = malloc(sizeof(int32_t) * NS * T), *tgt = malloc(sizeof(int32_t) * NS * T);
+        if (!tok || !tgt) exit(2);
+        CHECK_STATUS(pf_mqar_batch(&t, tok, tgt, NS, T, 11, 0), PF_OK);
+        int count[S] = {0};
+        for (int b = 0; b < NS; b++)
+            for (int p = 2; p < T; p++)
+                if (tgt[b * T + p] >= 0) count[(p - 2) / 2]++;
+        double H = 0;
+        for (int g = 0; g < S; g++) H += 1.0 / (g + 1);
+        for (int g = 0; g < S; g++) {
+            double pr = 1.0 / (g + 1) / H, mean = NS * pr, sd = sqrt(NS * pr * (1 - pr));
+            CHECK(fabs(count[g] - mean) < 5 * sd, "slot %d: %d queries, expected %.0f +- %.0f", g,
+                  count[g], mean, sd);
+        }
+        free(tok), free(tgt);
+    }
+
+    int32_t a[64], b2[64];
+    const pf_mqar ok = {2, 2, 4};
+    CHECK_STATUS(pf_mqar_batch(NULL, a, b2, 1, 64, 1, 0), PF_EINVAL);
+    CHECK_STATUS(pf_mqar_batch(&ok, NULL, b2, 1, 64, 1, 0), PF_EINVAL);
+    CHECK_STATUS(pf_mqar_batch(&ok, a, NULL, 1, 64, 1, 0), PF_EINVAL);
+    CHECK_STATUS(pf_mqar_batch(&ok, a, b2, 0, 64, 1, 0), PF_EINVAL);
+    CHECK_STATUS(pf_mqar_batch(&ok, a, b2, 1, 7, 1, 0), PF_EINVAL); /* 2N + 2Q = 8 > 7 */
+}
+
 static void cleanup(void) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -328,6 +484,7 @@ int main(void) {
     test_split();
     test_errors();
     test_proteins();
+    test_mqar();
     cleanup();
     TEST_MAIN_END();
 }

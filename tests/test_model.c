@@ -7,8 +7,9 @@
  * 1e-6 relative rounding per operation, so the bounds are a few 1e-5 for layers and 1e-3 for
  * the whole model (a chain of ~40 float operations whose errors add). Also: AdamW against its
  * closed form, the learning-rate schedule, thread-count independence, argument checks; what a
- * layer feeds its attention (pf_model_attention_inputs) against the float64 model, and one
- * model's weights carried into another configuration (pf_model_init_from). */
+ * layer feeds its attention (pf_model_attention_inputs) against the float64 model, one
+ * model's weights carried into another configuration (pf_model_init_from), and the two seeds
+ * (config.seed the initial weights alone, config.w_seed every W alone). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1547,6 +1548,63 @@ static void test_attention_inputs(pf_lm_attention att, pf_lm_positions pos, pf_k
     pf_model_free(m);
 }
 
+/* The seeds apart: seed moves the initial weights and not W; w_seed moves W and not the weights,
+ * at creation and at every redraw (W of redraw period s, layer l is pf_projection_draw's from
+ * (w_seed, s << 16 | l), drawn here); pf_model_config_default sets both to 1. */
+static void test_seeds(void) {
+    const pf_model_config d = pf_model_config_default();
+    CHECK(d.seed == 1 && d.w_seed == 1, "default seeds %llu, %llu", (unsigned long long)d.seed,
+          (unsigned long long)d.w_seed);
+    pf_model_config c[3];
+    c[0] = tiny_config(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
+    c[0].seed = 5;
+    c[0].w_seed = 5;
+    c[0].redraw = 1; /* a new W every step */
+    c[1] = c[0];
+    c[1].w_seed = 6; /* W alone */
+    c[2] = c[0];
+    c[2].seed = 6; /* the weights alone */
+    pf_model *m[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) CHECK_STATUS(pf_model_create(&m[i], &c[i]), PF_OK);
+    if (!m[0] || !m[1] || !m[2]) return;
+    const int hd = c[0].d_model / c[0].heads;
+    const size_t np = m[0]->num_params, wl = (size_t)c[0].features * hd, wn = c[0].layers * wl;
+    float *ref = xmalloc(sizeof(float) * wl);
+    for (int round = 0; round < 2; round++) { /* at creation (stream 0), after a step (1) */
+        CHECK(memcmp(m[0]->params_memory, m[1]->params_memory, 4 * np) == 0 || round > 0,
+              "w_seed moved the initial weights");
+        CHECK(memcmp(m[0]->params_memory, m[2]->params_memory, 4 * np) != 0,
+              "seed did not move the weights");
+        CHECK(memcmp(m[0]->W, m[1]->W, 4 * wn) != 0, "round %d: w_seed did not move W", round);
+        CHECK(memcmp(m[0]->W, m[2]->W, 4 * wn) == 0, "round %d: seed moved W", round);
+        for (int i = 0; i < 2; i++)
+            for (int l = 0; l < c[i].layers; l++) {
+                CHECK_STATUS(pf_projection_draw(ref, c[i].features, hd, PF_PROJ_ORTHOGONAL,
+                                                PF_NORM_CHI, c[i].w_seed,
+                                                (uint64_t)round << 16 | (uint64_t)l),
+                             PF_OK);
+                CHECK(memcmp(ref, m[i]->W + l * wl, 4 * wl) == 0,
+                      "round %d, model %d, layer %d: W is not (w_seed, stream)'s", round, i, l);
+            }
+        if (round > 0) break;
+        /* one training step each on the same batch; the next training forward draws stream 1 */
+        int32_t tok[16], tgt[16];
+        for (int i = 0; i < 16; i++) tok[i] = (i * 37) % V, tgt[i] = (i * 11 + 3) % V;
+        pf_adamw opt = pf_adamw_default();
+        float loss;
+        for (int i = 0; i < 3; i++) {
+            CHECK_STATUS(pf_model_set_training(m[i], 1), PF_OK);
+            CHECK_STATUS(pf_model_forward(m[i], &loss, NULL, tok, tgt, 2, 8), PF_OK);
+            CHECK_STATUS(pf_model_backward(m[i]), PF_OK);
+            CHECK_STATUS(pf_model_step(m[i], &opt, NULL), PF_OK);
+            CHECK_STATUS(pf_model_forward(m[i], &loss, NULL, tok, tgt, 2, 8), PF_OK);
+            CHECK(m[i]->w_stream == 1, "model %d: W stream %lld", i, (long long)m[i]->w_stream);
+        }
+    }
+    free(ref);
+    for (int i = 0; i < 3; i++) pf_model_free(m[i]);
+}
+
 /* pf_model_init_from: src's trained tensors in dst, bit for bit; dst's own W (its seed's, as a
  * fresh model draws it), moments, step and statistic start afresh, even after dst trained; shapes
  * that disagree are refused with dst unchanged. */
@@ -1554,6 +1612,7 @@ static void test_init_from(void) {
     pf_model_config sc = tiny_config(PF_LM_EXACT, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     pf_model_config dc = tiny_config(PF_LM_FAVORPP, PF_LM_LEARNED, PF_KERNEL_POSITIVE);
     dc.seed = 11;
+    dc.w_seed = 12; /* dst's own W is w_seed's */
     pf_model *src = NULL, *dst = NULL, *fresh = NULL;
     CHECK_STATUS(pf_model_create(&src, &sc), PF_OK);
     CHECK_STATUS(pf_model_create(&dst, &dc), PF_OK);
@@ -1717,6 +1776,7 @@ int main(void) {
     test_attention_inputs(PF_LM_EXACT, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
     test_attention_inputs(PF_LM_FAVOR, PF_LM_LEARNED, PF_KERNEL_RELU);
     test_attention_inputs(PF_LM_FAVORPP, PF_LM_ROTARY, PF_KERNEL_POSITIVE);
+    test_seeds();
     test_init_from();
     TEST_MAIN_END();
 }

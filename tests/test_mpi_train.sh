@@ -5,6 +5,8 @@
 #   - data parallel at 2 ranks and sequence parallel at 2 and 3 (oversubscribed): every row of
 #     log.csv (training loss, gradient norm, validation loss and accuracy) and the final weights
 #     equal the single process's to float rounding (relative 1e-5);
+#   - the same for --task mqar (data and sequence parallel at 2 ranks), whose answers fall
+#     unevenly on the ranks: the validation loss and the answer accuracy are the whole batch's;
 #   - stopped after step 3 (--stop-after) and resumed under mpirun: the same log and the same
 #     weight bits as the uninterrupted parallel run;
 #   - rank 0 alone writes: the folder holds the run's files only, no temporaries;
@@ -60,7 +62,8 @@ ra, rb = rows(a), rows(b)
 assert len(ra) == len(rb) == 7, (len(ra), len(rb))
 worst = 0.0
 for x, y in zip(ra, rb):
-    for k in ("step", "lr", "train_loss", "grad_norm", "val_loss", "val_acc"):
+    for k in ("step", "lr", "train_loss", "grad_norm", "val_loss", "val_acc") + \
+             (("val_answer_acc",) if "val_answer_acc" in x else ()):
         if bits:
             assert x[k] == y[k], (k, x[k], y[k])
         elif x[k] != "":
@@ -91,6 +94,20 @@ for run in "data 2" "sequence 2" "sequence 3"; do
         [ "$n" = 1 ] && pass || fail "$d: the summary printed $n times (rank 0 alone prints)"
     else
         fail "mpirun -np $2 train --parallel $1: $(tail -n 5 "$d.log")"
+    fi
+done
+
+# MQAR: few answers, unevenly on the ranks (sequence parallel: a slice of every window each)
+MQ="--task mqar --mqar-pairs 4 --mqar-queries 8 --mqar-keys 16 --batch 4 --attention favor
+    --features 16 --redraw 4 $SMALL"
+"$P" train --out mq-one $MQ >mq-one.log 2>&1 || fail "mqar, one process: $(tail -n 3 mq-one.log)"
+for run in "data 2" "sequence 2"; do
+    set -- $run
+    d="mq-$1-np$2"
+    if $MPIRUN -np "$2" "$P" train --out "$d" $MQ --parallel "$1" >"$d.log" 2>&1; then
+        $PY compare.py "$d" mq-one && pass || fail "$d: not one process's run"
+    else
+        fail "mqar: mpirun -np $2 train --parallel $1: $(tail -n 5 "$d.log")"
     fi
 done
 

@@ -10,7 +10,9 @@
  *   a message saying why; a missing file is PF_EIO;
  * - model checkpoints: save/load gives the same bits (weights, moments, step, W, forward),
  *   metadata comes back, a non-model file and a configuration mismatch are refused, a failed
- *   save leaves nothing behind. */
+ *   save leaves nothing behind; the W seed (pf.w_seed) round-trips apart from the weights' seed,
+ *   a checkpoint without it (written before it existed) loads with W's seed = pf.seed, and a
+ *   malformed one is refused. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,6 +289,7 @@ static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos, pf_kernel 
     c.features = 8;
     c.redraw = 3;
     c.seed = 11;
+    c.w_seed = 13;
     pf_model *m = NULL;
     CHECK_STATUS(pf_model_create(&m, &c), PF_OK);
     if (!m) return;
@@ -318,9 +321,10 @@ static void test_checkpoint(pf_lm_attention att, pf_lm_positions pos, pf_kernel 
     pf_model_config rc = pf_model_get_config(r);
     CHECK(rc.context == c.context && rc.layers == c.layers && rc.d_model == c.d_model &&
               rc.heads == c.heads && rc.attention == c.attention && rc.positions == c.positions &&
-              rc.redraw == c.redraw && rc.seed == c.seed && rc.window == c.window &&
-              rc.kernel == c.kernel,
-          "configuration differs after load");
+              rc.redraw == c.redraw && rc.seed == c.seed && rc.w_seed == c.w_seed &&
+              rc.window == c.window && rc.kernel == c.kernel,
+          "configuration differs after load (seed %llu, w_seed %llu)",
+          (unsigned long long)rc.seed, (unsigned long long)rc.w_seed);
     size_t n = m->num_params;
     CHECK(memcmp(m->params_memory, r->params_memory, 4 * n) == 0, "weights differ");
     CHECK(memcmp(m->m_memory, r->m_memory, 4 * n) == 0, "first moments differ");
@@ -504,8 +508,25 @@ static void test_checkpoint_refusals(void) {
         pf_model_free(old);
     }
 
+    expect_refused_checkpoint("\"pf.w_seed\":\"13\"", "\"pf.w_seed\":\"x\"", "pf.w_seed");
+    expect_refused_checkpoint("\"pf.w_seed\":\"13\"", "\"pf.w_seed\":\"-13\"", "pf.w_seed");
+    expect_refused_checkpoint("\"pf.w_seed\":\"13\"",
+                              "\"pf.w_seed\":\"18446744073709551616\"", "pf.w_seed");
+
     char msg[512];
     pf_model *r = NULL;
+    /* a checkpoint from before W had a seed of its own: no pf.w_seed, W's seed is pf.seed */
+    CHECK(edit_header(tpath("model.safetensors"), tpath("old.safetensors"),
+                      "\"pf.w_seed\":\"13\",", ""),
+          "pf.w_seed not in the header");
+    CHECK_STATUS(pf_model_load(&r, tpath("old.safetensors"), msg, sizeof(msg)), PF_OK);
+    if (r) {
+        CHECK(r->config.seed == 11 && r->config.w_seed == 11,
+              "old checkpoint: seed %llu, w_seed %llu", (unsigned long long)r->config.seed,
+              (unsigned long long)r->config.w_seed);
+        pf_model_free(r);
+        r = NULL;
+    }
     /* a valid safetensors file that is not a model */
     CHECK_STATUS(pf_model_load(&r, tpath("rt.safetensors"), msg, sizeof(msg)), PF_EFORMAT);
     CHECK(strstr(msg, "not a performer") != NULL, "message '%s'", msg);

@@ -26,7 +26,15 @@
 #   --init-from with --resume, --steps 0 without it: each refused with a message;
 # - bad input: missing, empty or binary data, a context longer than the data, a checkpoint
 #   that exists without --resume, settings given with --resume, a damaged checkpoint, bad
-#   flags: each a clear message and the right exit status.
+#   flags: each a clear message and the right exit status;
+# - seeds: --data-seed, --init-seed and --w-seed each move their own part only (batches, initial
+#   weights, W at creation and at a redraw), default to --seed, are recorded in the checkpoint and
+#   kept by --resume; a checkpoint without them (from before) resumes as it always did; bad
+#   values refused;
+# - --task mqar: the windows read back are recall sequences (an independent check), decided by
+#   the data seed, the validation set apart from the training windows; the log's val_answer_acc
+#   and val_loss equal what the dumped logits give; a run resumed = uninterrupted; a short run
+#   learns to read the pairs (the bound is stated there); impossible settings refused.
 # No `set -e`: every check runs, failures are counted, exit 1 if any.
 
 TEST=test_train; . "$(dirname "$0")/lib.sh"
@@ -372,6 +380,296 @@ expect_fail 1 "--init-from: .*none.safetensors" $P train --out "$T/e17" \
     --init-from "$T/none.safetensors"
 expect_fail 1 "--init-from: " $P train --out "$T/e18" --init-from "$T/words.txt"
 
+# ---- the three seeds ---------------------------------------------------------------------------
+# --data-seed (the batches), --init-seed (the initial weights) and --w-seed (FAVOR's W), each
+# --seed's unless given. PERFORMER_TRAIN_DUMP makes a run write what it starts from: the model
+# before its first step (init.safetensors), the first step's batch and the first evaluation's
+# batches; compared here with the independent reader. FAVOR with W redrawn every step, so that
+# the checkpoint after 2 steps holds a W drawn at a redraw.
+SD="$TINY --attention favor --features 16 --redraw 1 --eval-every 2"
+seed_run() { # seed_run NAME ARGS...: into $T/sd-NAME, dumping into $T/sdd-NAME
+    name=$1; shift
+    mkdir -p "$T/sdd-$name"
+    PERFORMER_TRAIN_DUMP="$T/sdd-$name" $P train --out "$T/sd-$name" $SD --steps 2 "$@" \
+        >"$T/sd-$name.out" 2>"$T/sd.err"
+    check "seeds: run $name exits 0: $(tail -2 "$T/sd.err")" [ $? -eq 0 ]
+}
+seed_run base --seed 5
+seed_run data --seed 5 --data-seed 6
+seed_run w --seed 5 --w-seed 6
+seed_run init --seed 5 --init-seed 6
+seed_run all --seed 6
+seed_run given --data-seed 5 --init-seed 5 --w-seed 5 # (no --seed: its default, 1, unused)
+cat >"$T/seeds.py" <<'EOF2'
+import json, struct, sys
+import numpy as np
+
+def load(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    meta = h.pop("__metadata__")
+    return {k: b[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]]
+            for k, e in h.items()}, meta
+
+T = sys.argv[1]
+def parts(name):
+    d = T + "/sdd-" + name
+    t, _ = load(d + "/init.safetensors")
+    weights = b"".join(t[k] for k in sorted(t) if not k.startswith("favor"))
+    batch = np.load(d + "/train_tokens.npy").tobytes() + np.load(d + "/train_targets.npy").tobytes()
+    val = np.load(d + "/eval_tokens.npy").tobytes()
+    return {"weights": weights, "W": t["favor.W"], "batches": batch, "validation": val}
+base = parts("base")
+# what each run changes, against --seed 5 alone
+want = {"data": {"batches", "validation"}, "w": {"W"}, "init": {"weights"},
+        "all": {"weights", "W", "batches", "validation"}, "given": set()}
+bad = []
+for name, moved in want.items():
+    p = parts(name)
+    for k in base:
+        if (p[k] != base[k]) != (k in moved):
+            bad.append("%s: %s %s" % (name, k, "moved" if k not in moved else "did not move"))
+# the checkpoints say which seed is which; a redrawn W is the W seed's too
+ck = {n: load(T + "/sd-" + n + "/checkpoint.safetensors")
+      for n in ("base", "w", "init", "data", "given")}
+for n, (s, w, d) in {"base": (5, 5, 5), "w": (5, 6, 5), "init": (6, 5, 5), "data": (5, 5, 6),
+                     "given": (5, 5, 5)}.items():
+    m = ck[n][1]
+    if (m["pf.seed"], m["pf.w_seed"], m["run.data_seed"]) != (str(s), str(w), str(d)):
+        bad.append("%s: metadata seeds %s" % (n, (m["pf.seed"], m["pf.w_seed"],
+                                                  m["run.data_seed"])))
+if ck["init"][0]["favor.W"] != ck["base"][0]["favor.W"]:
+    bad.append("init: the W redrawn at step 2 moved")
+if ck["given"][0] != ck["base"][0]:
+    bad.append("given: --data-seed 5 --init-seed 5 --w-seed 5 is not --seed 5")
+if bad:
+    sys.exit("; ".join(bad))
+EOF2
+check "seeds: each moves its own part only (weights, W, batches), and is recorded" \
+    $PY "$T/seeds.py" "$T"
+check "seeds: the summary names them" grep -q "^seeds: data 5, initial weights 6, W 5$" \
+    "$T/sd-init.out"
+# --init-from: the new run's W is its own --w-seed's (that of a fresh run with it)
+$P train --out "$T/sd-if" --init-from "$T/sd-base/checkpoint.safetensors" --attention favor \
+    --features 16 --w-seed 6 --steps 0 --batch 4 --eval-batches 2 --no-plot >/dev/null 2>&1
+check "seeds: --init-from draws W from its own --w-seed" $PY -c "
+import json, struct
+def w(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]
+    e = json.loads(b[8:8 + n])['favor.W']
+    return b[8 + n + e['data_offsets'][0]:8 + n + e['data_offsets'][1]]
+assert w('$T/sd-if/checkpoint.safetensors') == w('$T/sdd-w/init.safetensors')
+assert w('$T/sd-if/checkpoint.safetensors') != w('$T/sdd-base/init.safetensors')
+"
+# stopped and resumed: every seed kept (W redrawn after the resume from the W seed, batches
+# from the data seed) = the uninterrupted run
+S3="--seed 5 --data-seed 6 --init-seed 7 --w-seed 8"
+$P train --out "$T/sd-full" $SD --steps 6 $S3 >/dev/null 2>&1
+$P train --out "$T/sd-stop" $SD --steps 6 $S3 --stop-after 3 >/dev/null 2>&1
+$P train --out "$T/sd-stop" --resume --no-plot >/dev/null 2>"$T/sd.err"
+check "seeds: resumed with three seeds = uninterrupted: $(cat "$T/sd.err")" \
+    $PY "$T/same.py" "$T/sd-full/checkpoint.safetensors" "$T/sd-stop/checkpoint.safetensors"
+# a checkpoint written before the seeds were apart (no pf.w_seed, run.data_seed, run.task) is
+# resumed with all three = pf.seed: as the run would have gone on
+cat >"$T/strip.py" <<'EOF2'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k in ("pf.w_seed", "run.data_seed", "run.task"):
+    del h["__metadata__"][k]
+j = json.dumps(h, separators=(",", ":")).encode()
+j += b" " * (-len(j) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(j)) + j + b[8 + n:])
+EOF2
+$P train --out "$T/sd-old-full" $SD --steps 6 --seed 5 >/dev/null 2>&1
+$P train --out "$T/sd-old" $SD --steps 6 --seed 5 --stop-after 3 >/dev/null 2>&1
+$PY "$T/strip.py" "$T/sd-old/checkpoint.safetensors"
+check "seeds: the stripped checkpoint lacks pf.w_seed" \
+    sh -c "! grep -q 'pf.w_seed' '$T/sd-old/checkpoint.safetensors'"
+$P train --out "$T/sd-old" --resume --no-plot >/dev/null 2>"$T/sd.err"
+check "seeds: an old checkpoint resumes as it always did: $(cat "$T/sd.err")" \
+    $PY "$T/same.py" "$T/sd-old-full/checkpoint.safetensors" "$T/sd-old/checkpoint.safetensors"
+# bad values: a clear message, exit 2
+for flag in --seed --data-seed --init-seed --w-seed; do
+    expect_fail 2 "$flag: expected a non-negative integer below 2^64, got 'x1'" \
+        $P train --out "$T/e-sd" $TINY $flag x1
+    expect_fail 2 "$flag: expected a non-negative integer below 2^64, got '-1'" \
+        $P train --out "$T/e-sd" $TINY $flag -1
+    expect_fail 2 "$flag: expected a non-negative integer below 2^64, got '18446744073709551616'" \
+        $P train --out "$T/e-sd" $TINY $flag 18446744073709551616
+done
+$P train --out "$T/sd-max" $TINY --steps 1 --attention favor --features 16 \
+    --w-seed 18446744073709551615 >/dev/null 2>&1
+check "seeds: 2^64 - 1 is a seed" [ $? -eq 0 ]
+expect_fail 2 "--w-seed is for --attention favor or favor++" $P train --out "$T/e-sd" $TINY \
+    --w-seed 3
+expect_fail 2 "--init-seed seeds the initial weights; with --init-from" $P train --out "$T/e-sd" \
+    --init-from "$T/sd-base/checkpoint.safetensors" --init-seed 3
+expect_fail 2 "checkpoint's settings" $P train --out "$T/sd-base" --resume --data-seed 3
+check "seeds: refused runs leave no folder" [ ! -e "$T/e-sd" ]
+
+# ---- MQAR: multi-query associative recall -------------------------------------------------------
+# --task mqar generates its windows (pf_mqar_batch): read back here through PERFORMER_TRAIN_DUMP
+# and checked without the generator's code; the loss and the accuracy count the answers only
+# (val_answer_acc, recomputed here from the dumped logits); stopped and resumed = uninterrupted.
+MQ="--task mqar $TINY --mqar-pairs 3 --mqar-queries 5 --mqar-keys 8 --eval-every 4"
+mkdir -p "$T/mqd-a" "$T/mqd-b" "$T/mqd-c"
+PERFORMER_TRAIN_DUMP="$T/mqd-a" $P train --out "$T/mq-full" $MQ --steps 12 >"$T/mq.out" \
+    2>"$T/mq.err"
+check "mqar: exits 0: $(tail -2 "$T/mq.err")" [ $? -eq 0 ]
+PERFORMER_TRAIN_DUMP="$T/mqd-b" $P train --out "$T/mq-stop" $MQ --steps 12 --stop-after 6 \
+    >/dev/null 2>&1
+PERFORMER_TRAIN_DUMP="$T/mqd-c" $P train --out "$T/mq-seed" $MQ --steps 1 --data-seed 2 \
+    >/dev/null 2>&1
+$P train --out "$T/mq-stop" --resume --threads 1 --no-plot >/dev/null 2>"$T/mq.err"
+check "mqar: resumed = uninterrupted, bit for bit: $(cat "$T/mq.err")" \
+    $PY "$T/same.py" "$T/mq-full/checkpoint.safetensors" "$T/mq-stop/checkpoint.safetensors"
+check "mqar: resumed log = uninterrupted log" \
+    sh -c "cut -d, -f1-4,7-10 '$T/mq-full/log.csv' >'$T/la'; cut -d, -f1-4,7-10 '$T/mq-stop/log.csv' \
+           >'$T/lb'; cmp -s '$T/la' '$T/lb'"
+L="$T/mq-full/log.csv"
+check "mqar: log header" sh -c "head -1 '$L' | grep -q \
+'^step,lr,train_loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_acc,val_answer_acc$'"
+check "mqar: evaluations at 0, 4, 8, 12 with val_answer_acc, val_acc empty" sh -c "[ \"\$(awk -F, \
+'NR > 1 && \$7 != \"\" && \$9 == \"\" && \$10 != \"\" {print \$1}' '$L' | tr '\n' ' ')\" = '0 4 8 12 ' ]"
+check "mqar: every row has 10 columns" awk -F, 'NF != 10 {exit 1}' "$L"
+check "mqar: the run says what it trains on" \
+    grep -q "^data: MQAR: 3 key-value pairs and 5 queries per window of 32" "$T/mq.out"
+check "mqar: the summary gives the answer accuracy" \
+    grep -q "^step 12/12: validation loss .*answer accuracy" "$T/mq.out"
+check "mqar: progress lines give the answer accuracy" grep -q "answer acc" "$T/mq.err"
+cat >"$T/mqar.py" <<'EOF2'
+import json, struct, sys
+import numpy as np
+
+N, Q, K = 3, 5, 8
+T = sys.argv[1]
+def seqs(d, what):
+    return (np.load("%s/%s_tokens.npy" % (d, what)).reshape(-1, 32),
+            np.load("%s/%s_targets.npy" % (d, what)).reshape(-1, 32))
+bad = []
+def check(tok, tgt, name):
+    for s, (x, y) in enumerate(zip(tok, tgt)):
+        keys, vals = list(x[0:2 * N:2]), list(x[1:2 * N:2])
+        if len(set(keys)) != N or len(set(vals)) != N or not all(0 <= k < K for k in keys) \
+                or not all(K <= v < 2 * K for v in vals) or (y[:2 * N] != -1).any():
+            bad.append("%s %d: pairs %s" % (name, s, list(x[:2 * N])))
+        answers = [p for p in range(2 * N, 32) if y[p] >= 0]
+        if len(answers) != Q:
+            bad.append("%s %d: %d answers" % (name, s, len(answers)))
+        for p in answers:  # a key seen earlier, the target its value
+            if (p - 2 * N) % 2 or x[p] not in keys or y[p] != vals[keys.index(x[p])]:
+                bad.append("%s %d: position %d asks %d, target %d" % (name, s, p, x[p], y[p]))
+        asked = [list(x[answers]).count(k) for k in keys]  # Q > N: each Q // N or Q // N + 1
+        if min(asked) < Q // N or max(asked) > -(-Q // N):
+            bad.append("%s %d: keys asked %s times" % (name, s, asked))
+        filler = [p for p in range(2 * N, 32) if y[p] < 0]
+        if any(x[p] < 2 * K or x[p] > 255 or y[p] != -1 for p in filler):
+            bad.append("%s %d: filler" % (name, s))
+for d in ("a", "b", "c"):
+    for what in ("train", "eval"):
+        check(*seqs(T + "/mqd-" + d, what), d + " " + what)
+ta, ea = seqs(T + "/mqd-a", "train"), seqs(T + "/mqd-a", "eval")
+tb, eb = seqs(T + "/mqd-b", "train"), seqs(T + "/mqd-b", "eval")
+tc, ec = seqs(T + "/mqd-c", "train"), seqs(T + "/mqd-c", "eval")
+if not (ta[0] == tb[0]).all() or not (ea[0] == eb[0]).all():
+    bad.append("the same data seed gave other sequences")
+if (tc[0] == ta[0]).all() or (ec[0] == ea[0]).all():
+    bad.append("another data seed gave the same sequences")
+if any((ea[0][i] == ta[0][j]).all() for i in range(len(ea[0])) for j in range(len(ta[0]))):
+    bad.append("a validation sequence is a training one")
+if len({r.tobytes() for r in ea[0]}) != len(ea[0]):
+    bad.append("validation sequences repeat")
+if bad:
+    sys.exit("; ".join(bad[:5]))
+EOF2
+check "mqar: the dumped windows are recall sequences; the data seed decides them; the validation \
+set is apart" $PY "$T/mqar.py" "$T"
+# Learning, the CI-sized check: 2 pairs among 8 keys, 6 queries, context 16 (2 layers, d_model
+# 64, exact attention, 300 steps of 32 windows, one thread: 3 to 4 s on an idle core). Its bound:
+# validation loss < 1.0 nats and answer accuracy >= 0.4. Without reading the window a model can
+# do no better than a uniform guess among the 8 value bytes: loss ln 8 = 2.08, accuracy 0.125
+# (untrained: 5.5 and about 0). Knowing that the answer is one of the window's 2 values gives
+# ln 2 = 0.69 and 0.5: at step 300, seeds 1 to 5 are at loss 0.73-0.74, accuracy 0.46-0.51
+# (1536 answers: SD 0.013). So below 1.0 the model reads the pairs. Telling which of the two
+# goes with the key (accuracy 1.0) comes after a plateau whose length varies with the seed (from
+# a few hundred steps to thousands): scripts/mqar_check.sh is that longer check.
+ML="--task mqar --mqar-pairs 2 --mqar-queries 6 --mqar-keys 8 --context 16 --layers 2 --d-model 64
+    --heads 4 --batch 32 --lr 1e-3 --warmup 50 --eval-every 100 --eval-batches 8 --threads 1
+    --no-plot"
+start=$(date +%s)
+$P train --out "$T/mq-learn" $ML --steps 300 >"$T/ml.out" 2>"$T/ml.err"
+check "mqar: the learning run exits 0: $(tail -2 "$T/ml.err")" [ $? -eq 0 ]
+echo "test_train.sh: mqar learning run: $(($(date +%s) - start)) s; $(grep '^step 300/300' "$T/ml.out")"
+check "mqar: learnt to read the pairs (val loss < 1.0, answer acc >= 0.4): \
+$(tail -1 "$T/mq-learn/log.csv")" \
+    awk -F, 'END { exit !($7 < 1.0 && $10 >= 0.4) }' "$T/mq-learn/log.csv"
+# the accuracy and the loss, recomputed from the logits: the trained model evaluated again
+# (--init-from, --steps 0) with its windows and logits dumped; the same validation set, so the
+# same numbers as the run's last evaluation
+mkdir -p "$T/mqd-e"
+PERFORMER_TRAIN_DUMP="$T/mqd-e" $P train --out "$T/mq-eval" --init-from \
+    "$T/mq-learn/checkpoint.safetensors" $(echo $ML | sed 's/--layers 2 --d-model 64 --heads 4//') \
+    --steps 0 >/dev/null 2>"$T/me.err"
+check "mqar: --init-from --steps 0 exits 0: $(tail -2 "$T/me.err")" [ $? -eq 0 ]
+cat >"$T/acc.py" <<'EOF2'
+import csv, sys
+import numpy as np
+d, log, ref = sys.argv[1:4]
+tok = np.load(d + "/eval_tokens.npy")
+tgt = np.load(d + "/eval_targets.npy").astype(np.int64)
+logits = np.load(d + "/eval_logits.npy").astype(np.float64)
+ans = tgt >= 0
+acc = float((logits.argmax(-1)[ans] == tgt[ans]).mean())
+z = logits - logits.max(-1, keepdims=True)
+lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+nll = -np.take_along_axis(lp, np.where(ans, tgt, 0)[..., None], -1)[..., 0]
+loss = float(np.mean([nll[e][ans[e]].mean() for e in range(len(tgt))]))  # per batch, then mean
+row = list(csv.DictReader(open(log)))[0]
+last = list(csv.DictReader(open(ref)))[-1]
+assert ans.sum() == tgt.shape[0] * tgt.shape[1] * 6, ans.sum()
+assert 0.05 < acc < 0.95 or acc == 1.0, acc  # a case with right and wrong answers, or learnt
+assert row["val_acc"] == "" and abs(float(row["val_answer_acc"]) - acc) <= 1e-6, (row, acc)
+assert abs(float(row["val_loss"]) - loss) < 1e-5 * max(1, loss), (row["val_loss"], loss)
+assert row["val_answer_acc"] == last["val_answer_acc"] and row["val_loss"] == last["val_loss"], \
+    (row, last)
+print("mqar: answer accuracy %.6f and loss %.6f from the logits, as logged" % (acc, loss))
+EOF2
+check "mqar: the logged accuracy and loss are the logits' (recomputed in float64)" \
+    $PY "$T/acc.py" "$T/mqd-e" "$T/mq-eval/log.csv" "$T/mq-learn/log.csv"
+# impossible settings: a clear message, exit 2, no folder
+expect_fail 2 "generates its own sequences: --data is for --task text" \
+    $P train --out "$T/e-mq" --task mqar --data bible
+expect_fail 2 "generates its own sequences: --format" $P train --out "$T/e-mq" --task mqar \
+    --format text
+expect_fail 2 "generates its own sequences: --val-fraction" \
+    $P train --out "$T/e-mq" --task mqar --val-fraction 0.1
+expect_fail 2 "--mqar-pairs is for --task mqar" $P train --out "$T/e-mq" --mqar-pairs 4
+expect_fail 2 "--mqar-keys is for --task mqar" $P train --out "$T/e-mq" --task text --mqar-keys 4
+expect_fail 2 "--mqar-pairs 9 needs 9 distinct keys, but --mqar-keys is 8" \
+    $P train --out "$T/e-mq" --task mqar --mqar-pairs 9 --mqar-keys 8
+expect_fail 2 "need a context of at least 34 (2 per pair, 2 per query), not 32" \
+    $P train --out "$T/e-mq" --task mqar --mqar-pairs 8 --mqar-queries 9 --context 32
+expect_fail 2 "need a context of at least 32 (2 per pair, 2 per query), not 16" \
+    $P train --out "$T/e-mq" --task mqar --init-from "$T/mq-learn/checkpoint.safetensors"
+expect_fail 2 "--mqar-keys: expected an integer from 1 to 127, got '128'" \
+    $P train --out "$T/e-mq" --task mqar --mqar-keys 128
+expect_fail 2 "--mqar-queries: expected an integer" $P train --out "$T/e-mq" --task mqar \
+    --mqar-queries 0
+expect_fail 2 "--mqar-pairs: expected an integer" $P train --out "$T/e-mq" --task mqar \
+    --mqar-pairs x
+expect_fail 2 "--task: unknown value 'copy'; expected text or mqar" $P train --out "$T/e-mq" \
+    --task copy
+expect_fail 2 "checkpoint's settings" $P train --out "$T/mq-full" --resume --task text
+check "mqar: refused runs leave no folder" [ ! -e "$T/e-mq" ]
+$P train --help >"$T/thelp" 2>&1
+for f in --seed --data-seed --init-seed --w-seed --task --mqar-pairs --mqar-queries --mqar-keys; do
+    check "train --help explains $f" grep -q -E -- "^  $f [A-Z]" "$T/thelp"
+    check "train --help's synopsis has $f" grep -q -E -- "\[$f [A-Za-z|]+\]" "$T/thelp"
+done
+
 # ---- bad input --------------------------------------------------------------------------------
 expect_fail 1 "No such file" $P train --out "$T/e1" --data "$T/none.fa" $TINY
 : >"$T/empty.txt"
@@ -395,6 +693,10 @@ expect_fail 2 "local attention does not use it" $P train --out "$T/e22" --attent
 expect_fail 2 "--attention NAME\|local" $P train --out "$T/e23" --attention locale
 expect_fail 2 "--redraw does not apply" $P train --out "$T/e24" --attention favor --kernel elu \
     --redraw 5
+expect_fail 2 "--w-seed does not apply" $P train --out "$T/e26" --attention favor --kernel elu \
+    --w-seed 5
+expect_fail 2 "local attention does not use it" $P train --out "$T/e27" --attention local \
+    --w-seed 5
 expect_fail 2 "must be d-model/heads = 16" $P train --out "$T/e25" $TINY --steps 2 \
     --attention favor --kernel elu --features 8
 check "refused elu run left no folder" [ ! -e "$T/e25" ]

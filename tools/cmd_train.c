@@ -2,9 +2,20 @@
  * James Bible or any text/FASTA file, with evaluation, a CSV log, a plot and checkpoints that
  * --resume continues bit for bit.
  *
- * Every step is a function of (settings, step): the batch is drawn from (seed, step), the
- * learning rate from the schedule, FAVOR's W from (seed, step / redraw). So a run stopped after
- * its last checkpoint and resumed gives the same parameters as one never stopped.
+ * Every step is a function of (settings, step): the batch is drawn from (data seed, step), the
+ * learning rate from the schedule, FAVOR's W from (W seed, step / redraw), the initial weights
+ * from the init seed (--data-seed, --w-seed, --init-seed, each --seed unless given). So a run
+ * stopped after its last checkpoint and resumed gives the same parameters as one never stopped.
+ *
+ * --task mqar trains on multi-query associative recall (pf_mqar_batch) instead of a corpus: the
+ * batches are generated from (data seed, step), the validation set from (data seed, EVAL_STREAM
+ * + i), and an evaluation reports the accuracy on the answers.
+ *
+ * For the tests, the environment variable PERFORMER_TRAIN_DUMP=DIR (not in --help) makes a
+ * run of one process write into DIR what it starts from: init.safetensors (the model before its
+ * first step: weights, W), train_tokens.npy and train_targets.npy (the first step's batch, (B,T)
+ * int32), and from its first evaluation eval_tokens.npy, eval_targets.npy (E,B,T) and
+ * eval_logits.npy (E,B,T,256), so that they can be checked independently.
  *
  * Under mpirun (the MPI build, performer-mpi: mpi/tool_mpi.h) with --parallel data|sequence, every
  * rank draws the same batch and trains its share of it through pf_mpi_trainer: whole sequences
@@ -43,7 +54,9 @@ const char cmd_train_synopsis[] =
     "     [--attention exact|favor|favor++|local] [--window W] [--kernel K] [--features M]\n"
     "     [--redraw N] [--positions learned|rotary] [--heads H] [--context T] [--steps S]\n"
     "     [--batch B] [--lr LR] [--warmup W] [--weight-decay WD] [--clip G] [--eval-every N]\n"
-    "     [--eval-batches N] [--seed S] [--threads N] [--resume] [--stop-after N]\n"
+    "     [--eval-batches N] [--seed S] [--data-seed S] [--init-seed S] [--w-seed S]\n"
+    "     [--task text|mqar] [--mqar-pairs N] [--mqar-queries Q] [--mqar-keys K]\n"
+    "     [--threads N] [--resume] [--stop-after N]\n"
     "     [--init-from CHECKPOINT] [--fit-batches N] [--parallel data|sequence]   (under mpirun)\n";
 
 void cmd_train_help(void) {
@@ -56,6 +69,8 @@ void cmd_train_help(void) {
            "A progress line goes to stderr.\n"
            "\n"
            "data:                                                                 [default]\n"
+           "  --task NAME         text: next-byte prediction on --data; mqar: associative\n"
+           "                      recall sequences the tool generates (below)     [text]\n"
            "  --data NAME|FILE    proteins: Debian's mmseqs2-examples DB.fasta.gz (20,000\n"
            "                      UniProt sequences); bible: the King James text exported by\n"
            "                      the bible program (package bible-kjv; cached in DIR); or a\n"
@@ -78,8 +93,9 @@ void cmd_train_help(void) {
            "  --features M        FAVOR projections per layer                     [64]\n"
            "  --redraw N          a new FAVOR W every N steps, 0 = never          [1000]\n"
            "  --window W          local: query t sees keys t-W+1..t (W >= context: exact) [32]\n"
-           "  --positions NAME    learned | rotary                                [learned]\n"
-           "\n"
+           "  --positions NAME    learned | rotary                                [learned]\n",
+           cmd_train_synopsis);
+    printf("\n"
            "training:\n"
            "  --steps S           optimizer steps                                 [1000]\n"
            "  --batch B           windows per step                                [8]\n"
@@ -91,7 +107,11 @@ void cmd_train_help(void) {
            "  --eval-every N      evaluate every N steps (and at the end)         [100]\n"
            "  --eval-batches N    validation batches per evaluation (fixed ones)  [8]\n"
            "  --checkpoint-every N  write the checkpoint every N steps            [eval-every]\n"
-           "  --seed S            weights, W and batches                          [1]\n"
+           "  --seed S            the default of the three seeds below            [1]\n"
+           "  --data-seed S       the batches (order and windows; MQAR: the sequences and the\n"
+           "                      validation set)                                 [seed]\n"
+           "  --init-seed S       the initial weights                             [seed]\n"
+           "  --w-seed S          FAVOR's W, every redraw (favor, favor++)        [seed]\n"
            "  --threads N         threads, 0 = OpenMP's default; results do not depend on it [0]\n"
            "  --log-every N       without a terminal, a progress line every N steps [steps/20]\n"
            "  --no-plot           do not draw curves.png\n"
@@ -102,17 +122,17 @@ void cmd_train_help(void) {
            "                      --stop-after and --parallel may be given); the result is\n"
            "                      bit for bit that of an uninterrupted run (with the same\n"
            "                      number of ranks)\n"
-           "  --stop-after N      stop after step N with a checkpoint, as if killed there\n",
-           cmd_train_synopsis);
+           "  --stop-after N      stop after step N with a checkpoint, as if killed there\n");
     printf("\n"
            "starting from another model's weights:\n"
            "  --init-from CKPT    a new run (not --resume) whose weights start as those of the\n"
            "                      checkpoint CKPT, in this run's configuration: carried are\n"
            "                      every trained tensor (embeddings, positions, layer norms,\n"
            "                      qkv, projections, MLP); new are FAVOR's W (drawn from this\n"
-           "                      run's --seed), FAVOR++'s running statistic, the AdamW moments\n"
-           "                      (0) and the step count (0). --attention, --kernel,\n"
-           "                      --features, --redraw, --seed and the training flags are this\n"
+           "                      run's --w-seed), FAVOR++'s running statistic, the AdamW\n"
+           "                      moments (0) and the step count (0). --attention, --kernel,\n"
+           "                      --features, --redraw, the seeds (--init-seed has nothing to\n"
+           "                      seed: refused), --task and the training flags are this\n"
            "                      run's (defaults as above). --layers, --d-model, --heads,\n"
            "                      --positions and (learned positions) --context are CKPT's:\n"
            "                      leave them out, or give the same values (rotary positions\n"
@@ -122,6 +142,25 @@ void cmd_train_help(void) {
            "  --fit-batches N     --attention favor++: before step 0's evaluation, fit A (the\n"
            "                      running statistic) on N training batches, changing no weight\n"
            "                      [0]\n");
+    printf("\n"
+           "multi-query associative recall (--task mqar):\n"
+           "  --mqar-pairs N      key-value pairs per window, at most K           [8]\n"
+           "  --mqar-queries Q    queries per window (Q <= N: each a different key);\n"
+           "                      2N + 2Q must not exceed --context               [N]\n"
+           "  --mqar-keys K       key bytes, and as many value bytes: 1..127      [64]\n"
+           "\n"
+           "--task mqar is MQAR, the recall task of the Zoology study of efficient attention\n"
+           "(Arora et al. 2023), on bytes. Each window of --context bytes starts with N\n"
+           "key-value pairs k1 v1 ... kN vN (keys: bytes 0..K-1, values: bytes K..2K-1; each\n"
+           "distinct within the window); then come Q queries, each a key seen earlier\n"
+           "(every N queries ask each key once, in random order) whose next byte must be\n"
+           "its value; every other byte is filler (2K..255). The queries take slots of two\n"
+           "bytes after the pairs, slot g drawn with weight 1/(g+1) as in Zoology. Only the\n"
+           "answers count in the loss; each evaluation reports the accuracy on them (the\n"
+           "argmax of the logits is the value): column val_answer_acc of log.csv, whose\n"
+           "val_acc stays empty. No --data, --format or --val-fraction: the windows are a\n"
+           "function of (--data-seed, step, index), and the validation set is a fixed set of\n"
+           "its own.\n");
     printf("\n"
            "across processes (mpirun -np N performer train ...; Open MPI):\n"
            "  --parallel KIND     data: each rank trains whole windows of every batch (--batch\n"
@@ -144,10 +183,15 @@ void cmd_train_help(void) {
 /* The shape flags, which --init-from checks against (or takes from) the checkpoint. */
 enum { SHAPE_LAYERS = 1, SHAPE_D_MODEL = 2, SHAPE_HEADS = 4, SHAPE_CONTEXT = 8, SHAPE_POSITIONS = 16 };
 
+enum { TASK_TEXT = 0, TASK_MQAR = 1 };
+
 typedef struct train_cfg {
     const char *out, *data;
     int format; /* pf_corpus_format */
     double val_fraction;
+    int task;           /* TASK_TEXT or TASK_MQAR */
+    pf_mqar mqar;       /* --task mqar's settings */
+    uint64_t data_seed; /* the batches'; model.seed the initial weights', model.w_seed W's */
     pf_model_config model;
     int steps, batch, warmup, eval_every, eval_batches, checkpoint_every;
     double lr, lr_min, weight_decay, clip;
@@ -226,6 +270,38 @@ static int parallel_check(const train_cfg *c) {
     return 0;
 }
 
+/* --task mqar: its flags against the others (before the context is known for certain, which
+ * --init-from may take from its checkpoint: mqar_fits). 0, or a usage error already reported. */
+static int task_check(train_cfg *c, const tool_args *a) {
+    static const char *const mqar_flags[] = {"--mqar-pairs", "--mqar-queries", "--mqar-keys"};
+    static const char *const text_flags[] = {"--data", "--format", "--val-fraction"};
+    for (int k = 0; k < 3; k++) {
+        if (c->task == TASK_TEXT && tool_given(a, mqar_flags[k]))
+            return tool_usage(CMD, "%s is for --task mqar", mqar_flags[k]);
+        if (c->task == TASK_MQAR && tool_given(a, text_flags[k]))
+            return tool_usage(CMD, "--task mqar generates its own sequences: %s is for --task "
+                                   "text",
+                              text_flags[k]);
+    }
+    if (c->task != TASK_MQAR) return 0;
+    c->data = "mqar";
+    if (!tool_given(a, "--mqar-queries")) c->mqar.queries = c->mqar.pairs;
+    if (c->mqar.pairs > c->mqar.keys)
+        return tool_usage(CMD, "--mqar-pairs %d needs %d distinct keys, but --mqar-keys is %d",
+                          c->mqar.pairs, c->mqar.pairs, c->mqar.keys);
+    return 0;
+}
+
+/* --task mqar: the pairs and queries fit the context (2N + 2Q <= T). 0, or a usage error
+ * already reported. */
+static int mqar_fits(const train_cfg *c) {
+    const pf_mqar *q = &c->mqar;
+    if (pf_mqar_check(q, c->model.context) == PF_OK) return 0;
+    return tool_usage(CMD, "--mqar-pairs %d and --mqar-queries %d need a context of at least %d "
+                           "(2 per pair, 2 per query), not %d",
+                      q->pairs, q->queries, 2 * q->pairs + 2 * q->queries, c->model.context);
+}
+
 static int parse_args(train_cfg *c, int argc, char **argv) {
     static const char *const atts[] = {"exact", "favor", "favor++", "local", NULL};
     static const pf_lm_attention att_of[] = {PF_LM_EXACT, PF_LM_FAVOR, PF_LM_FAVORPP, PF_LM_LOCAL};
@@ -234,7 +310,9 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
     static const char *const poss[] = {"learned", "rotary", NULL};
     static const char *const formats[] = {"auto", "fasta", "text", NULL};
     static const char *const parallels[] = {"data", "sequence", NULL};
+    static const char *const tasks[] = {"text", "mqar", NULL};
     int lr_min_given = 0, ckpt_given = 0;
+    uint64_t seed = c->model.seed, seeds[3] = {0, 0, 0}; /* --data-seed, --init-seed, --w-seed */
     tool_args a;
     tool_args_init(&a, CMD, argc, argv);
     while (tool_next(&a)) {
@@ -282,7 +360,23 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
             if (v && (idx = tool_parse_choice(&a, "--positions", v, poss)) >= 0)
                 m->positions = idx == 0 ? PF_LM_LEARNED : PF_LM_ROTARY;
         } else if (tool_opt(&a, "--seed", &v)) {
-            if (v) tool_parse_u64(&a, "--seed", v, &m->seed);
+            if (v) tool_parse_u64(&a, "--seed", v, &seed);
+        } else if (tool_opt(&a, "--data-seed", &v)) {
+            if (v) tool_parse_u64(&a, "--data-seed", v, &seeds[0]);
+        } else if (tool_opt(&a, "--init-seed", &v)) {
+            if (v) tool_parse_u64(&a, "--init-seed", v, &seeds[1]);
+        } else if (tool_opt(&a, "--w-seed", &v)) {
+            if (v) tool_parse_u64(&a, "--w-seed", v, &seeds[2]);
+        } else if (tool_opt(&a, "--task", &v)) {
+            if (v && (idx = tool_parse_choice(&a, "--task", v, tasks)) >= 0) c->task = idx;
+        } else if (tool_opt(&a, "--mqar-pairs", &v)) {
+            if (v) tool_parse_int(&a, "--mqar-pairs", v, 1, 127, &c->mqar.pairs);
+        } else if (tool_opt(&a, "--mqar-queries", &v)) {
+            if (v)
+                tool_parse_int(&a, "--mqar-queries", v, 1, PF_LM_MAX_CONTEXT / 2,
+                               &c->mqar.queries);
+        } else if (tool_opt(&a, "--mqar-keys", &v)) {
+            if (v) tool_parse_int(&a, "--mqar-keys", v, 1, 127, &c->mqar.keys);
         } else if (tool_opt(&a, "--threads", &v)) {
             if (v) tool_parse_int(&a, "--threads", v, 0, PF_MAX_THREADS, &c->threads);
             setting = 0;
@@ -335,6 +429,15 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
                        {"--positions", SHAPE_POSITIONS}};
     for (int k = 0; k < 5; k++)
         if (tool_given(&a, shape_flags[k].flag)) c->shapes_given |= shape_flags[k].bit;
+    /* the three seeds: each its flag's, or --seed's (which alone gives the bits of the days
+     * before they were apart) */
+    c->data_seed = tool_given(&a, "--data-seed") ? seeds[0] : seed;
+    c->model.seed = tool_given(&a, "--init-seed") ? seeds[1] : seed;
+    c->model.w_seed = tool_given(&a, "--w-seed") ? seeds[2] : seed;
+    if (c->init_from && tool_given(&a, "--init-seed"))
+        return tool_usage(CMD, "--init-seed seeds the initial weights; with --init-from they are "
+                               "the checkpoint's: leave it out");
+    if (task_check(c, &a) != 0) return TOOL_EXIT_USAGE;
     if (!lr_min_given) c->lr_min = c->lr / 10;
     if (c->lr_min > c->lr) return tool_usage(CMD, "--lr-min must not exceed --lr");
     if (!ckpt_given) c->checkpoint_every = c->eval_every;
@@ -346,9 +449,9 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
         (c->model.d_model / c->model.heads) % 2)
         return tool_usage(CMD, "rotary positions need an even head width (d-model/heads)");
     /* flags the chosen settings do not use are refused, not ignored */
-    static const char *const favor_flags[] = {"--kernel", "--features", "--redraw"};
+    static const char *const favor_flags[] = {"--kernel", "--features", "--redraw", "--w-seed"};
     const int no_favor = c->model.attention == PF_LM_EXACT || c->model.attention == PF_LM_LOCAL;
-    for (int k = 0; k < 3 && no_favor; k++) {
+    for (int k = 0; k < 4 && no_favor; k++) {
         if (tool_given(&a, favor_flags[k]))
             return tool_usage(CMD, "%s is for --attention favor or favor++; %s attention does "
                                    "not use it",
@@ -357,16 +460,20 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
     }
     if (c->model.attention != PF_LM_LOCAL && tool_given(&a, "--window"))
         return tool_usage(CMD, "--window is for --attention local");
-    if (c->model.attention == PF_LM_FAVOR && c->model.kernel == PF_KERNEL_ELU &&
-        tool_given(&a, "--redraw"))
-        return tool_usage(CMD, "--kernel elu draws no W (it maps q and k themselves): --redraw "
-                               "does not apply");
+    for (int k = 2; k < 4 && c->model.attention == PF_LM_FAVOR &&
+                    c->model.kernel == PF_KERNEL_ELU;
+         k++)
+        if (tool_given(&a, favor_flags[k]))
+            return tool_usage(CMD, "--kernel elu draws no W (it maps q and k themselves): %s "
+                                   "does not apply",
+                              favor_flags[k]);
     if (c->model.attention == PF_LM_FAVORPP && tool_given(&a, "--kernel"))
         return tool_usage(CMD, "--attention favor++ has its own feature map (OPRF): --kernel is "
                                "for --attention favor");
     /* (a resumed run's attention and sizes, and those taken --init-from, are checked once the
      * checkpoint is read) */
     if (!c->resume && !c->init_from && parallel_check(c) != 0) return TOOL_EXIT_USAGE;
+    if (!c->init_from && c->task == TASK_MQAR && mqar_fits(c) != 0) return TOOL_EXIT_USAGE;
     if (tool_given(&a, "--format") && (strcmp(c->data, "proteins") == 0 || strcmp(c->data, "bible") == 0))
         return tool_usage(CMD, "--format is for --data FILE; --data %s has a format of its own",
                           c->data);
@@ -376,7 +483,7 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
 /* ---- settings in the checkpoint's metadata ----------------------------------------------- */
 
 /* (values up to a path's length: run.data and run.init_from are file names) */
-enum { NRUN = 24, RUN_VAL = PATH_MAX + 64 };
+enum { NRUN = 32, RUN_VAL = PATH_MAX + 64 };
 typedef struct run_meta {
     char val[NRUN][RUN_VAL];
     const char *kv[2 * NRUN + 1];
@@ -425,6 +532,14 @@ static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, doubl
     meta_set(r, i++, "run.data_hash", "%016llx", (unsigned long long)data_hash);
     meta_set(r, i++, "run.elapsed", "%.17g", elapsed);
     meta_set(r, i++, "run.tokens", "%lld", (long long)tokens);
+    /* (pf.seed and pf.w_seed are the model's own) */
+    meta_set(r, i++, "run.data_seed", "%llu", (unsigned long long)c->data_seed);
+    meta_set(r, i++, "run.task", "%s", c->task == TASK_MQAR ? "mqar" : "text");
+    if (c->task == TASK_MQAR) {
+        meta_set(r, i++, "run.mqar_pairs", "%d", c->mqar.pairs);
+        meta_set(r, i++, "run.mqar_queries", "%d", c->mqar.queries);
+        meta_set(r, i++, "run.mqar_keys", "%d", c->mqar.keys);
+    }
     if (init_rec.path[0]) {
         meta_set(r, i++, "run.init_from", "%s", init_rec.path);
         meta_set(r, i++, "run.init_from_crc32", "%s", init_rec.crc32);
@@ -432,9 +547,39 @@ static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, doubl
         meta_set(r, i++, "run.init_from_carried", "%s",
                  "every trained tensor: wte, wpe, blocks.*, lnf.*");
         meta_set(r, i++, "run.init_from_new", "%s",
-                 "favor.W from pf.seed, favorpp.rho, AdamW moments, step");
+                 "favor.W from pf.w_seed, favorpp.rho, AdamW moments, step");
         if (init_rec.fit[0]) meta_set(r, i++, "run.fit_batches", "%s", init_rec.fit);
     }
+}
+
+/* A resumed run's data seed and task (run.data_seed, run.task, run.mqar_*), each checked as its
+ * flag would be. A checkpoint written before they existed has neither: its batches came from
+ * pf.seed, its task was text. 0 or an exit code. */
+static int task_from_meta(train_cfg *c, const pf_model *m, const char *path, tool_args *a) {
+    char name[4400];
+    const char *ds = pf_model_meta(m, "run.data_seed"), *task = pf_model_meta(m, "run.task");
+    c->data_seed = c->model.seed;
+    snprintf(name, sizeof(name), "%s: run.data_seed", path);
+    if (ds && !tool_parse_u64(a, name, ds, &c->data_seed)) return TOOL_EXIT_FAIL;
+    c->task = TASK_TEXT;
+    if (!task || strcmp(task, "text") == 0) return 0;
+    if (strcmp(task, "mqar") != 0)
+        return tool_fail(CMD, "%s: run.task '%.40s' is neither text nor mqar", path, task);
+    c->task = TASK_MQAR;
+    static const char *const keys[] = {"run.mqar_pairs", "run.mqar_queries", "run.mqar_keys"};
+    int *const fields[] = {&c->mqar.pairs, &c->mqar.queries, &c->mqar.keys};
+    for (int k = 0; k < 3; k++) {
+        const char *v = pf_model_meta(m, keys[k]);
+        if (!v) return tool_fail(CMD, "%s: %s missing (run.task is mqar)", path, keys[k]);
+        snprintf(name, sizeof(name), "%s: %s", path, keys[k]);
+        if (!tool_parse_int(a, name, v, 1, k == 1 ? PF_LM_MAX_CONTEXT / 2 : 127, fields[k]))
+            return TOOL_EXIT_FAIL;
+    }
+    if (pf_mqar_check(&c->mqar, c->model.context) != PF_OK)
+        return tool_fail(CMD, "%s: run.mqar_pairs %d, run.mqar_queries %d and run.mqar_keys %d "
+                              "do not make a task for pf.context %d",
+                         path, c->mqar.pairs, c->mqar.queries, c->mqar.keys, c->model.context);
+    return 0;
 }
 
 /* Restores the settings of a resumed run from the checkpoint at path, each checked as its
@@ -508,7 +653,7 @@ static int settings_from_meta(train_cfg *c, const pf_model *m, const char *path,
     *data_hash = hash;
     *tokens = (int64_t)ntok;
     c->model = pf_model_get_config(m);
-    return 0;
+    return task_from_meta(c, m, path, &a);
 }
 
 /* ---- data -------------------------------------------------------------------------------- */
@@ -570,12 +715,18 @@ static int data_path(const train_cfg *c, char *path, size_t cap, int *format) {
 
 /* ---- the log ----------------------------------------------------------------------------- */
 
-static const char log_header[] =
-    "step,lr,train_loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_acc\n";
+/* MQAR runs have a tenth column, the accuracy on the answers (their val_acc, next-byte
+ * accuracy over every position, is empty: only the answers have targets). */
+static const char *log_header(const train_cfg *c) {
+    return c->task == TASK_MQAR ? "step,lr,train_loss,grad_norm,tokens_per_s,elapsed_s,val_loss,"
+                                  "val_ppl,val_acc,val_answer_acc\n"
+                                : "step,lr,train_loss,grad_norm,tokens_per_s,elapsed_s,val_loss,"
+                                  "val_ppl,val_acc\n";
+}
 
 /* Keeps the header and the rows of steps <= step (a resumed run rewrites what came after the
  * checkpoint), atomically. 0 or an exit code. */
-static int truncate_log(const char *path, int64_t step) {
+static int truncate_log(const char *path, const char *header, int64_t step) {
     char msg[1024];
     int64_t size;
     pf_status st;
@@ -588,7 +739,7 @@ static int truncate_log(const char *path, int64_t step) {
         if (in) fclose(in);
         return rc;
     }
-    fputs(log_header, t.f);
+    fputs(header, t.f);
     char line[1024];
     while (in && fgets(line, sizeof(line), in)) {
         char *end;
@@ -605,16 +756,51 @@ typedef struct eval_result {
     double loss, acc;
 } eval_result;
 
-/* Mean loss and next-byte accuracy over the fixed validation batches (each rank its share;
- * the counts summed over the ranks). */
+/* A batch (B,T) of the run's data: windows of the corpus's split, or MQAR sequences (which
+ * have no split: the validation set's streams are apart from the training steps'). */
+static pf_status draw_batch(const train_cfg *c, const pf_corpus *cor, int split, int32_t *tok,
+                            int32_t *tgt, uint64_t seed, uint64_t stream) {
+    if (c->task == TASK_MQAR)
+        return pf_mqar_batch(&c->mqar, tok, tgt, c->batch, c->model.context, seed, stream);
+    return pf_corpus_batch(cor, split, tok, tgt, c->batch, c->model.context, seed, stream);
+}
+
+/* PERFORMER_TRAIN_DUMP (the header comment): the folder, or NULL. */
+static const char *dump_dir(void) {
+    const char *d = getenv("PERFORMER_TRAIN_DUMP");
+    return d && d[0] ? d : NULL;
+}
+
+/* Writes n int32 (dt PF_I32) or float32 values of shape (ndim) to DIR/name.npy; a failure is a
+ * message only (the dump is for tests, which notice a missing file). */
+static void dump_array(const char *name, pf_dtype dt, const void *x, int ndim,
+                       const int64_t *shape) {
+    char path[4400], msg[1024];
+    snprintf(path, sizeof(path), "%s/%s.npy", dump_dir(), name);
+    pf_array arr = {.dtype = dt, .ndim = ndim, .data = (void *)x};
+    for (int i = 0; i < ndim; i++) arr.shape[i] = shape[i];
+    if (pf_npy_write(path, &arr, msg, sizeof(msg)) != PF_OK)
+        fprintf(stderr, "performer train: PERFORMER_TRAIN_DUMP: %s\n", msg);
+}
+
+/* The first evaluation's batches and logits, for PERFORMER_TRAIN_DUMP: (E,B,T) and (E,B,T,256). */
+typedef struct eval_dump {
+    int32_t *tok, *tgt;
+    float *logits;
+} eval_dump;
+
+/* Mean loss and accuracy over the fixed validation batches (each rank its share; the counts
+ * summed over the ranks): next-byte accuracy over the positions that have a target (text:
+ * every one; MQAR: the answers). With dump, the batches and logits are kept there too. */
 static pf_status evaluate(pf_model *m, tool_team *tm, const pf_corpus *cor, const train_cfg *c,
                           uint64_t seed, int32_t *tok, int32_t *tgt, float *logits,
-                          eval_result *r) {
+                          eval_result *r, eval_dump *dump) {
     const int B = c->batch, T = c->model.context;
+    const size_t bt = (size_t)B * T;
     double loss = 0, counts[2] = {0, 0}; /* right, total */
     pf_status st = pf_model_set_training(m, 0);
     for (int i = 0; i < c->eval_batches && st == PF_OK; i++) {
-        st = pf_corpus_batch(cor, PF_SPLIT_VAL, tok, tgt, B, T, seed, EVAL_STREAM + (uint64_t)i);
+        st = draw_batch(c, cor, PF_SPLIT_VAL, tok, tgt, seed, EVAL_STREAM + (uint64_t)i);
         float l = 0;
         if (st == PF_OK) st = tool_team_forward(tm, m, &l, logits, tok, tgt, B, T);
         if (st != PF_OK) break;
@@ -623,11 +809,19 @@ static pf_status evaluate(pf_model *m, tool_team *tm, const pf_corpus *cor, cons
         for (int b = 0; b < tm->nb; b++)
             for (int t = 0; t < tm->nt; t++) {
                 const float *row = logits + ((size_t)b * tm->nt + t) * PF_LM_VOCAB;
+                const int32_t want = tgt[(size_t)(tm->b0 + b) * T + tm->t0 + t];
+                if (want < 0) continue; /* no target here (MQAR: not an answer) */
                 int best = 0;
                 for (int k = 1; k < PF_LM_VOCAB; k++) best = row[k] > row[best] ? k : best;
-                counts[0] += best == tgt[(size_t)(tm->b0 + b) * T + tm->t0 + t];
+                counts[0] += best == want;
                 counts[1]++;
             }
+        if (dump) { /* (one process: the logits are the whole batch's) */
+            memcpy(dump->tok + (size_t)i * bt, tok, sizeof(int32_t) * bt);
+            memcpy(dump->tgt + (size_t)i * bt, tgt, sizeof(int32_t) * bt);
+            memcpy(dump->logits + (size_t)i * bt * PF_LM_VOCAB, logits,
+                   sizeof(float) * bt * PF_LM_VOCAB);
+        }
     }
     /* (the same on every rank: a failure above was agreed on by the trainer) */
     if (st == PF_OK) st = tool_team_sum(tm, counts, 2);
@@ -636,6 +830,18 @@ static pf_status evaluate(pf_model *m, tool_team *tm, const pf_corpus *cor, cons
     r->loss = loss / c->eval_batches;
     r->acc = counts[1] > 0 ? counts[0] / counts[1] : 0;
     return st;
+}
+
+/* The evaluation columns of a log row, from ",val_loss" on, with its line end (text: val_loss,
+ * val_ppl, val_acc; MQAR: val_acc empty, then val_answer_acc), or empty ones without ev. */
+static void eval_columns(char *buf, size_t cap, const train_cfg *c, const eval_result *ev) {
+    const int mqar = c->task == TASK_MQAR;
+    if (!ev)
+        snprintf(buf, cap, mqar ? ",,,,\n" : ",,,\n");
+    else if (mqar)
+        snprintf(buf, cap, ",%.6f,%.6f,,%.6f\n", ev->loss, exp(ev->loss), ev->acc);
+    else
+        snprintf(buf, cap, ",%.6f,%.6f,%.6f\n", ev->loss, exp(ev->loss), ev->acc);
 }
 
 /* ---- progress ---------------------------------------------------------------------------- */
@@ -674,7 +880,13 @@ static const char *attention_desc(const pf_model_config *m, char *buf, size_t ca
 static void plot(const train_cfg *c, const char *log_path) {
     char script[4200], png[4200], title[256], att[64];
     snprintf(png, sizeof(png), "%s/curves.png", c->out);
-    snprintf(title, sizeof(title), "%s, %s%s, %d layers, d_model %d, context %d", c->data,
+    char data[96];
+    if (c->task == TASK_MQAR)
+        snprintf(data, sizeof(data), "MQAR (%d pairs, %d queries, %d keys)", c->mqar.pairs,
+                 c->mqar.queries, c->mqar.keys);
+    else
+        snprintf(data, sizeof(data), "%.95s", c->data);
+    snprintf(title, sizeof(title), "%s, %s%s, %d layers, d_model %d, context %d", data,
              attention_desc(&c->model, att, sizeof(att)),
              c->model.positions == PF_LM_ROTARY ? ", rotary" : "", c->model.layers,
              c->model.d_model, c->model.context);
@@ -748,6 +960,7 @@ typedef struct run_state {
     pf_adamw opt;
     eval_result ev; /* the last evaluation */
     int tty, log_every;
+    int dump_batch, dump_eval; /* PERFORMER_TRAIN_DUMP: the next batch, evaluation still due */
 } run_state;
 
 static void run_free(run_state *r) {
@@ -777,7 +990,7 @@ static int save(run_state *r) {
 static int log_row(run_state *r, const char *row) {
     const char *path = r->log_path;
     if (!r->log) {
-        int rc = truncate_log(path, r->log_from);
+        int rc = truncate_log(path, log_header(r->c), r->log_from);
         if (rc) return rc;
         if (!(r->log = fopen(path, "a"))) return tool_fail(CMD, "%s: %s", path, strerror(errno));
     }
@@ -788,24 +1001,26 @@ static int log_row(run_state *r, const char *row) {
 
 static int train_in(train_cfg *c, int *saved);
 
-/* The last evaluation in the log at path among the rows of steps <= upto (val_loss and val_acc,
- * columns 7 and 9), or NaN if none: a resumed run's progress lines show it until its own next
- * evaluation, as the run never stopped would. */
-static eval_result last_logged_eval(const char *path, int64_t upto) {
+/* The last evaluation in the log at path among the rows of steps <= upto (val_loss, column 7,
+ * and the accuracy: val_acc, column 9, or MQAR's val_answer_acc, column 10), or NaN if none: a
+ * resumed run's progress lines show it until its own next evaluation, as the run never stopped
+ * would. */
+static eval_result last_logged_eval(const char *path, int64_t upto, int mqar) {
     eval_result ev = {NAN, NAN};
     FILE *f = fopen(path, "r");
     if (!f) return ev;
     char line[512];
+    const int acc_col = mqar ? 9 : 8, need = acc_col + 1;
     while (fgets(line, sizeof(line), f)) {
         char *end;
         const long long st = strtoll(line, &end, 10);
         if (end == line || *end != ',' || st > upto) continue; /* the header, or later */
-        const char *field[9] = {line};
+        const char *field[10] = {line};
         int nf = 1;
-        for (char *p = line; *p && nf < 9; p++)
+        for (char *p = line; *p && nf < need; p++)
             if (*p == ',') field[nf++] = p + 1;
-        if (nf < 9 || field[6][0] == ',') continue; /* no evaluation at that step */
-        const double loss = strtod(field[6], NULL), acc = strtod(field[8], NULL);
+        if (nf < need || field[6][0] == ',') continue; /* no evaluation at that step */
+        const double loss = strtod(field[6], NULL), acc = strtod(field[acc_col], NULL);
         if (isfinite(loss) && isfinite(acc)) {
             ev.loss = loss;
             ev.acc = acc;
@@ -870,7 +1085,7 @@ static int check_outputs(const train_cfg *c) {
         if (pf_io_check_dest(p, msg, sizeof(msg)) != PF_OK) return tool_fail(CMD, "%s", msg);
     }
     struct stat ds, rs;
-    if (stat(c->data, &ds) == 0) {
+    if (c->task == TASK_TEXT && stat(c->data, &ds) == 0) {
         for (int i = 0; i < N_RUN_FILES; i++) {
             char p[4400];
             snprintf(p, sizeof(p), "%s/%s", c->out, run_files[i]);
@@ -946,6 +1161,7 @@ static int init_source(train_cfg *c, pf_model **src) {
         }
     }
     if (parallel_check(c) != 0) return TOOL_EXIT_USAGE;
+    if (c->task == TASK_MQAR && mqar_fits(c) != 0) return TOOL_EXIT_USAGE;
     char real[PATH_MAX];
     snprintf(init_rec.path, sizeof(init_rec.path), "%s",
              realpath(c->init_from, real) ? real : c->init_from);
@@ -1021,7 +1237,7 @@ static int set_up(run_state *r) {
     uint64_t want_hash = 0;
     pf_model *src = NULL; /* --init-from's model, until its weights are carried over */
     int rc = open_run(r, &want_hash, &src);
-    if (!rc) rc = read_data(r, want_hash);
+    if (!rc && c->task == TASK_TEXT) rc = read_data(r, want_hash); /* (MQAR: generated) */
     if (!rc && !c->resume) rc = create_model(r, src);
     r->src_cfg = pf_model_get_config(src);
     pf_model_free(src);
@@ -1044,8 +1260,14 @@ static void print_run(const run_state *r) {
     const train_cfg *c = r->c;
     const pf_model_config *mc = &c->model;
     char att[64];
-    printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n", r->data,
-           r->corpus.n[0], r->corpus.docs[0], r->corpus.n[1], r->corpus.docs[1]);
+    if (c->task == TASK_MQAR)
+        printf("data: MQAR: %d key-value pairs and %d queries per window of %d (keys bytes "
+               "0..%d, values %d..%d, filler %d..255); the loss counts the %d answers only\n",
+               c->mqar.pairs, c->mqar.queries, mc->context, c->mqar.keys - 1, c->mqar.keys,
+               2 * c->mqar.keys - 1, 2 * c->mqar.keys, c->mqar.queries);
+    else
+        printf("data: %s: %zu training bytes (%zu documents), %zu validation bytes (%zu)\n",
+               r->data, r->corpus.n[0], r->corpus.docs[0], r->corpus.n[1], r->corpus.docs[1]);
     printf("model: %lld parameters, %d layers, d_model %d, %d heads, context %d, %s attention, "
            "%s positions\n",
            (long long)pf_model_num_params(r->model), mc->layers, mc->d_model, mc->heads,
@@ -1056,8 +1278,13 @@ static void print_run(const run_state *r) {
         printf("init: every trained tensor from %s (step %s, %s attention); new: FAVOR's W "
                "(seed %llu), FAVOR++'s statistic, AdamW moments, step 0\n",
                init_rec.path, init_rec.step, attention_desc(&r->src_cfg, satt, sizeof(satt)),
-               (unsigned long long)mc->seed);
+               (unsigned long long)mc->w_seed);
     }
+    printf("seeds: data %llu, initial weights %llu", (unsigned long long)c->data_seed,
+           (unsigned long long)mc->seed);
+    if (init_rec.path[0]) printf(" (unused: the weights are carried)");
+    if (mc->attention != PF_LM_EXACT) printf(", W %llu", (unsigned long long)mc->w_seed);
+    printf("\n");
     if (r->tm.size > 1)
         printf("parallel: %d ranks, %s: each trains %s\n", r->tm.size,
                c->parallel == 1 ? "sequence" : "data",
@@ -1076,10 +1303,42 @@ static void start_steps(run_state *r) {
     r->opt.weight_decay = (float)c->weight_decay;
     r->opt.clip = (float)c->clip;
     r->ev = (eval_result){NAN, NAN};
-    if (c->resume && r->rank0) r->ev = last_logged_eval(r->log_path, r->step);
+    if (c->resume && r->rank0)
+        r->ev = last_logged_eval(r->log_path, r->step, c->task == TASK_MQAR);
 }
 
 /* ---- training ------------------------------------------------------------------------------ */
+
+/* An evaluation of the run's model into r->ev; the first of this start also dumped, with
+ * PERFORMER_TRAIN_DUMP. */
+static pf_status run_evaluation(run_state *r) {
+    const train_cfg *c = r->c;
+    eval_dump d = {NULL, NULL, NULL};
+    const size_t n = (size_t)c->eval_batches * c->batch * c->model.context;
+    if (r->dump_eval) {
+        d.tok = malloc(sizeof(int32_t) * n);
+        d.tgt = malloc(sizeof(int32_t) * n);
+        d.logits = malloc(sizeof(float) * n * PF_LM_VOCAB);
+    }
+    const int dumping = d.tok && d.tgt && d.logits;
+    pf_status st = evaluate(r->model, &r->tm, &r->corpus, c, r->dseed, r->tok, r->tgt,
+                            r->logits, &r->ev, dumping ? &d : NULL);
+    if (r->dump_eval && st == PF_OK) {
+        const int64_t shape[4] = {c->eval_batches, c->batch, c->model.context, PF_LM_VOCAB};
+        if (dumping) {
+            dump_array("eval_tokens", PF_I32, d.tok, 3, shape);
+            dump_array("eval_targets", PF_I32, d.tgt, 3, shape);
+            dump_array("eval_logits", PF_F32, d.logits, 4, shape);
+        } else {
+            fprintf(stderr, "performer train: PERFORMER_TRAIN_DUMP: out of memory\n");
+        }
+        r->dump_eval = 0;
+    }
+    free(d.tok);
+    free(d.tgt);
+    free(d.logits);
+    return st;
+}
 
 /* --fit-batches (FAVOR++, one process: parallel_check): A fitted on training batches of their
  * own, in training mode without targets, so no weight moves; their statistic is in the
@@ -1091,8 +1350,8 @@ static int fit_favorpp(run_state *r, pf_status *st) {
     for (int i = 0; *st == PF_OK && i < c->fit_batches; i++) {
         *st = pf_model_set_training(r->model, 1);
         if (*st == PF_OK)
-            *st = pf_corpus_batch(&r->corpus, PF_SPLIT_TRAIN, r->tok, r->tgt, B, T, r->dseed,
-                                  FIT_STREAM + (uint64_t)i);
+            *st = draw_batch(c, &r->corpus, PF_SPLIT_TRAIN, r->tok, r->tgt, r->dseed,
+                             FIT_STREAM + (uint64_t)i);
         if (*st == PF_OK) *st = pf_model_forward(r->model, NULL, NULL, r->tok, NULL, B, T);
         if (*st != PF_OK) rc = tool_fail(CMD, "fitting FAVOR++'s A: %s", pf_status_str(*st));
     }
@@ -1106,12 +1365,12 @@ static int fit_favorpp(run_state *r, pf_status *st) {
 static int first_evaluation(run_state *r, pf_status *st) {
     const train_cfg *c = r->c;
     int rc = 0;
-    *st = evaluate(r->model, &r->tm, &r->corpus, c, r->dseed, r->tok, r->tgt, r->logits, &r->ev);
+    *st = run_evaluation(r);
     /* (row 0 is a new run's: a resumed run at step 0 is an evaluation-only run, done) */
     if (*st == PF_OK && r->step == 0 && !c->resume && r->rank0) {
         char row[512];
-        snprintf(row, sizeof(row), "0,,,,,0,%.6f,%.6f,%.6f\n", r->ev.loss, exp(r->ev.loss),
-                 r->ev.acc);
+        int n = snprintf(row, sizeof(row), "0,,,,,0");
+        eval_columns(row + n, sizeof(row) - (size_t)n, c, &r->ev);
         rc = log_row(r, row);
         if (!rc && c->steps == 0) rc = save(r);
     }
@@ -1122,8 +1381,14 @@ static int first_evaluation(run_state *r, pf_status *st) {
  * batch and takes its share (the same batch as alone). */
 static pf_status train_step(run_state *r, double lr, float *loss, float *gnorm) {
     const int B = r->c->batch, T = r->c->model.context;
-    pf_status st = pf_corpus_batch(&r->corpus, PF_SPLIT_TRAIN, r->tok, r->tgt, B, T, r->dseed,
-                                   (uint64_t)r->step);
+    pf_status st = draw_batch(r->c, &r->corpus, PF_SPLIT_TRAIN, r->tok, r->tgt, r->dseed,
+                              (uint64_t)r->step);
+    if (st == PF_OK && r->dump_batch) { /* PERFORMER_TRAIN_DUMP: this start's first batch */
+        const int64_t shape[2] = {B, T};
+        dump_array("train_tokens", PF_I32, r->tok, 2, shape);
+        dump_array("train_targets", PF_I32, r->tgt, 2, shape);
+        r->dump_batch = 0;
+    }
     if (st == PF_OK) st = tool_team_forward(&r->tm, r->model, loss, NULL, r->tok, r->tgt, B, T);
     if (st == PF_OK) st = tool_team_backward(&r->tm, r->model);
     r->opt.lr = (float)lr;
@@ -1144,7 +1409,8 @@ static int report_step(run_state *r, const char *row, float loss, int evaluated,
     if (!rc && (r->tty || r->step % r->log_every == 0 || r->step == c->steps || evaluated)) {
         char val[64] = "val -"; /* before the run's first evaluation */
         if (!isnan(r->ev.loss))
-            snprintf(val, sizeof(val), "val %.4f (acc %.3f)", r->ev.loss, r->ev.acc);
+            snprintf(val, sizeof(val), "val %.4f (%s %.3f)", r->ev.loss,
+                     c->task == TASK_MQAR ? "answer acc" : "acc", r->ev.acc);
         fprintf(stderr, "%sstep %lld/%d  loss %.4f  %s  %.0f tok/s  left %s%s",
                 r->tty ? "\r" : "", (long long)r->step, c->steps, loss, val, tps, eta,
                 r->tty ? "   " : "\n");
@@ -1176,13 +1442,11 @@ static int train_steps(run_state *r, pf_status *st) {
         int n = snprintf(row, sizeof(row), "%lld,%.6g,%.6f,%.6g,%.1f,%.3f", (long long)r->step,
                          lr, loss, gnorm, (double)bt / dt, r->elapsed);
         if (do_eval) {
-            *st = evaluate(r->model, &r->tm, &r->corpus, c, r->dseed, r->tok, r->tgt, r->logits,
-                           &r->ev);
+            *st = run_evaluation(r);
             if (*st != PF_OK) break;
-            snprintf(row + n, sizeof(row) - (size_t)n, ",%.6f,%.6f,%.6f\n", r->ev.loss,
-                     exp(r->ev.loss), r->ev.acc);
+            eval_columns(row + n, sizeof(row) - (size_t)n, c, &r->ev);
         } else {
-            snprintf(row + n, sizeof(row) - (size_t)n, ",,,\n");
+            eval_columns(row + n, sizeof(row) - (size_t)n, c, NULL);
         }
         int stop = c->stop_after && r->step >= c->stop_after;
         if (r->rank0) rc = report_step(r, row, loss, do_eval, stop); /* the files are rank 0's */
@@ -1214,9 +1478,10 @@ static int finish_run(run_state *r, pf_status st, int rc) {
     r->log = NULL;
     rc = tool_mpi_agree(rc);
     if (!rc && r->rank0) {
-        printf("step %lld/%d: validation loss %.4f (perplexity %.3f, accuracy %.4f); %.0f "
+        printf("step %lld/%d: validation loss %.4f (perplexity %.3f, %s %.4f); %.0f "
                "training tokens/s over %.1f s\n",
-               (long long)r->step, c->steps, r->ev.loss, exp(r->ev.loss), r->ev.acc,
+               (long long)r->step, c->steps, r->ev.loss, exp(r->ev.loss),
+               c->task == TASK_MQAR ? "answer accuracy" : "accuracy", r->ev.acc,
                r->elapsed > 0 ? (double)r->tokens / r->elapsed : 0.0, r->elapsed);
         printf("checkpoint: %s\nlog: %s\n", r->ckpt, r->log_path);
         if (!c->no_plot) plot(c, r->log_path);
@@ -1243,9 +1508,16 @@ static int train_in(train_cfg *c, int *saved) {
     /* the log is cut back (to the checkpoint's step, or to nothing for a new run) only when the
      * first row is ready: a run that fails before that leaves an existing log as it was */
     r.log_from = c->resume ? pf_model_steps(r.model) : -1;
-    r.dseed = c->model.seed ^ DATA_SEED_MIX;
+    r.dseed = c->data_seed ^ DATA_SEED_MIX;
     print_run(&r);
     start_steps(&r);
+    if (dump_dir() && r.tm.size == 1) { /* (one process: its logits are the whole batch's) */
+        char p[4400], msg[1024];
+        snprintf(p, sizeof(p), "%s/init.safetensors", dump_dir());
+        if (pf_model_save(r.model, p, NULL, 0, msg, sizeof(msg)) != PF_OK)
+            fprintf(stderr, "performer train: PERFORMER_TRAIN_DUMP: %s\n", msg);
+        r.dump_batch = r.dump_eval = 1;
+    }
     pf_status st = PF_OK;
     if (!c->resume) rc = fit_favorpp(&r, &st);
     if (!rc && (r.step == 0 || r.step >= c->steps)) /* a new run, or a finished one */
@@ -1273,6 +1545,8 @@ int cmd_train(int argc, char **argv) {
     c.eval_every = 100;
     c.eval_batches = 8;
     c.parallel = -1;
+    c.task = TASK_TEXT;
+    c.mqar = pf_mqar_default();
     int rc = parse_args(&c, argc, argv);
     if (rc) return rc;
     tool_set_threads(c.threads);

@@ -5,7 +5,8 @@
  * with the optimizer "adamw.m.<name>" and "adamw.v.<name>". The "__metadata__" holds
  * "format" = "performer-lm-1", the configuration and counters as "pf.<key>" strings, and any
  * pairs the caller adds (a training run's settings). Everything a run needs to continue bit for
- * bit is there: weights, moments, step, W and its stream. */
+ * bit is there: weights, moments, step, W and its stream (and seed: pf.w_seed; a file without
+ * it, from before W had a seed of its own, reads as w_seed = seed). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -64,6 +65,7 @@ pf_status pf_model_save(const pf_model *m, const char *path, const char *const *
     META_INT("pf.features", "%d", c->features, 4);
     META_INT("pf.redraw", "%d", c->redraw, 5);
     META_INT("pf.seed", "%" PRIu64, c->seed, 6);
+    META_INT("pf.w_seed", "%" PRIu64, c->w_seed, 10);
     META_INT("pf.step", "%" PRId64, m->step, 7);
     META_INT("pf.w_stream", "%" PRId64, m->w_stream, 8);
     META_INT("pf.rho_count", "%" PRId64, m->rho_count, 9);
@@ -288,6 +290,12 @@ static pf_status read_config(const pf_st_file *f, pf_model_config *c, lm_counter
     c->seed = strtoull(seed, &end, 10);
     if (*end || errno || seed[0] < '0' || seed[0] > '9')
         return fail(PF_EFORMAT, errmsg, errlen, path, "malformed pf.seed: ", seed);
+    /* pf.w_seed: absent from files written before W had a seed of its own, whose W was seed's */
+    const char *wseed = pf_st_meta(f, "pf.w_seed");
+    errno = 0;
+    c->w_seed = wseed ? strtoull(wseed, &end, 10) : c->seed;
+    if (wseed && (*end || errno || wseed[0] < '0' || wseed[0] > '9'))
+        return fail(PF_EFORMAT, errmsg, errlen, path, "malformed pf.w_seed: ", wseed);
     if (c->d_model % c->heads != 0) {
         if (errmsg && errlen > 0)
             snprintf(errmsg, errlen, "%s: pf.d_model %d is not a multiple of pf.heads %d", path,

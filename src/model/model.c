@@ -23,6 +23,7 @@ pf_model_config pf_model_config_default(void) {
                          .features = 64,
                          .redraw = 1000,
                          .seed = 1,
+                         .w_seed = 1,
                          .window = 32};
     return c;
 }
@@ -201,7 +202,7 @@ pf_status lm_draw_projections(pf_model *m, int64_t stream) {
         /* one stream per (redraw period, layer): the layer index in the low 16 bits */
         uint64_t s = ((uint64_t)stream << 16) | (uint64_t)l;
         pf_status st = pf_projection_draw(m->W + (size_t)l * c->features * hd, c->features, hd,
-                                          PF_PROJ_ORTHOGONAL, PF_NORM_CHI, c->seed, s);
+                                          PF_PROJ_ORTHOGONAL, PF_NORM_CHI, c->w_seed, s);
         if (st != PF_OK) return st;
     }
     m->w_stream = stream;
@@ -757,7 +758,7 @@ pf_status pf_model_init_from(pf_model *dst, const pf_model *src, char *errmsg, s
         if (errmsg && errlen > 0) snprintf(errmsg, errlen, "parameter counts differ");
         return PF_EINVAL;
     }
-    /* W for step 0 from dst's seed: drawn first, as the only step that can fail (it allocates);
+    /* W for step 0 from dst's w_seed: drawn first, as the only step that can fail (it allocates);
      * the current W is kept if it is already stream 0's */
     pf_status st = lm_draw_projections(dst, 0);
     if (st != PF_OK) return st;

@@ -179,6 +179,7 @@ pf_status pf_mpi_trainer_create(pf_mpi_trainer **trainer, pf_model *model, pf_mp
                               c.window};
         h = fnv1a(h, fields, sizeof fields);
         h = fnv1a(h, &c.seed, sizeof c.seed);
+        h = fnv1a(h, &c.w_seed, sizeof c.w_seed);
         h = fnv1a(h, &step, sizeof step);
         h = fnv1a(h, p, sizeof(float) * n);
     }
