@@ -112,7 +112,7 @@ PF_API const char *pf_simd_path(void);
 PF_API void pf_exp(float *y, const float *x, size_t n);
 
 /* ---------------------------------------------------------------------------------------------
- * Randomness (SPEC §3): Philox4x32-10, counter based.
+ * Randomness: Philox4x32-10 (Salmon et al. 2011), counter based.
  * A (seed, stream) pair gives the same numbers on every machine and at any thread count.
  * ------------------------------------------------------------------------------------------ */
 
@@ -144,7 +144,7 @@ PF_API double pf_rng_normal(pf_rng *rng);
 PF_API pf_status pf_rng_fill_normal(pf_rng *rng, float *out, size_t n);
 
 /* ---------------------------------------------------------------------------------------------
- * Random projections W (SPEC §3)
+ * Random projections W (the Performer's orthogonal random features, Choromanski et al. 2020)
  * ------------------------------------------------------------------------------------------ */
 
 typedef enum pf_proj_kind {
@@ -177,8 +177,8 @@ PF_API double pf_gamma_p_inv(double a, double p);
 PF_API double pf_chi_quantile(int k, double p);
 
 /* ---------------------------------------------------------------------------------------------
- * Feature maps (SPEC §2). Inputs x are scaled by sqrt(scale) first, so phi(q).phi(k) estimates
- * exp(scale * q.k).
+ * Feature maps (the Performer's, Choromanski et al. 2020, and their successors). Inputs x are
+ * scaled by sqrt(scale) first, so phi(q).phi(k) estimates exp(scale q.k).
  * ------------------------------------------------------------------------------------------ */
 
 typedef enum pf_kernel {
@@ -186,12 +186,12 @@ typedef enum pf_kernel {
     PF_KERNEL_HYPERBOLIC = 1, /* exp(-|x|^2/2)/sqrt(2m) [exp(Wx), exp(-Wx)], r = 2m */
     PF_KERNEL_TRIG = 2,       /* exp(|x|^2/2)/sqrt(m) [sin(Wx), cos(Wx)], r = 2m */
     PF_KERNEL_RELU = 3,       /* relu(Wx)/sqrt(m) + eps, r = m: not a softmax estimate */
-    PF_KERNEL_OPRF = 4,       /* FAVOR++ (SPEC 2b): D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), r = m */
-    PF_KERNEL_SDERF = 5,      /* FAVOR# (SPEC 2b): matrix A from the data's second moments, r = m */
+    PF_KERNEL_OPRF = 4,       /* FAVOR++: D/sqrt(m) exp(A|w|^2 + B w.x - |x|^2/2), r = m */
+    PF_KERNEL_SDERF = 5,      /* FAVOR#: matrix A from the data's second moments, r = m */
     PF_KERNEL_ELU = 6         /* elu(Wx) + 1 + eps, r = m: not a softmax estimate (see below) */
 } pf_kernel;
 
-/* PF_KERNEL_ELU is the linear attention of Katharopoulos et al. (2020, SPEC 6b),
+/* PF_KERNEL_ELU is the linear attention of Katharopoulos et al. (2020, "Transformers are RNNs"),
  * phi(x) = elu(x') + 1 elementwise, when W is the identity I_d (m = d): that is the contract, W is
  * read like every map's W, and phi(x)_f = elu(w_f.x') + 1 + eps for any W (m, d), with
  * elu(u) = u for u > 0, exp(u) - 1 otherwise. No randomness is involved: pass W = I_d for the
@@ -219,8 +219,9 @@ PF_API const char *pf_kernel_name(pf_kernel kernel);
 PF_API pf_status pf_features(float *phi, float *logscale, const float *X, int n, int d,
                              const float *W, int m, pf_kernel kernel, float scale, float eps);
 
-/* FAVOR++ / FAVOR# (SPEC §2b): the parameters of the OPRF and SDERF maps. They are constants of
- * a forward pass (no gradient flows into them); both sides of an attention must use the same. */
+/* FAVOR++ / FAVOR# (Likhosherstov et al. 2022, "Chefs' Random Tables"; 2023, "FAVOR#"): the
+ * parameters of the OPRF and SDERF maps. They are constants of a forward pass (no gradient flows
+ * into them); both sides of an attention must use the same. */
 typedef struct pf_kernel_params {
     float oprf_a;         /* PF_KERNEL_OPRF: the scalar A < 1/8 (A = 0 is the positive map) */
     const float *sderf_A; /* PF_KERNEL_SDERF: the symmetric A (d,d), I - 4A positive definite */
@@ -293,7 +294,7 @@ PF_API pf_favor_opts pf_favor_opts_default(void);
 /* Checks a shape and options against each other: PF_OK or PF_EINVAL. */
 PF_API pf_status pf_attn_check(const pf_shape *shape, const pf_attn_opts *opts);
 
-/* Exact softmax attention (SPEC §1), online softmax over key blocks; extra memory
+/* Exact softmax attention, online softmax over key blocks; extra memory
  * O(block * (d + dv)) per thread. out (B,H,Lq,dv). lse, if not NULL, receives the log of each
  * row's softmax denominator, log sum_j exp(s q_i.k_j), as (B,H,Lq) (the backward pass needs it).
  * A query that sees no key (every key padded) is PF_EDOMAIN. */
@@ -306,10 +307,10 @@ PF_API pf_status pf_attn_exact_ref(float *out, float *lse, const float *Q, const
                                    const float *V, const pf_shape *shape,
                                    const pf_attn_opts *opts);
 
-/* FAVOR+ attention (SPEC §4): out = D^-1 phi(Q) (phi(K)^T V), bidirectional or chunked causal,
- * memory O(L (r + d + dv)) per head. Padded keys contribute nothing. A denominator that is zero
- * or not finite is PF_EDOMAIN (or PF_ENONFINITE), never a NaN in out. FAVOR++ takes A per
- * (batch element, head) from that head's queries and valid keys unless oprf_a_given (causal:
+/* FAVOR+ attention (Choromanski et al. 2020): out = D^-1 phi(Q) (phi(K)^T V), bidirectional or
+ * chunked causal, memory O(L (r + d + dv)) per head. Padded keys contribute nothing. A denominator
+ * that is zero or not finite is PF_EDOMAIN (or PF_ENONFINITE), never a NaN in out. FAVOR++ takes A
+ * per (batch element, head) from that head's queries and valid keys unless oprf_a_given (causal:
  * required, PF_EINVAL otherwise); FAVOR# is fitted likewise, bidirectional only (PF_ENOTSUP). */
 PF_API pf_status pf_attn_favor(float *out, const float *Q, const float *K, const float *V,
                                const pf_shape *shape, const pf_attn_opts *opts,
@@ -455,7 +456,7 @@ PF_API pf_status pf_favor_state_load_file(pf_favor_state *state, int seq, const 
  * process, each holding its rows of Q, K, V. A slice's keys reduce to a state per head,
  *     S = sum_j phi~(k_j) e^(c_j - M) [v_j | 1]   (r x (dv+1), r = pf_kernel_width)
  * with its reference M (double; the largest key log factor c_j, -inf for no key): the causal
- * scan's state (SPEC §4), so combining states rebases to the larger reference exactly as the
+ * scan's state, so combining states rebases to the larger reference exactly as the
  * running maximum does. Bidirectional attention reads the combined state of every slice;
  * causal attention starts each slice's scan from the combined state of the slices before it.
  * The backward exchanges d/dS the same way. Nothing here communicates: the MPI library
@@ -558,7 +559,7 @@ PF_API pf_status pf_favor_slice_backward(float *dQ, float *dK, float *dV, const 
                                          const double *sums);
 
 /* ---------------------------------------------------------------------------------------------
- * Sampling estimators of softmax attention (SPEC §5): randomized attention (RA, unbiased,
+ * Sampling estimators of softmax attention (Zheng et al. 2022): randomized attention (RA, unbiased,
  * quadratic) and LARA (linear, multiple importance sampling over chunk proposals).
  * Bidirectional only (opts->causal must be 0: PF_ENOTSUP otherwise); key padding honoured.
  * ------------------------------------------------------------------------------------------ */
@@ -683,7 +684,7 @@ PF_API pf_status pf_attn_favor_backward_ref(float *dQ, float *dK, float *dV, con
                                             const pf_favor_opts *favor);
 
 /* ---------------------------------------------------------------------------------------------
- * NumPy .npy files (SPEC §7): format 1.0 to 3.0, C order, little-endian.
+ * NumPy .npy files: format 1.0 to 3.0, C order, little-endian.
  * ------------------------------------------------------------------------------------------ */
 
 #define PF_NPY_MAX_DIMS 8

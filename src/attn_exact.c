@@ -1,4 +1,4 @@
-/* attn_exact.c: exact softmax attention (SPEC §1), forward and backward, fast and reference.
+/* attn_exact.c: exact softmax attention, forward and backward, fast and reference.
  *
  *     out_i = sum_j exp(s q_i.k_j) v_j / sum_j exp(s q_i.k_j)     over visible keys j
  *

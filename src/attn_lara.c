@@ -1,4 +1,4 @@
-/* attn_lara.c: LARA (SPEC §5), linear-time randomized attention: self-normalised multiple
+/* attn_lara.c: LARA (Zheng et al. 2022), linear-time randomized attention: self-normalised multiple
  * importance sampling of softmax attention with C chunk proposals. Fast path and reference.
  *
  * Scaled inputs q' = q sqrt(s), k' = k sqrt(s); xi(x, w) = exp(w.x - |x|^2/2). The target of
@@ -66,7 +66,7 @@ static pf_status lara_check(const float *out, const float *Q, const float *K, co
     if (pf_attn_alias_check(shape, opts, out, NULL, NULL, NULL, NULL, Q, K, V, NULL, NULL, NULL,
                             NULL, 0))
         return PF_EINVAL;
-    if (opts->causal) return PF_ENOTSUP; /* causal LARA is an open question (SPEC §5) */
+    if (opts->causal) return PF_ENOTSUP; /* causal LARA: an open question (Zheng et al. 2022) */
     if (sp->samples < 1) return PF_EINVAL;
     if (sp->deterministic != 0 && sp->deterministic != 1) return PF_EINVAL;
     if (sp->deterministic && sp->samples != 1) return PF_EINVAL;

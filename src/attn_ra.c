@@ -1,5 +1,5 @@
-/* attn_ra.c: randomized attention (RA, SPEC §5), the unbiased sampling estimator of softmax
- * attention, and the sampling options shared with LARA (attn_lara.c).
+/* attn_ra.c: randomized attention (RA, Zheng et al. 2022), the unbiased sampling estimator of
+ * softmax attention, and the sampling options shared with LARA (attn_lara.c).
  *
  * With the scale folded into the inputs (q' = q sqrt(s), k' = k sqrt(s), so exp(q'.k') =
  * exp(s q.k)) and xi(x, w) = exp(w.x - |x|^2/2), softmax attention is an expectation:

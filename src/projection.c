@@ -1,4 +1,5 @@
-/* projection.c: random projections W (m,d) for the feature maps (SPEC §3).
+/* projection.c: random projections W (m,d) for the feature maps (orthogonal random features,
+ * Choromanski et al. 2020).
  *
  * Two generators come from one (seed, stream): the directions use Philox blocks 0, 1, 2, ...
  * and the row lengths use blocks 2^63, 2^63 + 1, ... of the same stream, so the two sequences

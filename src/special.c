@@ -1,5 +1,5 @@
 /* special.c: the regularised incomplete gamma function, its inverse, and chi quantiles (for the
- * quasi-Monte-Carlo row norms of SPEC §3).
+ * quasi-Monte-Carlo row norms of the projections, pf_projection_draw).
  *
  * P(a, x) = gamma(a, x) / Gamma(a) and Q = 1 - P. Following the classic split (Numerical
  * Recipes §6.2): a power series for x < a + 1, where it converges fast and P is the small side,

@@ -1,5 +1,5 @@
-/* ref.h: what several tests share: float64 references written from SPEC §2, independent of the
- * library's code, and fixtures. */
+/* ref.h: what several tests share: float64 references written from the feature maps' formulas,
+ * independent of the library's code, and fixtures. */
 #ifndef PF_TEST_REF_H
 #define PF_TEST_REF_H
 
@@ -9,8 +9,8 @@
 
 #include "performer.h"
 
-/* The unstabilised features phi (r) of one row x (d) in float64, SPEC §2 table, with
- * x' = x sqrt(scale), u = W x', h = |x'|^2 / 2:
+/* The unstabilised features phi (r) of one row x (d) in float64, from pf_kernel's formulas
+ * (include/performer.h), with x' = x sqrt(scale), u = W x', h = |x'|^2 / 2:
  *   positive    exp(u - h) / sqrt(m)
  *   hyperbolic  [exp(u - h), exp(-u - h)] / sqrt(2m)
  *   trig        exp(h) [sin u, cos u] / sqrt(m)

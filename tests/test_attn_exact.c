@@ -1,4 +1,4 @@
-/* test_attn_exact.c: exact softmax attention (SPEC §1), forward and backward.
+/* test_attn_exact.c: exact softmax attention, forward and backward.
  *
  * Every result is compared with a float64 computation written here (independent of the
  * library's references): the forward formula computed naively, and the gradients by central

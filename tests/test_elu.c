@@ -1,5 +1,5 @@
 /* test_elu.c: the elu + 1 map (PF_KERNEL_ELU), the linear attention of Katharopoulos et al.
- * (SPEC 6b), against float64 references written here from its definition:
+ * (2020, "Transformers are RNNs"), against float64 references written here from its definition:
  *
  *     phi(x) = elu(x') + 1,  x' = x sqrt(s),  elu(u) = u (u > 0), exp(u) - 1 (u <= 0)
  *     out_i  = sum_j (phi(q_i).phi(k_j)) v_j / sum_j phi(q_i).phi(k_j)   over visible keys j

@@ -1,4 +1,4 @@
-/* test_favor_backward.c: the FAVOR+ backward pass (SPEC §4, "Gradients").
+/* test_favor_backward.c: the FAVOR+ backward pass.
  *
  * - pf_attn_favor_backward and its reference against central finite differences of this file's
  *   own float64 forward (the explicit pairwise formula, its own feature maps), every kernel,

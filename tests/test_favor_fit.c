@@ -1,6 +1,6 @@
-/* test_favor_fit.c: FAVOR++ (OPRF) and FAVOR# (SDERF), SPEC §2b.
+/* test_favor_fit.c: FAVOR++ (OPRF) and FAVOR# (SDERF) (Likhosherstov et al. 2022, 2023).
  *
- * Every reference here is this file's own float64 code: the feature maps from the SPEC formulas,
+ * Every reference here is this file's own float64 code: the feature maps from the papers' formulas,
  * A* from the pairwise mean of |q' + k'|^2 (O(Lq Lk d), not the library's O(L d) shortcut), a
  * cyclic Jacobi eigensolver for SDERF, log det by Cholesky, the explicit pairwise attention.
  * - unbiasedness: the Monte Carlo mean of phi(x).phi(y) over 2000 draws of W is within 4 SE of
@@ -67,7 +67,7 @@ static void phi_f64(double *phi, const double *x, int d, const float *W, int m, 
     for (int f = 0; f < m; f++) phi[f] += eps * amax;
 }
 
-/* A* from the SPEC: (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16 */
+/* A* (Likhosherstov et al. 2022): (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16 */
 static double a_star_f64(double rho) {
     return (1 - 2 * rho - sqrt((2 * rho + 1) * (2 * rho + 1) + 8 * rho)) / 16;
 }
@@ -95,7 +95,7 @@ static double moment(int k, double A, int d, double s, double nx2, double ny2) {
                k * k * (1 - 4 * A) * s / (2 * (1 - 4 * k * A)) - k * (nx2 + ny2) / 2);
 }
 
-/* the SPEC's closed form of the variance */
+/* the closed form of the variance (the same paper) */
 static double var_closed(double A, int d, double s, double nx2, double ny2, double xy) {
     return pow(1 - 4 * A, d) * pow(1 - 8 * A, -d / 2.0) *
                exp(2 * (1 - 4 * A) * s / (1 - 8 * A) - nx2 - ny2) -

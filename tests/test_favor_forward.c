@@ -1,4 +1,4 @@
-/* test_favor_forward.c: FAVOR+ attention (SPEC §4), forward.
+/* test_favor_forward.c: FAVOR+ attention, forward.
  *
  * - pf_attn_favor and pf_attn_favor_ref against this file's own float64 evaluation of the
  *   explicit formula out_i = sum_j (phi(q_i).phi(k_j)) v_j / sum_j phi(q_i).phi(k_j) (pairwise,

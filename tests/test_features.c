@@ -1,4 +1,4 @@
-/* test_features.c: the random feature maps (SPEC §2): unbiasedness of phi(x).phi(y) for
+/* test_features.c: the random feature maps: unbiasedness of phi(x).phi(y) for
  * exp(x.y), the variance gain of orthogonal projections, every map against the shared
  * float64 formula (ref.h), stabilisation (phi~ exp(logscale) = phi), eps, argument checks.
  *

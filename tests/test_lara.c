@@ -1,4 +1,4 @@
-/* test_lara.c: LARA (SPEC §5), linear randomized attention with chunk proposals.
+/* test_lara.c: LARA (Zheng et al. 2022), linear randomized attention with chunk proposals.
  *
  * The independent reference is written here in float64 from the importance-sampling
  * definition rather than from the library's log-weight formula: for each sample w_cs,

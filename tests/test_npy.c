@@ -1,4 +1,4 @@
-/* test_npy.c: .npy reading and writing (SPEC §7) against numpy itself.
+/* test_npy.c: .npy reading and writing against numpy itself.
  *
  * - our files round-trip (every dtype, ranks 0..4, an empty array) and numpy reads them back to
  *   the values it computes itself;

@@ -1,4 +1,4 @@
-/* test_projection.c: random projections W (SPEC §3): argument checks, an independent numpy
+/* test_projection.c: random projections W: argument checks, an independent numpy
  * reference for one orthogonal draw, orthogonality, the three row-norm rules, Haar directions,
  * iid moments and determinism.
  *

@@ -1,4 +1,4 @@
-/* test_ra.c: randomized attention (RA, SPEC §5), the unbiased sampling estimator.
+/* test_ra.c: randomized attention (RA, Zheng et al. 2022), the unbiased sampling estimator.
  *
  * The reference is exact softmax attention computed here in float64. RA is random, so the
  * checks are statistical, each with its bound stated where it is made: the mean over many

@@ -2,10 +2,10 @@
  *
  * tests/data/xarch_ref.txt holds, as C99 hex floats and integers (exact, diffable):
  *   - Philox4x32-10 words of two (seed, stream) pairs, and W (m,d) for three projection kinds:
- *     both must match bit for bit (SPEC §3: same arguments, same numbers on every machine). The
- *     library's own arithmetic is ISO C without contraction (-std=c11 gives -ffp-contract=off),
- *     so only libm's double log, sin and cos (Box-Muller) could move a bit; glibc's are within an
- *     ulp of double, far below float's rounding of W;
+ *     both must match bit for bit (pf_projection_draw's contract: same arguments, same numbers
+ *     on every machine). The library's own arithmetic is ISO C without contraction (-std=c11
+ *     gives -ffp-contract=off), so only libm's double log, sin and cos (Box-Muller) could move
+ *     a bit; glibc's are within an ulp of double, far below float's rounding of W;
  *   - outputs of the float64 paths (pf_attn_favor_ref bidirectional and causal, pf_attn_exact_ref)
  *     for inputs made from Philox words by exact arithmetic (no libm): written by this program on
  *     x86-64 (`test_xarch --write FILE`), never by a fast path.

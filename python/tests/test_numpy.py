@@ -251,7 +251,7 @@ class TestFunctions(unittest.TestCase):
         q, k, W = normal(r, (30, 8), 0.6), normal(r, (25, 8), 0.6), performer.projection(16, 8)
         a = performer.oprf_optimal_a(q, k)
         self.assertLessEqual(a, 0.0)
-        s = 8 ** -0.5  # the A-fitted formula (SPEC 2b) on inputs scaled by sqrt(s)
+        s = 8 ** -0.5  # A's formula (Likhosherstov et al. 2022) on inputs scaled by sqrt(s)
         qs, ks = q.astype(np.float64) * np.sqrt(s), k.astype(np.float64) * np.sqrt(s)
         rho = ((qs ** 2).sum(1).mean() + (ks ** 2).sum(1).mean()
                + 2 * qs.mean(0) @ ks.mean(0)) / 8

@@ -1,4 +1,4 @@
-/* backward.cu: the FAVOR+ backward on the GPU (SPEC §4), bidirectional and causal, and the
+/* backward.cu: the FAVOR+ backward on the GPU, bidirectional and causal, and the
  * features a forward keeps for it (pf_cuda_favor_saved).
  *
  * The CPU library's backward (src/favor/backward.c) in the forward's GPU layout (favor.cu): per

@@ -1,4 +1,4 @@
-/* favor.cu: the FAVOR+ forward on the GPU (SPEC §4, §4b), bidirectional and causal.
+/* favor.cu: the FAVOR+ forward on the GPU, bidirectional and causal.
  *
  * Per head, with Tc the type the products read (float32 for float32 inputs, bfloat16 for half
  * inputs: its exponent range is float32's, so features, weights and states rounded to it never

@@ -106,7 +106,7 @@ __device__ __forceinline__ void pf_st_dir(__half *p, float x, int up) {
     *p = up ? __float2half_ru(x) : __float2half_rd(x);
 }
 
-/* ---- the feature map of one row (SPEC §2, the CPU library's pf_fmap_map_rows) ----------------
+/* ---- the feature map of one row (as the CPU library's pf_fmap_map_rows) ----------------
  * Given u_f = sqrt(s) w_f.x (f < m) and h = s' |x|^2 / 2 (s' = float(sqrt(s))^2, in double),
  * the stabilised features phi~ (r values, the largest O(1)) and the log factor c with
  * phi(x) = phi~ e^c:

@@ -1,6 +1,6 @@
 /* state.cu: decoding on the GPU. N sequences x H heads of causal FAVOR+ state, each
  *     S = sum_j phi~(k_j) e^(c_j - M) v_j^T  (r x dv),   z = sum_j phi~(k_j) e^(c_j - M)  (r),
- * referenced to M, the running maximum of the key log factors (SPEC §4: decoding keeps only
+ * referenced to M, the running maximum of the key log factors (decoding keeps only
  * (S, z, running max)). One launch advances every active sequence by one token: a block per
  * (sequence, head) makes the token's features, rebases the state to M' = max(M, c_k) and reads
  * the row out of the updated state:

@@ -1,4 +1,4 @@
-/* backward.c: the backward pass of FAVOR+ attention (SPEC §4), fast and float64 reference.
+/* backward.c: the backward pass of FAVOR+ attention, fast and float64 reference.
  *
  * Notation per head, with stabilised features (favor.h) q~_i, k~_j and key log factors c_j:
  * key j enters query i's sums as k^_j = k~_j e^(c_j - ref_i) with ref_i = M (bidirectional:

@@ -5,9 +5,9 @@
  * fits (fit.c).
  *
  * A feature map is fixed by (kernel, W, m, d, scale, eps). The fast path works on blocks of rows
- * and returns *stabilised* features phi~ = phi / exp(c) with a per-row log factor c (SPEC §2,
- * "Stabilisers"), in float, with c in double. The float64 path (for the references) works on one
- * row at a time and returns the features themselves. */
+ * and returns *stabilised* features phi~ = phi / exp(c) with a per-row log factor c (the
+ * Performer paper's features, "Stabilisers"), in float, with c in double. The float64 path (for
+ * the references) works on one row at a time and returns the features themselves. */
 #ifndef PF_FAVOR_H
 #define PF_FAVOR_H
 

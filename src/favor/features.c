@@ -1,4 +1,5 @@
-/* features.c: the random feature maps of SPEC §2 and their stabilised block form.
+/* features.c: the random feature maps (Performer: Choromanski et al. 2020; FAVOR++ and FAVOR#:
+ * Likhosherstov et al. 2022, 2023) and their stabilised block form.
  *
  * Each map is phi(x) with exp(x'.y') ~ phi(x).phi(y) for x' = x sqrt(s). The block form used by
  * the attention (pf_fmap_rows) projects a block of rows with one product, U = sqrt(s) X W^T (by

@@ -1,4 +1,5 @@
-/* fit.c: the parameters of FAVOR++ (OPRF) and FAVOR# (SDERF), SPEC §2b.
+/* fit.c: the parameters of FAVOR++ (OPRF) and FAVOR# (SDERF): Likhosherstov et al. 2022, "Chefs'
+ * Random Tables", and 2023, "FAVOR#".
  *
  * Both maps are the positive map with a quadratic term in w and a scaled (OPRF) or rotated and
  * scaled (SDERF) projection: phi(x) = D/sqrt(m) exp(u_f - |x'|^2/2), u_f = w_f^T B x' + w_f^T A w_f

@@ -1,5 +1,5 @@
-/* forward.c: FAVOR+ attention, out = D^-1 phi(Q) (phi(K)^T V) (SPEC §4), forward, and its
- * float64 reference.
+/* forward.c: FAVOR+ attention, out = D^-1 phi(Q) (phi(K)^T V) (the Performer, Choromanski et al.
+ * 2020), forward, and its float64 reference.
  *
  * One (b, h) pair is one unit of work, done by one thread, so the arithmetic (and the result,
  * bit for bit) does not depend on the thread count. Within a head, rows go in blocks that stay

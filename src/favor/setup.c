@@ -31,7 +31,7 @@ pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *opts, const 
     if (fv->kernel == PF_KERNEL_OPRF) {
         if (fv->oprf_a_given != 0 && fv->oprf_a_given != 1) return PF_EINVAL;
         if (fv->oprf_a_given && !(isfinite(fv->oprf_a) && fv->oprf_a < 0.125f)) return PF_EINVAL;
-        /* a causal A may not look at the sequence (SPEC §2b, "Causal use") */
+        /* a causal A may not look at the sequence (its data statistics would see later tokens) */
         if (opts->causal && !fv->oprf_a_given) return PF_EINVAL;
     }
     /* W holds (H or 1) * m * d floats; that count, in bytes, must fit in size_t */

@@ -1,6 +1,7 @@
-/* state.c: streaming causal FAVOR+ (SPEC §4, last paragraph): the states of H heads of N
- * sequences, each at its own position, advanced a token at a time (all or some sequences in one
- * call) or by a prompt's chunks (prefill), copied, reset, saved and restored.
+/* state.c: streaming causal FAVOR+ (the prefix-sum form of the Performer paper's causal
+ * attention): the states of H heads of N sequences, each at its own position, advanced a token at
+ * a time (all or some sequences in one call) or by a prompt's chunks (prefill), copied, reset,
+ * saved and restored.
  *
  * Per head the state is the causal scan's own: S = sum_j k~_j e^(c_j - M) [v_j | 1] (r x dv+1)
  * referenced to the running key max M (scan.c, pf_favor_causal_rows, does every step), so

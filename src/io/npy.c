@@ -1,4 +1,4 @@
-/* npy.c: NumPy .npy files (SPEC §7), read and written without numpy.
+/* npy.c: NumPy .npy files (NEP 1's format), read and written without numpy.
  *
  * The format (numpy/lib/format.py, NEP 1): the magic "\x93NUMPY", a major and a minor version
  * byte, the header length (little-endian u16 for version 1.0, u32 for 2.0 and 3.0), then the

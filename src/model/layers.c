@@ -476,7 +476,8 @@ static void attn_setup(const lm_attn_spec *spec, int B, int T, int H, int hd, pf
     fav->m = spec->m;
     fav->eps = spec->eps;
     if (spec->kind == PF_LM_FAVORPP) {
-        /* FAVOR++: OPRF features with the model's A (causal: A must be given, SPEC §2b) */
+        /* FAVOR++: OPRF features with the model's A (causal: A must be given, as it may not look
+         * at the sequence) */
         fav->kernel = PF_KERNEL_OPRF;
         fav->oprf_a_given = 1;
         fav->oprf_a = spec->A;
@@ -584,7 +585,7 @@ pf_status attention_backward(float *dqkv, float *datt, float *dq, float *dk, flo
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Local-window attention (SPEC §6b): exact softmax over the last `window` keys
+ * Local-window attention (a baseline): exact softmax over the last `window` keys
  *
  *     out_t = sum_j p_tj v_j,  p_tj = exp(s q_t.k_j - lse_t),  t - window < j <= t
  *
@@ -798,7 +799,7 @@ void crossentropy_backward(float *dlogits, const float *probs, const int32_t *ta
 }
 
 /* ---------------------------------------------------------------------------------------------
- * FAVOR++ statistics (SPEC §2b)
+ * FAVOR++ statistics (Likhosherstov et al. 2022)
  * ------------------------------------------------------------------------------------------ */
 
 double favorpp_rho(const float *q, const float *k, int B, int H, int T, int hd, float scale) {

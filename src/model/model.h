@@ -64,8 +64,8 @@ PF_INTERNAL void rope_forward(float *x, const float *cos_sin, int B, int H, int 
 PF_INTERNAL void rope_backward(float *dx, const float *cos_sin, int B, int H, int T, int hd);
 
 /* Which attention a layer runs; W (m,hd) and eps only for FAVOR, A only for FAVOR++ (the
- * scalar of the OPRF features, SPEC §2b: a constant of the forward, no gradient), window only
- * for PF_LM_LOCAL. */
+ * scalar of the OPRF features (Likhosherstov et al. 2022): a constant of the forward, no
+ * gradient), window only for PF_LM_LOCAL. */
 typedef struct lm_attn_spec {
     pf_lm_attention kind;
     pf_kernel kernel;
@@ -97,7 +97,7 @@ PF_INTERNAL pf_status attention_backward(float *dqkv, float *datt, float *dq, fl
                                          const float *cos_sin, const lm_attn_spec *spec, int B,
                                          int T, int C, int H);
 
-/* Local-window causal softmax attention (SPEC §6b) of one head's query row q (hd) over keys
+/* Local-window causal softmax attention (a baseline) of one head's query row q (hd) over keys
  * j0..j1 (inclusive, j0 <= j1): key j is row j of K (hd) and V (hd), or row j % ring when
  * ring > 0 (a decoder's ring buffer). Scores s q.k_j, their softmax and the output in float64;
  * out (hd) and *lse = log sum_j exp(s q.k_j) rounded to float. p: scratch of j1 - j0 + 1 + hd
@@ -127,8 +127,9 @@ PF_INTERNAL void crossentropy_backward(float *dlogits, const float *probs, const
 
 /* ---- FAVOR++ bookkeeping (the kernel itself is not in the library yet) -------------------- */
 
-/* The batch statistic rho = s/d of SPEC §2b for q, k (B,H,T,hd) with the scale folded in:
- * s = mean|q'|^2 + mean|k'|^2 + 2 mean(q').mean(k'), q' = q sqrt(scale). In float64. */
+/* The batch statistic rho = s/d of FAVOR++'s optimal A (Likhosherstov et al. 2022) for q, k
+ * (B,H,T,hd) with the scale folded in: s = mean|q'|^2 + mean|k'|^2 + 2 mean(q').mean(k'), q' = q
+ * sqrt(scale). In float64. */
 PF_INTERNAL double favorpp_rho(const float *q, const float *k, int B, int H, int T, int hd,
                                float scale);
 /* The A minimising the OPRF variance for rho: (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16. */
@@ -237,8 +238,8 @@ struct pf_model {
     float favor_eps;
     /* FAVOR++: per layer the running average of rho (L) over `rho_count` training batches
      * (favorpp_update); each forward uses A = favorpp_a(rho) from the batches before it, so A
-     * never looks at the tokens it is applied to (SPEC §2b, causal use), and evaluation
-     * mode leaves it frozen */
+     * never looks at the tokens it is applied to (a causal A may not look at the sequence), and
+     * evaluation mode leaves it frozen */
     float *rho;
     int64_t rho_count;
     float *A; /* (L) the A of each layer's forwards until the next training step */
