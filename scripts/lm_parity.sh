@@ -6,7 +6,9 @@
 # nats/byte against 3.02 for the byte frequencies alone) with each attention, over several
 # seeds: each seed S sets the batches, the initial weights and the random features (--seed S).
 #
-#   sh scripts/lm_parity.sh          (after `make`; 21 runs, about 2 CPU-hours: see below)
+#   sh scripts/lm_parity.sh          (after `make`; 21 runs of 8-20 minutes on one thread of
+#                                     the 2-core development machine: 1 h 43 min, two to four
+#                                     at a time)
 #
 # Runs (RUNS, any of):
 #   exact     softmax attention                     favor64   FAVOR+, m = 64 positive features

@@ -2,12 +2,15 @@
 """plot_parity.py: the table, CSV and figure of scripts/lm_parity.sh.
 
     plot_parity.py --out PREFIX --runs-dir DIR --steps S --unigram U --runs NAME... --seeds N...
+    plot_parity.py --out PREFIX --curves PREFIX_curves.csv --steps S --unigram U --runs ... --seeds ...
 
-Reads DIR/NAME-sSEED/log.csv (`performer train`'s log) for every run and seed and writes
-PREFIX.csv (one row per run and seed: final validation loss and accuracy, the share of the
-exact model's gap closed, training time), PREFIX.md (per run: mean +- sd over seeds, and the
-difference from exact attention paired by seed) and PREFIX.png (validation loss against steps:
-the mean over seeds, a band from the lowest to the highest seed, the no-context loss dashed).
+Reads DIR/NAME-sSEED/log.csv (`performer train`'s log) for every run and seed, or the curves a
+previous call kept (--curves), and writes PREFIX_curves.csv (every evaluation of every run:
+what the figure is drawn from, small enough to commit), PREFIX.csv (one row per run and seed:
+final validation loss and accuracy, the share of the exact model's gap closed, training time),
+PREFIX.md (per run: mean +- sd over seeds, and the difference from exact attention paired by
+seed) and PREFIX.png (validation loss against steps: the mean over seeds, a band from the lowest
+to the highest seed, the no-context loss dashed).
 
 The share of the gap closed by a run of seed s is (U - loss) / (U - loss of exact, seed s), U the
 byte frequencies' loss: 1 is exact attention's loss, 0 is what no context gives. Runs of one seed
@@ -67,7 +70,9 @@ def mean_sd(xs):
 def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--runs-dir", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--runs-dir")
+    src.add_argument("--curves")
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--unigram", type=float, required=True)
     ap.add_argument("--runs", nargs="+", required=True)
@@ -77,13 +82,39 @@ def main(argv):
     if "exact" not in a.runs:
         sys.exit("plot_parity.py: the runs must include exact (the shares are of its gap)")
     logs = {}
+    if a.curves:
+        with open(a.curves, newline="") as f:
+            for r in csv.DictReader(f):
+                key = (r["run"], int(r["seed"]))
+                steps, loss, acc, _ = logs.setdefault(key, ([], [], [], float(r["train_s"])))
+                steps.append(int(r["step"]))
+                loss.append(float(r["val_loss"]))
+                acc.append(float(r["val_acc"]))
     for run in a.runs:
         for seed in a.seeds:
+            if a.curves:
+                if (run, seed) not in logs or logs[run, seed][0][-1] != a.steps:
+                    sys.exit(f"plot_parity.py: {a.curves} has no run {run} seed {seed} to step "
+                             f"{a.steps}")
+                continue
             path = os.path.join(a.runs_dir, f"{run}-s{seed}", "log.csv")
             steps, loss, acc, last, elapsed = read_log(path)
             if last != a.steps or not steps or steps[-1] != a.steps:
                 sys.exit(f"plot_parity.py: {path} stops at step {last}, not {a.steps}")
             logs[run, seed] = (steps, loss, acc, elapsed)
+    tmp = a.out + "_curves.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seed", "step", "val_loss", "val_acc", "train_s"])
+        for run in a.runs:
+            for seed in a.seeds:
+                steps, loss, acc, elapsed = logs[run, seed]
+                for st, lo, ac in zip(steps, loss, acc):
+                    w.writerow([run, seed, st, f"{lo:.6f}", f"{ac:.6f}", f"{elapsed:.3f}"])
+    if os.path.abspath(tmp[:-4]) != os.path.abspath(a.curves or ""):
+        os.replace(tmp, a.out + "_curves.csv")
+    else:
+        os.remove(tmp)
     U = a.unigram
     rows = []
     for run in a.runs:
