@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs every test program in BUILD/tests and every end-to-end script tests/*.sh against
 # BUILD/performer (and, for each vector path in SIMD_PATHS, the FAVOR+ tests on it); prints one
-# line per test and "LABEL: N passed, N failed". Exit 1 on a failure.
+# line per test (with its seconds) and "LABEL: N passed, N failed". Exit 1 on a failure.
 build=${1:-build}
 label=${2:-tests}
 pass=0
@@ -23,8 +23,9 @@ fi
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
+    start=$(date +%s)
     if "$t" >"$log/$name.log" 2>&1; then
-        pass=$((pass + 1)); echo "  ok    $name"
+        pass=$((pass + 1)); echo "  ok    $name ($(($(date +%s) - start)) s)"
     else
         fail=$((fail + 1)); failed="$failed $name"; echo "  FAIL  $name (log: $log/$name.log)"
         tail -n 20 "$log/$name.log" | sed 's/^/        /'
@@ -40,8 +41,9 @@ for path in ${SIMD_PATHS-}; do
     for name in test_favor_forward test_favor_state test_favor_backward; do
         t="$build/tests/$name"
         [ -x "$t" ] || continue
+        start=$(date +%s)
         if PF_SIMD=$path "$t" >"$log/$name.$path.log" 2>&1; then
-            pass=$((pass + 1)); echo "  ok    $name ($path)"
+            pass=$((pass + 1)); echo "  ok    $name ($path, $(($(date +%s) - start)) s)"
         else
             fail=$((fail + 1)); failed="$failed $name.$path"
             echo "  FAIL  $name ($path; log: $log/$name.$path.log)"
@@ -52,8 +54,9 @@ done
 for s in tests/test_*.sh; do
     [ -f "$s" ] || continue
     name=$(basename "$s" .sh)
+    start=$(date +%s)
     if PERFORMER="$build/performer" BUILD="$build" sh "$s" >"$log/$name.log" 2>&1; then
-        pass=$((pass + 1)); echo "  ok    $name"
+        pass=$((pass + 1)); echo "  ok    $name ($(($(date +%s) - start)) s)"
     else
         fail=$((fail + 1)); failed="$failed $name"; echo "  FAIL  $name (log: $log/$name.log)"
         tail -n 20 "$log/$name.log" | sed 's/^/        /'
