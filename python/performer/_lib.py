@@ -95,7 +95,16 @@ class pf_kernel_params(ctypes.Structure):
                 ("sderf_log_D", c_double)]
 
 
-STRUCTS = (pf_shape, pf_attn_opts, pf_favor_opts, pf_sampling_opts, pf_kernel_params)
+class pf_model_config(ctypes.Structure):
+    # attention, positions and kernel are the enums pf_lm_attention, pf_lm_positions, pf_kernel
+    _fields_ = [("context", c_int), ("layers", c_int), ("d_model", c_int), ("heads", c_int),
+                ("attention", c_int), ("positions", c_int), ("kernel", c_int),
+                ("features", c_int), ("redraw", c_int), ("seed", c_u64), ("w_seed", c_u64),
+                ("window", c_int)]
+
+
+STRUCTS = (pf_shape, pf_attn_opts, pf_favor_opts, pf_sampling_opts, pf_kernel_params,
+           pf_model_config)
 
 # ---- prototypes: every function the package calls --------------------------------------------
 
@@ -161,6 +170,14 @@ _PROTOS = {
     "pf_favor_state_load": (c_int, [P, c_int, P, c_size_t, ctypes.c_char_p, c_size_t]),
     "pf_favor_state_save_file": (c_int, [P, c_int, ctypes.c_char_p, ctypes.c_char_p, c_size_t]),
     "pf_favor_state_load_file": (c_int, [P, c_int, ctypes.c_char_p, ctypes.c_char_p, c_size_t]),
+    "pf_model_config_default": (pf_model_config, []),
+    "pf_model_load": (c_int, [ctypes.POINTER(c_void_p), ctypes.c_char_p, ctypes.c_char_p,
+                              c_size_t]),
+    "pf_model_free": (None, [P]),
+    "pf_model_get_config": (pf_model_config, [P]),
+    "pf_model_num_params": (c_i64, [P]),
+    "pf_model_meta": (ctypes.c_char_p, [P, ctypes.c_char_p]),
+    "pf_model_attention_inputs": (c_int, [P, P, P, P, P, c_int, c_int, c_int]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
@@ -220,8 +237,12 @@ class NotSupported(Error, NotImplementedError):
     """PF_ENOTSUP: valid, but not supported by this build or method."""
 
 
+class MissingFile(LibraryIOError, FileNotFoundError):
+    """PF_EIO for a path where there is no file: also FileNotFoundError."""
+
+
 for _c in (Error, InvalidArgument, OutOfMemory, NonFinite, UndefinedResult, LibraryIOError,
-           FormatError, NotSupported):
+           FormatError, NotSupported, MissingFile):
     _c.__module__ = "performer"
 
 _CLASSES = {PF_EINVAL: InvalidArgument, PF_ENOMEM: OutOfMemory, PF_ENONFINITE: NonFinite,
@@ -252,6 +273,8 @@ PROJ_KINDS = {"iid": 0, "orthogonal": 1}
 NORMS = {"chi": 0, "sqrtd": 1, "qmc": 2}
 KERNEL_NAMES = ("positive", "hyperbolic", "trig", "relu", "oprf", "sderf", "elu")
 KERNEL_ELU = 6  # pf_kernel's PF_KERNEL_ELU
+LM_ATTENTIONS = ("exact", "favor", "favor++", "local")  # pf_lm_attention, by value
+LM_POSITIONS = ("learned", "rotary")  # pf_lm_positions, by value
 
 
 _KERNEL_IDS = {}

@@ -65,6 +65,9 @@ class TestLoading(unittest.TestCase):
                           f.oprf_a), (0, None, 0, 0, 0.0, 0, 0, 0.0))
         s = _lib.lib.pf_sampling_opts_default()
         self.assertEqual((s.samples, s.proposals, s.deterministic, s.seed), (1, 1, 0, 0))
+        c = _lib.lib.pf_model_config_default()  # performer.h: exact, learned, positive (0s)
+        self.assertEqual([getattr(c, f) for f, _ in c._fields_],
+                         [256, 4, 128, 4, 0, 0, 0, 64, 1000, 1, 1, 32])
         # and a struct filled here is read by C as written: pf_attn_check sees causal, Lq != Lk
         sh = _lib.pf_shape(1, 1, 4, 5, 8, 8)
         o.causal = 1
