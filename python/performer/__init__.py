@@ -27,13 +27,19 @@ Threads: `threads=0` is OpenMP's default (OMP_NUM_THREADS or every core); result
 on the thread count. ctypes releases the GIL during each call, so calls from several Python
 threads run in parallel (each DecodeState must stay with one thread at a time).
 
+Trained language models (`performer train`'s checkpoints): Model loads one and gives what each
+layer's attention takes (q, k, v); attention_entropy measures how sharp softmax attention on
+them is.
+
 performer.torch (import it explicitly) has an autograd function and performer-pytorch's
 FastAttention running on the same kernels.
 """
 import ctypes
+import dataclasses
 import functools
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -42,7 +48,8 @@ from ._lib import (STATUS_NAMES, Error, FormatError, InvalidArgument, LibraryIOE
                    NotSupported, OutOfMemory, UndefinedResult, library_path)
 
 __all__ = ["attention", "attention_grad", "projection", "features", "oprf_optimal_a",
-           "sderf_params", "kernel_width", "DecodeState", "Error", "InvalidArgument",
+           "sderf_params", "kernel_width", "attention_entropy", "DecodeState", "Model",
+           "ModelConfig", "Error", "InvalidArgument",
            "OutOfMemory", "NonFinite", "UndefinedResult", "NotSupported", "FormatError",
            "LibraryIOError", "STATUS_NAMES", "version", "simd_path", "blas_core",
            "library_path"]
@@ -603,6 +610,71 @@ def sderf_params(q, k, scale=None):
     return A, B, log_D.value
 
 
+# ---- inspecting attention ------------------------------------------------------------------
+
+def _f64(x, name):
+    """x as a float64 C-order array (TypeError for what is not real numbers)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name}: dtype {a.dtype} is not supported: real numbers only")
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def attention_entropy(q, k, *, causal=True, scale=None):
+    """The entropy in nats of each row of softmax attention of q on k: (..,Lq), float64.
+
+    q (..,Lq,d) and k (..,Lk,d), shapes (L,d), (H,L,d) or (B,H,L,d) as attention() takes them
+    (causal needs Lq == Lk). With s the scale (None: 1/sqrt(d), as the library's attention) and
+    row i seeing keys j in J_i (j <= i when causal, every key otherwise),
+
+        p_ij = exp(s q_i.k_j) / Z_i,  Z_i = sum over j in J_i of exp(s q_i.k_j),
+        H_i  = -sum over j in J_i of p_ij log p_ij  =  log Z_i - sum over j in J_i of p_ij s q_i.k_j
+
+    computed in float64 (the scores less their row's largest, so nothing overflows), a block of
+    rows at a time. 0 <= H_i <= log |J_i|: 0 when one key takes all the weight, log |J_i| (log(i
+    + 1) for causal row i) when the weights are uniform; a layer's mean H against the uniform
+    rows' mean says how sharp its attention is. FloatingPointError if q or k holds NaN or Inf."""
+    q, k = _f64(q, "q"), _f64(k, "k")
+    qs, ks = q.shape, k.shape
+    if q.ndim not in (2, 3, 4) or k.ndim != q.ndim:
+        raise ValueError(f"q and k must both be (L,d), (H,L,d) or (B,H,L,d): shapes {qs}, {ks}")
+    if qs[:-2] != ks[:-2] or qs[-1] != ks[-1]:
+        raise ValueError(f"q and k must agree in their leading dimensions and width d: shapes "
+                         f"{qs}, {ks}")
+    if min(qs + ks) < 1:
+        raise ValueError(f"q and k must be non-empty: shapes {qs}, {ks}")
+    Lq, Lk, d = qs[-2], ks[-2], qs[-1]
+    if causal and Lq != Lk:
+        raise ValueError(f"causal attention needs as many queries as keys (Lq = {Lq}, "
+                         f"Lk = {Lk})")
+    s = _scale(scale) or 1.0 / math.sqrt(d)
+    for name, a in (("q", q), ("k", k)):
+        if not np.isfinite(a).all():
+            _raise(_lib.PF_ENONFINITE, "attention_entropy", ((name, a),))
+    qf, kt = q.reshape(-1, Lq, d), k.reshape(-1, Lk, d).transpose(0, 2, 1)
+    n = qf.shape[0]
+    out = np.empty((n, Lq), np.float64)
+    rows = max(1, (1 << 21) // (n * Lk))  # a block's scores: about 16 MiB
+    j = np.arange(Lk)
+    for i0 in range(0, Lq, rows):
+        i1 = min(Lq, i0 + rows)
+        with np.errstate(over="ignore", invalid="ignore"):      # found below, said there
+            x = s * np.matmul(qf[:, i0:i1], kt)                  # (n, rows, Lk)
+        if not np.isfinite(x).all():
+            raise NonFinite("attention_entropy: a score overflows float64; try a smaller scale",
+                            _lib.PF_ENONFINITE, "attention_entropy")
+        unseen = j[None, :] > np.arange(i0, i1)[:, None] if causal else None
+        if unseen is not None:
+            x[:, unseen] = -np.inf
+        x -= x.max(axis=-1, keepdims=True)                       # <= 0, the largest 0
+        e = np.exp(x)
+        z = e.sum(axis=-1)                                       # >= 1
+        if unseen is not None:
+            x[:, unseen] = 0.0                                   # (their weights are 0)
+        out[:, i0:i1] = np.log(z) - (e * x).sum(axis=-1) / z
+    return out.reshape(qs[:-1])
+
+
 # ---- decoding -------------------------------------------------------------------------------
 
 class DecodeState:
@@ -808,6 +880,159 @@ class DecodeState:
         if self._ptr:
             _L.pf_favor_state_free(self._ptr)
             self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the module may be gone: the process frees all
+            pass
+
+
+# ---- language models ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A model's configuration, pf_model_config's fields (performer.h): context (the longest
+    sequence T), layers, d_model (C), heads (H), attention ("exact", "favor", "favor++",
+    "local"), positions ("learned", "rotary"), kernel (FAVOR+'s map: "positive", ...),
+    features (m, the rows of each layer's W), redraw, seed, w_seed, window (local attention's).
+    dataclasses.asdict(config) gives them as a dict."""
+    context: int
+    layers: int
+    d_model: int
+    heads: int
+    attention: str
+    positions: str
+    kernel: str
+    features: int
+    redraw: int
+    seed: int
+    w_seed: int
+    window: int
+
+    @property
+    def head_dim(self):
+        """hd = d_model / heads, the width of each head's q, k and v."""
+        return self.d_model // self.heads
+
+
+def _name_of(names, value, what):
+    return names[value] if 0 <= value < len(names) else f"{what} {value}"
+
+
+class Model:
+    """A trained byte-level language model read from a checkpoint `performer train` wrote (a
+    safetensors file; pf_model_load), for looking at what each layer's attention sees:
+
+        m = performer.Model("data/demo-kjv.safetensors")
+        q, k, v = m.attention_inputs(b"In the beginning God created", layer=0)   # (1,H,T,hd)
+        h = performer.attention_entropy(q, k)                                  # (1,H,T)
+
+    config is its ModelConfig. A file that cannot be read raises performer.LibraryIOError (an
+    OSError; FileNotFoundError too when there is no file), one that is not a checkpoint
+    performer.FormatError (a ValueError), each with the library's message. Calls on one Model
+    take turns (a lock); close() (or a `with` block) frees it at once; it is freed when
+    collected anyway."""
+
+    def __init__(self, path):
+        self._ptr = None
+        self._lock = threading.Lock()
+        bpath = os.fsencode(path)
+        p = ctypes.c_void_p()
+        msg = ctypes.create_string_buffer(1024)
+        st = _L.pf_model_load(ctypes.byref(p), bpath, msg, len(msg))
+        if st:
+            e = _lib.error(st, "pf_model_load", msg.value.decode(errors="replace"))
+            if st == _lib.PF_EIO and not os.path.lexists(bpath):
+                e = _lib.MissingFile(str(e), st, "pf_model_load")
+            raise e
+        self._ptr = p.value
+        c = _L.pf_model_get_config(self._ptr)
+        self.path = os.fsdecode(bpath)
+        self.config = ModelConfig(
+            context=c.context, layers=c.layers, d_model=c.d_model, heads=c.heads,
+            attention=_name_of(_lib.LM_ATTENTIONS, c.attention, "attention"),
+            positions=_name_of(_lib.LM_POSITIONS, c.positions, "positions"),
+            kernel=_name_of(_lib.KERNEL_NAMES, c.kernel, "kernel"), features=c.features,
+            redraw=c.redraw, seed=c.seed, w_seed=c.w_seed, window=c.window)
+
+    def _live(self):
+        if not self._ptr:
+            raise ValueError("this Model is closed")
+        return self._ptr
+
+    @property
+    def num_params(self):
+        """The trainable parameters (every float of the weights)."""
+        with self._lock:
+            return _L.pf_model_num_params(self._live())
+
+    def meta(self, key):
+        """A value of the checkpoint's "__metadata__" (a string), or None."""
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {type(key).__name__}")
+        with self._lock:
+            r = _L.pf_model_meta(self._live(), key.encode())
+        return None if r is None else r.decode(errors="replace")
+
+    def _tokens(self, tokens):
+        """tokens as an int32 (B,T) C-order array of bytes, T <= context."""
+        if isinstance(tokens, (bytes, bytearray, memoryview)):
+            a = np.frombuffer(bytes(tokens), np.uint8).reshape(1, -1)
+        else:
+            a = np.asarray(tokens)
+            if a.dtype.kind not in "iu":
+                raise TypeError(f"tokens: dtype {a.dtype} is not supported: integers (bytes "
+                                "0..255), or a bytes object")
+        if a.ndim != 2:
+            raise ValueError(f"tokens has shape {a.shape}: expected (B,T) (tokens[None] for one "
+                             "sequence), or a bytes object")
+        B, T = a.shape
+        if B < 1 or T < 1:
+            raise ValueError(f"tokens has shape {a.shape}: expected B >= 1 sequences of T >= 1 "
+                             "tokens")
+        if T > self.config.context:
+            raise ValueError(f"tokens has T = {T} tokens a sequence: the model's context is "
+                             f"{self.config.context}")
+        if B > _INT_MAX:
+            raise ValueError(f"tokens has B = {B} sequences: at most 2^31 - 1")
+        bad = (a < 0) | (a > 255)
+        if bad.any():
+            idx = np.unravel_index(int(np.argmax(bad)), a.shape)
+            raise ValueError(f"tokens[{idx[0]}, {idx[1]}] = {a[idx]} is not a byte (0..255)")
+        return np.ascontiguousarray(a, dtype=np.int32)
+
+    def attention_inputs(self, tokens, layer):
+        """What layer `layer` (0-based) feeds its attention for tokens (B,T), T <= context,
+        integers in 0..255 (or a bytes object, B = 1): (q, k, v), float32 (B,H,T,hd), the heads
+        split as the attention gets them (q and k rotated by position with rotary positions; the
+        attention scales q.k by 1/sqrt(hd) itself). pf_model_attention_inputs: the model's
+        forward in evaluation mode, every sequence on its own."""
+        tok = self._tokens(tokens)
+        c = self.config
+        B, T = tok.shape
+        shape = (B, c.heads, T, c.head_dim)
+        q, k, v = (np.empty(shape, np.float32) for _ in range(3))
+        with self._lock:
+            ptr = self._live()
+            lay = _int(layer, "layer", 0, c.layers - 1)
+            st = _L.pf_model_attention_inputs(ptr, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                                              tok.ctypes.data, B, T, lay)
+        if st:
+            _raise(st, "pf_model_attention_inputs")
+        return q, k, v
+
+    def close(self):
+        with self._lock:
+            if self._ptr:
+                _L.pf_model_free(self._ptr)
+                self._ptr = None
 
     def __enter__(self):
         return self
