@@ -677,7 +677,23 @@ def attention_entropy(q, k, *, causal=True, scale=None):
 
 # ---- decoding -------------------------------------------------------------------------------
 
-class DecodeState:
+class _Closing:
+    """A `with` block closes it, and so does collection (close() is the subclass's)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the module may be gone: the process frees all
+            pass
+
+
+class DecodeState(_Closing):
     """Causal FAVOR+ one token (or a few) at a time: the running state (S, z, key maximum) of
     `heads` heads of one sequence -- or of `sequences` of them, each at its own position --
     pf_favor_state_*. Memory and time per token O(heads r dv) whatever the context length; the
@@ -881,18 +897,6 @@ class DecodeState:
             _L.pf_favor_state_free(self._ptr)
             self._ptr = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the module may be gone: the process frees all
-            pass
-
 
 # ---- language models ------------------------------------------------------------------------
 
@@ -926,7 +930,7 @@ def _name_of(names, value, what):
     return names[value] if 0 <= value < len(names) else f"{what} {value}"
 
 
-class Model:
+class Model(_Closing):
     """A trained byte-level language model read from a checkpoint `performer train` wrote (a
     safetensors file; pf_model_load), for looking at what each layer's attention sees:
 
@@ -1033,15 +1037,3 @@ class Model:
             if self._ptr:
                 _L.pf_model_free(self._ptr)
                 self._ptr = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the module may be gone: the process frees all
-            pass
