@@ -28,8 +28,8 @@ on the thread count. ctypes releases the GIL during each call, so calls from sev
 threads run in parallel (each DecodeState must stay with one thread at a time).
 
 Trained language models (`performer train`'s checkpoints): Model loads one and gives what each
-layer's attention takes (q, k, v); attention_entropy measures how sharp softmax attention on
-them is.
+layer's attention takes (q, k, v), the next-byte logits and each position's loss;
+attention_entropy measures how sharp softmax attention on them is.
 
 performer.torch (import it explicitly) has an autograd function and performer-pytorch's
 FastAttention running on the same kernels.
@@ -932,11 +932,14 @@ def _name_of(names, value, what):
 
 class Model(_Closing):
     """A trained byte-level language model read from a checkpoint `performer train` wrote (a
-    safetensors file; pf_model_load), for looking at what each layer's attention sees:
+    safetensors file; pf_model_load), for looking at what each layer's attention sees and what
+    the model predicts:
 
         m = performer.Model("data/demo-kjv.safetensors")
         q, k, v = m.attention_inputs(b"In the beginning God created", layer=0)   # (1,H,T,hd)
         h = performer.attention_entropy(q, k)                                  # (1,H,T)
+        z = m.logits(b"In the beginning God created")                          # (1,T,256)
+        nats = m.token_losses(b"In the beginning God created")                 # (1,T-1)
 
     config is its ModelConfig. A file that cannot be read raises performer.LibraryIOError (an
     OSError; FileNotFoundError too when there is no file), one that is not a checkpoint
@@ -985,31 +988,32 @@ class Model(_Closing):
             r = _L.pf_model_meta(self._live(), key.encode())
         return None if r is None else r.decode(errors="replace")
 
-    def _tokens(self, tokens):
-        """tokens as an int32 (B,T) C-order array of bytes, T <= context."""
+    def _tokens(self, tokens, name="tokens"):
+        """tokens as an int32 (B,T) C-order array of bytes, T <= context (name: what the
+        messages call it)."""
         if isinstance(tokens, (bytes, bytearray, memoryview)):
             a = np.frombuffer(bytes(tokens), np.uint8).reshape(1, -1)
         else:
             a = np.asarray(tokens)
             if a.dtype.kind not in "iu":
-                raise TypeError(f"tokens: dtype {a.dtype} is not supported: integers (bytes "
+                raise TypeError(f"{name}: dtype {a.dtype} is not supported: integers (bytes "
                                 "0..255), or a bytes object")
         if a.ndim != 2:
-            raise ValueError(f"tokens has shape {a.shape}: expected (B,T) (tokens[None] for one "
+            raise ValueError(f"{name} has shape {a.shape}: expected (B,T) ({name}[None] for one "
                              "sequence), or a bytes object")
         B, T = a.shape
         if B < 1 or T < 1:
-            raise ValueError(f"tokens has shape {a.shape}: expected B >= 1 sequences of T >= 1 "
+            raise ValueError(f"{name} has shape {a.shape}: expected B >= 1 sequences of T >= 1 "
                              "tokens")
         if T > self.config.context:
-            raise ValueError(f"tokens has T = {T} tokens a sequence: the model's context is "
+            raise ValueError(f"{name} has T = {T} tokens a sequence: the model's context is "
                              f"{self.config.context}")
         if B > _INT_MAX:
-            raise ValueError(f"tokens has B = {B} sequences: at most 2^31 - 1")
+            raise ValueError(f"{name} has B = {B} sequences: at most 2^31 - 1")
         bad = (a < 0) | (a > 255)
         if bad.any():
             idx = np.unravel_index(int(np.argmax(bad)), a.shape)
-            raise ValueError(f"tokens[{idx[0]}, {idx[1]}] = {a[idx]} is not a byte (0..255)")
+            raise ValueError(f"{name}[{idx[0]}, {idx[1]}] = {a[idx]} is not a byte (0..255)")
         return np.ascontiguousarray(a, dtype=np.int32)
 
     def attention_inputs(self, tokens, layer):
@@ -1031,6 +1035,51 @@ class Model(_Closing):
         if st:
             _raise(st, "pf_model_attention_inputs")
         return q, k, v
+
+    def logits(self, tokens):
+        """The next-byte logits of tokens (B,T), T <= context, integers in 0..255 (or a bytes
+        object, B = 1): float32 (B,T,256), row t scoring the byte after tokens[:, t] from
+        tokens[:, :t + 1] alone (the model is causal). pf_model_forward without targets, in
+        evaluation mode (FAVOR's W and FAVOR++'s statistic as the checkpoint left them), every
+        sequence on its own."""
+        tok = self._tokens(tokens)
+        B, T = tok.shape
+        out = np.empty((B, T, 256), np.float32)
+        with self._lock:
+            ptr = self._live()
+            _L.pf_model_set_training(ptr, 0)  # (it is already; fails only on a NULL model)
+            st = _L.pf_model_forward(ptr, None, out.ctypes.data, tok.ctypes.data, None, B, T)
+        if st:
+            _raise(st, "pf_model_forward")
+        return out
+
+    def token_losses(self, tokens, targets=None):
+        """The cross-entropy in nats of each position, float64: -log softmax(logits)[target],
+        from logits(tokens) by a log-sum-exp in float64 numpy.
+
+        targets None: each position's target is the next token, so the last position has none:
+        (B,T-1), entry [b, t] the loss of predicting tokens[b, t + 1] from tokens[b, :t + 1]
+        (T >= 2 needed). targets given: bytes 0..255 of tokens' shape (B,T) (a bytes object for
+        B = 1), entry [b, t] the loss of predicting targets[b, t] from tokens[b, :t + 1]: (B,T).
+        Their mean over many windows, by position, says how much a position gains from the
+        context before it."""
+        tok = self._tokens(tokens)
+        if targets is None:
+            if tok.shape[1] < 2:
+                raise ValueError(f"tokens has T = {tok.shape[1]}: the next-token targets need "
+                                 "T >= 2 (or give targets)")
+            z = self.logits(tok)[:, :-1]
+            tgt = tok[:, 1:]
+        else:
+            tgt = self._tokens(targets, "targets")
+            if tgt.shape != tok.shape:
+                raise ValueError(f"targets has shape {tgt.shape}: expected tokens' shape "
+                                 f"{tok.shape}")
+            z = self.logits(tok)
+        z = z.astype(np.float64)
+        top = z.max(axis=-1)
+        lse = top + np.log(np.exp(z - top[..., None]).sum(axis=-1))
+        return lse - np.take_along_axis(z, tgt[..., None].astype(np.intp), axis=-1)[..., 0]
 
     def close(self):
         with self._lock:

@@ -178,6 +178,8 @@ _PROTOS = {
     "pf_model_num_params": (c_i64, [P]),
     "pf_model_meta": (ctypes.c_char_p, [P, ctypes.c_char_p]),
     "pf_model_attention_inputs": (c_int, [P, P, P, P, P, c_int, c_int, c_int]),
+    "pf_model_set_training": (c_int, [P, c_int]),
+    "pf_model_forward": (c_int, [P, P, P, P, P, c_int, c_int]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
