@@ -193,6 +193,12 @@ run_jobs "$OUT/jobs.txt"
 echo "reuse_study.sh: runs took $(($(date +%s) - start)) s"
 
 # ---- the CSVs behind the figures ---------------------------------------------------------------
+# the entropies go through the library in Python: on the OpenBLAS kernels the tool runs on (it
+# picks them itself where OpenBLAS's own choice is a fallback; Python cannot), as tests/run.sh does
+if [ -z "${OPENBLAS_CORETYPE-}" ]; then
+    core=$("$P" --version | sed -n "s/.*OpenBLAS kernels: \([A-Za-z0-9_]*\), set by performer.*/\1/p")
+    [ -z "$core" ] || export OPENBLAS_CORETYPE="$core"
+fi
 "$PY" scripts/plot_reuse.py collect --out "$OUT" --parity "$PARITY" --fig "$FIG" \
     --seeds $SEEDS --steps-at $STEPS_AT --ft-from $FT_FROM --total "$TOTAL" \
     --lib "$BUILD/libperformer.so"
