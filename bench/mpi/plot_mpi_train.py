@@ -1,4 +1,5 @@
-"""plot_mpi_train.py CSV PNG: bench_mpi_train's measurements and the training scaling model of
+"""plot_mpi_train.py CSV|TXT PNG: bench_mpi_train's measurements (its CSV, or its printed tables
+as a saved run keeps them: docs/bench_mpi.txt) and the training scaling model of
 docs/mpi.md ("Training across ranks").
 
 Left: bytes rank 0 sends and receives per training step against the context T (measured): flat.
@@ -25,6 +26,7 @@ Communication does not depend on L; it matters where it reaches the compute.
 """
 import csv
 import math
+import re
 import sys
 
 import matplotlib
@@ -68,8 +70,34 @@ def crossover_ranks(P, beta, alpha, rate):
     return lo
 
 
+def read_text(path):
+    """The rows the CSV would hold, read back from bench_mpi_train's printed tables (a saved run
+    such as docs/bench_mpi.txt): each "bench_mpi_train: N rank(s); ... P parameters" header,
+    then its table's rows (mode, T, R, fwd and bwd bytes, messages, step, fwd, comm, cpu and
+    single-process ms, ...)."""
+    rows, np_, params = [], None, None
+    for line in open(path):
+        m = re.match(r"bench_mpi_train: (\d+) ranks?;.*?(\d+) parameters", line)
+        if m:
+            np_, params = m.group(1), m.group(2)
+            continue
+        if line.startswith("bench_mpi:"):
+            np_ = None  # the attention benchmark's tables: not this one's
+        f = line.split()
+        if np_ and len(f) >= 11 and f[0] in ("data", "sequence") and f[1].isdigit():
+            rows.append({"np": np_, "params": params, "mode": f[0], "T": f[1],
+                         "fwd_bytes": f[3], "bwd_bytes": f[4], "step_s": float(f[6]) / 1e3,
+                         "cpu_s": float(f[9]) / 1e3, "single_step_s": float(f[10]) / 1e3})
+    if not rows:
+        sys.exit(f"plot_mpi_train.py: no bench_mpi_train table in {path}")
+    return rows
+
+
 def main():
-    rows = list(csv.DictReader(open(sys.argv[1])))
+    if len(sys.argv) != 3:
+        sys.exit("usage: plot_mpi_train.py CSV|TXT PNG (TXT: bench_mpi_train's printed tables)")
+    rows = (read_text(sys.argv[1]) if sys.argv[1].endswith(".txt") else
+            list(csv.DictReader(open(sys.argv[1]))))
     out = sys.argv[2]
     P = int(rows[0]["params"])
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 6.2))
