@@ -1,0 +1,97 @@
+#!/bin/sh
+# mqar_sweep.sh: recall against state size. Multi-query associative recall (`performer train
+# --task mqar`: key-value pairs at the start of each sequence, queries later; the answer accuracy
+# is the share of queries whose value the model predicts) learnt from scratch by a small model
+# with each attention: FAVOR+ (positive features), FAVOR++ and ReLU features at several feature
+# counts m, elu + 1 linear attention (no W: its state is fixed by the head width), and exact
+# softmax attention, the ceiling; at several sequence lengths and numbers of pairs, over seeds.
+#
+#   sh scripts/mqar_sweep.sh          (after `make`; the default grid takes hours on 2 cores)
+#
+# Every run: 2 layers, d_model 64, 4 heads of width 16, rotary positions, batch BATCH, STEPS
+# steps at a constant learning rate LR after 100 steps of warm-up, no weight decay (what
+# scripts/mqar_check.sh found to learn the task on every seed), evaluated every EVAL steps on 8
+# validation batches; keys 64, as many queries as pairs (every key asked once). The table and
+# the figure take each run's best evaluated answer accuracy (a run that has learnt the task and
+# wobbles is not penalised for its last evaluation).
+#
+# Writes $FIG/$NAME.csv (one row per run: length, pairs, attention, m, seed, best and final
+# accuracy, minutes), $FIG/$NAME.md and $FIG/$NAME.png (scripts/plot_mqar.py draws them from the
+# CSV alone); the runs go to $OUT, a finished one is not repeated and a stopped one resumed.
+# Settings through the environment: BUILD (build), NAME (mqar_sweep), OUT ($BUILD/$NAME), FIG
+# (docs/figures), LENGTHS (256 1024 4096), PAIRS (4 16), MS (16 64 256 1024), ATTNS (exact
+# favor favorpp relu elu), SEEDS (1 2 3), STEPS (3000), BATCH (16), LR (1e-3), EVAL (250),
+# JOBS (2 runs at a time), THREADS (1 each). Runs go shortest first, so an interrupted sweep
+# leaves whole lengths behind it.
+set -e
+BUILD=${BUILD:-build}
+P=${PERFORMER:-$BUILD/performer}
+NAME=${NAME:-mqar_sweep}
+OUT=${OUT:-$BUILD/$NAME}
+FIG=${FIG:-docs/figures}
+LENGTHS=${LENGTHS:-256 1024 4096}
+PAIRS=${PAIRS:-4 16}
+MS=${MS:-16 64 256 1024}
+ATTNS=${ATTNS:-exact favor favorpp relu elu}
+SEEDS=${SEEDS:-1 2 3}
+STEPS=${STEPS:-3000}
+BATCH=${BATCH:-16}
+LR=${LR:-1e-3}
+EVAL=${EVAL:-250}
+JOBS=${JOBS:-2}
+THREADS=${THREADS:-1}
+
+[ -x "$P" ] || { echo "mqar_sweep.sh: no $P (run make first)" >&2; exit 1; }
+
+# attention flags of ATTN at M features (M ignored where there is no W)
+args_of() {
+    case $1 in
+    exact) echo "--attention exact" ;;
+    favor) echo "--attention favor --kernel positive --features $2" ;;
+    favorpp) echo "--attention favor++ --features $2" ;;
+    relu) echo "--attention favor --kernel relu --features $2" ;;
+    elu) echo "--attention favor --kernel elu" ;;
+    *) echo "mqar_sweep.sh: unknown attention '$1'" >&2; return 2 ;;
+    esac
+}
+
+if [ "$1" = "--one" ]; then # --one LENGTH PAIRS ATTN M SEED
+    L=$2 N=$3 A=$4 M=$5 S=$6
+    d=$OUT/L$L-p$N/$A-m$M-s$S
+    mkdir -p "$OUT/L$L-p$N"
+    if [ -f "$d/checkpoint.safetensors" ]; then
+        [ "$(tail -1 "$d/log.csv" | cut -d, -f1)" = "$STEPS" ] && exit 0
+        "$P" train --out "$d" --resume --threads "$THREADS" --no-plot >>"$d.out" 2>&1
+    else
+        # shellcheck disable=SC2046
+        "$P" train --out "$d" --task mqar --mqar-pairs "$N" --mqar-queries "$N" --mqar-keys 64 \
+            --context "$L" --layers 2 --d-model 64 --heads 4 --positions rotary \
+            $(args_of "$A" "$M") --batch "$BATCH" --steps "$STEPS" --lr "$LR" --lr-min "$LR" \
+            --warmup 100 --weight-decay 0 --eval-every "$EVAL" --eval-batches 8 --seed "$S" \
+            --threads "$THREADS" --no-plot >"$d.out" 2>&1
+    fi || { echo "mqar_sweep.sh: L $L, $N pairs, $A m $M seed $S failed (see $d.out)" >&2
+            exit 1; }
+    echo "== L $L, $N pairs, $A m $M, seed $S: $(grep "answer acc" "$d.out" | tail -1)"
+    exit 0
+fi
+
+for a in $ATTNS; do args_of "$a" 1 >/dev/null; done
+mkdir -p "$OUT" "$FIG"
+todo=$OUT/todo.txt
+: >"$todo"
+for L in $LENGTHS; do
+    for N in $PAIRS; do
+        for A in $ATTNS; do
+            case $A in exact | elu) ms=0 ;; *) ms=$MS ;; esac
+            for M in $ms; do
+                for S in $SEEDS; do echo "$L $N $A $M $S" >>"$todo"; done
+            done
+        done
+    done
+done
+start=$(date +%s)
+echo "mqar_sweep.sh: $(wc -l <"$todo") runs, $JOBS at a time, into $OUT"
+export BUILD P OUT STEPS BATCH LR EVAL THREADS
+xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
+echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
+/usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME"

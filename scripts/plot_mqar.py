@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""plot_mqar.py: the CSV, table and figure of scripts/mqar_sweep.sh.
+
+    plot_mqar.py --runs DIR --out PREFIX     read the runs, write PREFIX.csv, .md and .png
+    plot_mqar.py --csv PREFIX.csv --out PREFIX     redraw .md and .png from the CSV alone
+
+DIR holds L<length>-p<pairs>/<attention>-m<m>-s<seed>/log.csv (`performer train --task mqar`'s
+logs; m is 0 for attention without W: exact, elu). PREFIX.csv has one row per run: its length,
+pairs, attention, m, seed, steps done, the best and the last evaluated answer accuracy, and its
+training minutes. PREFIX.md gives, per length and pairs, each attention's best accuracy, mean
++- sd over seeds, against m; PREFIX.png one panel per length and pairs: accuracy against m
+(median over seeds, the range as a band), exact attention's as the ceiling (dashed), elu + 1 at
+its state's width (the head width: it has no m). Needs numpy and matplotlib (Debian's)."""
+import argparse
+import csv
+import math
+import os
+import re
+import sys
+
+ATTN = {  # label, colour, marker
+    "exact": ("exact softmax (the ceiling)", "black", None),
+    "favor": ("FAVOR+ (positive)", "tab:blue", "o"),
+    "favorpp": ("FAVOR++", "tab:purple", "^"),
+    "relu": ("ReLU features", "tab:orange", "v"),
+    "elu": ("ELU+1 linear (no W)", "tab:green", "D"),
+}
+HEADER = ["length", "pairs", "attention", "m", "seed", "steps", "best_answer_acc",
+          "final_answer_acc", "minutes"]
+
+
+def read_runs(root):
+    rows = []
+    for group in sorted(os.listdir(root)):
+        g = re.fullmatch(r"L(\d+)-p(\d+)", group)
+        if not g or not os.path.isdir(os.path.join(root, group)):
+            continue
+        for run in sorted(os.listdir(os.path.join(root, group))):
+            r = re.fullmatch(r"([a-z]+)-m(\d+)-s(\d+)", run)
+            log = os.path.join(root, group, run, "log.csv")
+            if not r or not os.path.isfile(log):
+                continue
+            accs, step, secs = [], 0, 0.0
+            with open(log, newline="") as f:
+                for row in csv.DictReader(f):
+                    step = int(row["step"])
+                    if row["elapsed_s"]:
+                        secs = float(row["elapsed_s"])
+                    if row["val_answer_acc"]:
+                        accs.append(float(row["val_answer_acc"]))
+            if not accs:
+                continue
+            rows.append([int(g.group(1)), int(g.group(2)), r.group(1), int(r.group(2)),
+                         int(r.group(3)), step, "%.6f" % max(accs), "%.6f" % accs[-1],
+                         "%.2f" % (secs / 60)])
+    return rows
+
+
+def mean_sd(xs):
+    m = sum(xs) / len(xs)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs")
+    ap.add_argument("--csv")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--head-width", type=int, default=16, help="elu + 1's x position")
+    a = ap.parse_args(argv)
+    if bool(a.runs) == bool(a.csv):
+        ap.error("give --runs DIR or --csv FILE")
+    if a.runs:
+        rows = read_runs(a.runs)
+        if not rows:
+            sys.exit("plot_mqar.py: no finished evaluation under %s" % a.runs)
+        with open(a.out + ".csv.tmp", "w", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(HEADER)
+            w.writerows(rows)
+        os.replace(a.out + ".csv.tmp", a.out + ".csv")
+    with open(a.csv or a.out + ".csv", newline="") as f:
+        rows = [dict(r) for r in csv.DictReader(f)]
+    for r in rows:
+        for k in ("length", "pairs", "m", "seed", "steps"):
+            r[k] = int(r[k])
+        r["best"] = float(r["best_answer_acc"])
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = sorted({(r["length"], r["pairs"]) for r in rows})
+    lines = ["Best evaluated answer accuracy (share of queries answered with their value), mean "
+             "+- sd over seeds (n), by sequence length, key-value pairs and feature count m; "
+             "exact and elu + 1 have no m.", "",
+             "| length | pairs | attention | m | best answer accuracy | n | steps | minutes "
+             "(mean) |", "|--:|--:|---|--:|--:|--:|--:|--:|"]
+    cols = min(3, len(groups))
+    nrow = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(nrow, cols, figsize=(5.2 * cols, 4.2 * nrow), squeeze=False)
+    for gi, (L, N) in enumerate(groups):
+        ax = axes[gi // cols][gi % cols]
+        g = [r for r in rows if r["length"] == L and r["pairs"] == N]
+        for att in ATTN:
+            label, col, mk = ATTN[att]
+            ms = sorted({r["m"] for r in g if r["attention"] == att})
+            pts = []
+            for m in ms:
+                acc = [r["best"] for r in g if r["attention"] == att and r["m"] == m]
+                mins = [float(r["minutes"]) for r in g if r["attention"] == att and r["m"] == m]
+                steps = sorted({r["steps"] for r in g if r["attention"] == att and r["m"] == m})
+                lines.append("| %d | %d | %s | %s | %.3f +- %.3f | %d | %s | %.1f |" % (
+                    L, N, label, m or "-", *mean_sd(acc), len(acc),
+                    "/".join(str(s) for s in steps), sum(mins) / len(mins)))
+                pts.append((m, np.median(acc), min(acc), max(acc)))
+            if not pts:
+                continue
+            if att == "exact":
+                _, med, lo, hi = pts[0]
+                ax.axhline(med, color=col, ls="--", lw=1.2, label=label)
+                ax.axhspan(lo, hi, color=col, alpha=0.08)
+            elif att == "elu":
+                _, med, lo, hi = pts[0]
+                ax.errorbar([a.head_width], [med], yerr=[[med - lo], [hi - med]], color=col,
+                            marker=mk, ls="none", capsize=3, label=label + " (r = head width)")
+            else:
+                x = [p[0] for p in pts]
+                ax.plot(x, [p[1] for p in pts], color=col, marker=mk, label=label)
+                ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=col,
+                                alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m)")
+        ax.set_ylabel("answer accuracy (best evaluation)")
+        ax.set_title("length %d, %d key-value pairs" % (L, N), fontsize=10)
+        ax.grid(alpha=0.3)
+    for j in range(len(groups), nrow * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle("Multi-query associative recall against the feature count (median over seeds, "
+                 "range as a band)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.savefig(a.out + ".tmp.png", dpi=110)
+    os.replace(a.out + ".tmp.png", a.out + ".png")
+    text = "\n".join(lines) + "\n"
+    with open(a.out + ".md.tmp", "w") as f:
+        f.write(text)
+    os.replace(a.out + ".md.tmp", a.out + ".md")
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
