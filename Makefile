@@ -151,7 +151,7 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(STATIC)
 # tests; the aarch64 build under qemu, then the fuzz targets' regression pass and 20 s of fuzzing
 # each (the tests run one at a time, mostly on one thread, so each lane keeps about one core
 # busy; their output is shown when both end). Builds take JOBS compilers at a time (the cores
-# this process may use). About 14 minutes on two cores; CI's budget is 20.
+# this process may use). About 16 minutes on two cores; CI's budget is 20.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) test-fast; r1=$$?; \
