@@ -147,24 +147,28 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Ibench -o $@ $< $(STATIC) $(LDLIBS)
 
-# The whole suite: the optimised build, then the sanitizer build and the aarch64 build under qemu
-# side by side (each keeps about one core busy: the tests run one at a time, mostly on one
-# thread; their output is shown when both end), then the fuzz targets' regression pass and 20 s
-# of fuzzing each. Builds take JOBS compilers at a time (the cores this process may use). About
-# 14 minutes on two cores; CI's budget is 20.
+# The whole suite: the optimised build, then two lanes side by side: the sanitizer build and its
+# tests; the aarch64 build under qemu, then the fuzz targets' regression pass and 20 s of fuzzing
+# each (the tests run one at a time, mostly on one thread, so each lane keeps about one core
+# busy; their output is shown when both end). Builds take JOBS compilers at a time (the cores
+# this process may use). About 16 minutes on two cores; CI's budget is 20.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) test-fast; r1=$$?; \
-	mkdir -p build-asan $(AARCH64_BUILD); rm -f build-asan/test-counts $(AARCH64_BUILD)/test-counts; \
-	echo "asan and aarch64 stages, side by side (logs: build-asan/stage.log, $(AARCH64_BUILD)/stage.log)"; \
+	mkdir -p build-asan $(AARCH64_BUILD) $(FUZZ_BUILD); \
+	rm -f build-asan/test-counts $(AARCH64_BUILD)/test-counts $(FUZZ_BUILD)/test-counts; \
+	echo "two lanes side by side: asan; aarch64, then fuzz (logs: build-asan/stage.log," \
+	  "$(AARCH64_BUILD)/stage.log, $(FUZZ_BUILD)/stage.log)"; \
 	{ $(MAKE) --no-print-directory -j$(JOBS) asan >build-asan/stage.log 2>&1; \
 	  echo $$? >build-asan/stage.rc; } & \
 	{ $(MAKE) --no-print-directory test-aarch64 >$(AARCH64_BUILD)/stage.log 2>&1; \
-	  echo $$? >$(AARCH64_BUILD)/stage.rc; } & \
-	wait; cat build-asan/stage.log $(AARCH64_BUILD)/stage.log; \
+	  echo $$? >$(AARCH64_BUILD)/stage.rc; \
+	  $(MAKE) --no-print-directory -j$(JOBS) fuzz FUZZ_TIME=20 >$(FUZZ_BUILD)/stage.log 2>&1; \
+	  echo $$? >$(FUZZ_BUILD)/stage.rc; } & \
+	wait; cat build-asan/stage.log $(AARCH64_BUILD)/stage.log $(FUZZ_BUILD)/stage.log; \
 	r2=$$(cat build-asan/stage.rc 2>/dev/null || echo 1); \
+	r3=$$(cat $(FUZZ_BUILD)/stage.rc 2>/dev/null || echo 1); \
 	r4=$$(cat $(AARCH64_BUILD)/stage.rc 2>/dev/null || echo 1); \
-	rm -f $(FUZZ_BUILD)/test-counts; $(MAKE) --no-print-directory -j$(JOBS) fuzz FUZZ_TIME=20; r3=$$?; \
 	set -- $$(cat $(BUILD)/test-counts 2>/dev/null || echo 0 1) \
 	       $$(cat build-asan/test-counts 2>/dev/null || echo 0 1) \
 	       $$(cat $(FUZZ_BUILD)/test-counts 2>/dev/null || echo 0 1) \

@@ -15,6 +15,11 @@
 #   favor256  FAVOR+, m = 256                       favorpp   FAVOR++ (OPRF features), m = 64
 #   relu      ReLU random features, m = 64          elu       ELU+1 linear attention (no W)
 #   local32   softmax over the last 32 positions only (a local-window baseline)
+#   (favorM, favorppM, reluM, localW: the same at any m or window)
+# DATA=proteins trains the protein comparison's model instead (scripts/compare_lm.sh's: the
+# 20,000 proteins of Debian's mmseqs2-examples, 4 layers, d_model 128, 4 heads, context 1024,
+# batch 4, learned positions, 1000 steps at lr 2e-3), into NAME lm_parity_proteins:
+#   DATA=proteins RUNS="exact favor128 relu128 favorpp128" sh scripts/lm_parity.sh
 # Writes docs/figures/lm_parity.{png,md,csv}: validation curves (mean and the range of the
 # seeds), and per attention the final loss as mean +- sd over seeds and as the share of the gap
 # between the byte frequencies (no context) and exact attention that it closes (1 = exact's
@@ -22,12 +27,13 @@
 # The runs go to $OUT (build/lm_parity/NAME-sSEED); a finished run is not repeated, an
 # interrupted one resumed (--resume gives the same bits). JOBS runs at a time, THREADS threads
 # each (results do not depend on either).
-# Environment: BUILD (build), OUT, RUNS, SEEDS ("1 2 3"), STEPS (1000), JOBS (2), THREADS (1),
-#   FIG (docs/figures), NAME (lm_parity).
+# Environment: BUILD (build), DATA (bible), OUT, RUNS, SEEDS ("1 2 3"), STEPS (1000), JOBS (2),
+#   THREADS (1), FIG (docs/figures), NAME (lm_parity, or lm_parity_DATA).
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
-NAME=${NAME:-lm_parity}
+DATA=${DATA:-bible}
+NAME=${NAME:-lm_parity$([ "$DATA" = bible ] || echo "_$DATA")}
 OUT=${OUT:-$BUILD/$NAME}
 RUNS=${RUNS:-exact favor64 favor256 favorpp relu elu local32}
 SEEDS=${SEEDS:-1 2 3}
@@ -40,17 +46,24 @@ FIG=${FIG:-docs/figures}
 mkdir -p "$OUT" "$FIG"
 
 # the demo model's training (scripts/make_demo_checkpoint.sh), but for the attention and seed
-model="--data bible --positions learned --layers 4 --d-model 128 --heads 2 --context 256
-       --batch 8 --steps $STEPS --lr 2e-3 --warmup 100 --eval-every 100 --eval-batches 16"
+case $DATA in
+bible) model="--data bible --positions learned --layers 4 --d-model 128 --heads 2 --context 256
+              --batch 8 --steps $STEPS --lr 2e-3 --warmup 100 --eval-every 100 --eval-batches 16" ;;
+proteins) model="--data proteins --positions learned --layers 4 --d-model 128 --heads 4
+                 --context 1024 --batch 4 --steps $STEPS --lr 2e-3 --warmup 100 --eval-every 100
+                 --eval-batches 16" ;;
+*) echo "lm_parity.sh: DATA is bible or proteins" >&2; exit 2 ;;
+esac
 args_of() {
     case $1 in
     exact) echo "--attention exact" ;;
-    favor64) echo "--attention favor --kernel positive --features 64" ;;
-    favor256) echo "--attention favor --kernel positive --features 256" ;;
     favorpp) echo "--attention favor++ --features 64" ;;
     relu) echo "--attention favor --kernel relu --features 64" ;;
     elu) echo "--attention favor --kernel elu" ;;
-    local32) echo "--attention local --window 32" ;;
+    favorpp[1-9]*) echo "--attention favor++ --features ${1#favorpp}" ;;
+    favor[1-9]*) echo "--attention favor --kernel positive --features ${1#favor}" ;;
+    relu[1-9]*) echo "--attention favor --kernel relu --features ${1#relu}" ;;
+    local[1-9]*) echo "--attention local --window ${1#local}" ;;
     *) echo "lm_parity.sh: unknown run '$1'" >&2; return 2 ;;
     esac
 }
@@ -87,14 +100,23 @@ start=$(date +%s)
 if [ -s "$todo" ]; then
     echo "lm_parity.sh: $(wc -l <"$todo") runs, $JOBS at a time, into $OUT"
     # each line 'run seed' is one `sh lm_parity.sh --one run seed` (above), JOBS at a time
-    export BUILD P NAME OUT STEPS THREADS
+    export BUILD P NAME OUT STEPS THREADS DATA
     xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
 fi
 echo "lm_parity.sh: runs took $(( $(date +%s) - start )) s"
 
 # no context: the byte frequencies of the training split scored on the validation split
-bible=$(ls "$OUT"/*/bible-kjv.txt 2>/dev/null | head -1)
-unigram=$(/usr/bin/python3 scripts/unigram_loss.py bible "$bible")
+if [ "$DATA" = bible ]; then
+    unigram=$(/usr/bin/python3 scripts/unigram_loss.py bible "$(ls "$OUT"/*/bible-kjv.txt |
+        head -1)")
+else
+    unigram=$(/usr/bin/python3 scripts/unigram_loss.py proteins \
+        /usr/share/doc/mmseqs2/example-data/DB.fasta.gz)
+fi
 # shellcheck disable=SC2086
-/usr/bin/python3 scripts/plot_parity.py --out "$FIG/$NAME" --runs-dir "$OUT" --steps "$STEPS" \
-    --unigram "$unigram" --runs $RUNS --seeds $SEEDS
+set -- --out "$FIG/$NAME" --runs-dir "$OUT" --steps "$STEPS" --unigram "$unigram" --runs $RUNS \
+    --seeds $SEEDS
+[ "$DATA" = bible ] || set -- "$@" --title "Proteins (mmseqs2-examples): 4 layers, d_model 128, 4 \
+heads, context 1024, batch 4, trained from scratch; mean of $(echo $SEEDS | wc -w) seeds, band = \
+lowest to highest seed"
+/usr/bin/python3 scripts/plot_parity.py "$@"

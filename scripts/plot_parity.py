@@ -18,8 +18,8 @@ share their batches and initial weights, so the paired differences take the seed
 out. Needs numpy and matplotlib (Debian's)."""
 import argparse
 import csv
-import math
 import os
+import re
 import sys
 
 import matplotlib
@@ -46,6 +46,28 @@ STYLES = {  # colour, line style, marker: lines that overlap stay apart
     "elu": ("tab:green", "--", "D"),
     "local32": ("tab:red", ":", "x"),
 }
+
+
+def label(run):
+    """A run's name in the table and legend: LABELS, else read from the name (favorM, favorppM,
+    reluM, localW, as lm_parity.sh takes them)."""
+    if run in LABELS:
+        return LABELS[run]
+    m = re.fullmatch(r"(favorpp|favor|relu|local)(\d+)", run)
+    if not m:
+        return run
+    return {"favorpp": "FAVOR++, m = %s", "favor": "FAVOR+, m = %s",
+            "relu": "ReLU features, m = %s", "local": "local softmax, window %s"}[m.group(1)] % \
+        m.group(2)
+
+
+def style(run):
+    """A run's colour, line style and marker: STYLES, else its kind's (favor128 as favor64)."""
+    if run in STYLES:
+        return STYLES[run]
+    m = re.fullmatch(r"(favorpp|favor|relu|local)(\d+)", run)
+    kind = {"favorpp": "favorpp", "favor": "favor64", "relu": "relu", "local": "local32"}
+    return STYLES.get(kind[m.group(1)] if m else "", (None, "-", None))
 
 
 def read_log(path):
@@ -150,7 +172,7 @@ def main(argv):
         am, _ = mean_sd([r["val_acc"] for r in rs])
         tm, _ = mean_sd([r["train_s"] for r in rs])
         diff = "-" if run == "exact" else f"{dm:+.4f} +- {ds:.4f}"
-        md.append(f"| {LABELS.get(run, run)} | {lm:.4f} +- {ls:.4f} | {sm:.3f} +- {ss:.3f} | "
+        md.append(f"| {label(run)} | {lm:.4f} +- {ls:.4f} | {sm:.3f} +- {ss:.3f} | "
                   f"{diff} | {am:.4f} | {tm / 60:.1f} |")
     md.append("")
     tmp = a.out + ".md.tmp"
@@ -160,12 +182,12 @@ def main(argv):
 
     fig, ax = plt.subplots(figsize=(10, 5.2))
     for run in a.runs:
-        col, ls, mk = STYLES.get(run, (None, "-", None))
+        col, ls, mk = style(run)
         steps = np.array(logs[run, a.seeds[0]][0])
         keep = steps > 0  # the untrained value would flatten the curves
         L = np.array([logs[run, s][1] for s in a.seeds])[:, keep]
         ax.plot(steps[keep], L.mean(axis=0), color=col, linestyle=ls, marker=mk, markersize=4,
-                label=f"{LABELS.get(run, run)}")
+                label=label(run))
         ax.fill_between(steps[keep], L.min(axis=0), L.max(axis=0), color=col, alpha=0.15,
                         linewidth=0)
     ax.axhline(U, color="grey", linestyle="--", linewidth=1)
