@@ -66,7 +66,7 @@ def main(argv):
     ap.add_argument("--runs")
     ap.add_argument("--csv")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--head-width", type=int, default=16, help="elu + 1's x position")
+    ap.add_argument("--head-width", type=int, default=64, help="elu + 1's x position")
     a = ap.parse_args(argv)
     if bool(a.runs) == bool(a.csv):
         ap.error("give --runs DIR or --csv FILE")
