@@ -58,9 +58,10 @@ expect_fail() {
 
 if ! $PY -c 'import numpy' 2>/dev/null; then echo "FAIL: $PY has no numpy"; exit 1; fi
 
-# Compares two checkpoints tensor by tensor with an independent reader; prints differences.
-cat >"$T/same.py" <<'EOF'
-import json, struct, sys
+# An independent safetensors reader (struct, json, numpy): load(path) -> ({name: float32
+# array}, metadata); every tensor the tool writes is F32.
+cat >"$T/st.py" <<'EOF'
+import json, struct
 import numpy as np
 
 def load(path):
@@ -75,6 +76,11 @@ def load(path):
         s, end = e["data_offsets"]
         t[k] = np.frombuffer(data[s:end], dtype="<f4").reshape(e["shape"])
     return t, meta
+EOF
+# Compares two checkpoints tensor by tensor with that reader; prints differences.
+cat >"$T/same.py" <<'EOF'
+import sys
+from st import load
 
 a, ma = load(sys.argv[1])
 b, mb = load(sys.argv[2])
@@ -401,16 +407,13 @@ seed_run init --seed 5 --init-seed 6
 seed_run all --seed 6
 seed_run given --data-seed 5 --init-seed 5 --w-seed 5 # (no --seed: its default, 1, unused)
 cat >"$T/seeds.py" <<'EOF2'
-import json, struct, sys
+import sys
 import numpy as np
+from st import load as load_arrays
 
-def load(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n])
-    meta = h.pop("__metadata__")
-    return {k: b[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]]
-            for k, e in h.items()}, meta
+def load(path):  # each tensor's bytes
+    t, meta = load_arrays(path)
+    return {k: v.tobytes() for k, v in t.items()}, meta
 
 T = sys.argv[1]
 def parts(name):

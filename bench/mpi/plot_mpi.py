@@ -1,4 +1,5 @@
-"""plot_mpi.py CSV PNG: bench_mpi's measurements and the scaling model of docs/mpi.md.
+"""plot_mpi.py CSV|TXT PNG: bench_mpi's measurements (its CSV, or its printed tables as a saved
+run keeps them: docs/bench_mpi.txt) and the scaling model of docs/mpi.md.
 
 Left: bytes each rank sends and receives per call against L (measured): flat.
 Right: time per forward+backward call against the number of ranks N at L = 2^20 tokens per
@@ -16,6 +17,7 @@ tokens per rank L/N = rate * comm time.
 """
 import csv
 import math
+import re
 import sys
 
 import matplotlib
@@ -30,10 +32,45 @@ NETS = [("100 Gb/s, 2 us (InfiniBand class)", 12.5e9, 2e-6),
 L_MODEL = 1 << 20
 
 
+def read_text(path):
+    """The rows the CSV would hold, read back from bench_mpi's printed tables (a saved run such
+    as docs/bench_mpi.txt): each "bench_mpi: N rank(s)" header, then its bytes table (mode, L,
+    forward and backward bytes) and its time table (L from its title; mode, forward, backward
+    and communication ms, ...)."""
+    rows, np_, section, L = [], None, None, None
+    for line in open(path):
+        m = re.match(r"bench_mpi: (\d+) ranks?", line)
+        if m:
+            np_, section = m.group(1), None
+            continue
+        if line.startswith("bench_mpi_train"):
+            np_ = None  # the training benchmark's tables: not this one's
+        if line.startswith("bytes sent"):
+            section = "bytes"
+        m = re.match(r"time per call, L = (\d+)", line)
+        if m:
+            section, L = "time", m.group(1)
+        f = line.split()
+        if not np_ or not f or f[0] not in ("causal", "bidir"):
+            continue
+        if section == "bytes" and len(f) == 4:
+            rows.append({"what": "bytes", "np": np_, "mode": f[0], "L": f[1], "fwd_bytes": f[2],
+                         "bwd_bytes": f[3]})
+        elif section == "time" and len(f) >= 4:
+            rows.append({"what": "time", "np": np_, "mode": f[0], "L": L,
+                         "fwd_s": float(f[1]) / 1e3, "bwd_s": float(f[2]) / 1e3})
+    if not rows:
+        sys.exit(f"plot_mpi.py: no bench_mpi table in {path}")
+    return rows
+
+
 def main():
-    rows = list(csv.DictReader(open(sys.argv[1])))
+    if len(sys.argv) != 3:
+        sys.exit("usage: plot_mpi.py CSV|TXT PNG (TXT: bench_mpi's printed tables)")
+    rows = (read_text(sys.argv[1]) if sys.argv[1].endswith(".txt") else
+            list(csv.DictReader(open(sys.argv[1]))))
     out = sys.argv[2]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 5.2))
     for mode, mk in (("causal", "o"), ("bidir", "s")):
         for np_ in sorted({r["np"] for r in rows}):
             pts = [(int(r["L"]), int(r["fwd_bytes"]) + int(r["bwd_bytes"])) for r in rows
@@ -41,14 +78,18 @@ def main():
             if not pts:
                 continue
             pts.sort()
+            # hollow at 1 rank: both modes' points lie on 0 there, one inside the other
             a1.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker=mk,
+                    markersize=9 if mode == "bidir" else 6,
+                    fillstyle="none" if np_ == "1" else "full",
                     label=f"{mode}, {np_} rank{'s' if np_ != '1' else ''}")
     a1.set_xscale("log", base=2)
     a1.set_xlabel("L (tokens in all)")
     a1.set_ylabel("MB sent + received by rank 0, forward + backward")
     a1.set_title("Bytes per call: flat in L (measured)")
-    a1.legend(fontsize=8)
-    a1.set_ylim(bottom=0)
+    a1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+               frameon=False)  # below: off the lines (the 1-rank ones lie on 0)
+    a1.set_ylim(bottom=-0.1)
     print(f"model: state exchange S = {S} bytes (B {B}, H {H}, r {R}, dv {DV})")
     for mode, ls in (("causal", "-"), ("bidir", "--")):
         t1 = [r for r in rows if r["what"] == "time" and r["mode"] == mode and r["np"] == "1"]
@@ -60,12 +101,14 @@ def main():
         print(f"{mode}: measured at one rank, L = {L1}: {T1 * 1e3:.1f} ms forward + backward, "
               f"{rate:.3g} tokens/s a rank")
         ns = [2 ** i for i in range(7)]
-        for name, beta, alpha in NETS:
+        for ni, (name, beta, alpha) in enumerate(NETS):
             k = 3 + (3 if mode == "bidir" else 0)
             ts = [T1 * L_MODEL / (n * L1) + math.ceil(math.log2(n)) * (k * (alpha + S / beta)
                                                                        + 8 * alpha)
                   for n in ns]
-            a2.plot(ns, ts, ls, marker=".", label=f"{mode}, model, {name}")
+            # the networks' lines nearly coincide: the first drawn wide, the second thin on it
+            a2.plot(ns, ts, ls, marker=".", lw=3.5 if ni == 0 else 1.2, alpha=0.6 if ni == 0 else 1,
+                    label=f"{mode}, model, {name}")
             if mode == "bidir":  # (the larger exchange: its communication alone, dotted)
                 cs = [max(math.ceil(math.log2(n)) * (k * (alpha + S / beta) + 8 * alpha), 1e-6)
                       for n in ns]
@@ -84,7 +127,8 @@ def main():
     a2.set_ylabel("seconds per forward + backward")
     a2.set_title("L = 2^20 tokens: model from the measured rate")
     a2.set_ylim(1e-4, None)
-    a2.legend(fontsize=7)
+    a2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+               frameon=False)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
