@@ -25,8 +25,8 @@
 # accuracy, minutes), $FIG/$NAME.md and $FIG/$NAME.png (scripts/plot_mqar.py draws them from the
 # CSV alone); the runs go to $OUT, a finished one is not repeated and a stopped one resumed.
 # Settings through the environment: BUILD (build), NAME (mqar_sweep), OUT ($BUILD/$NAME), FIG
-# (docs/figures), LENGTHS (64 256 1024), PAIRS (4 16), MS (16 64 256: m = 1024 costs about 1.5 h a
-# run at length 64 on one thread, against 20 minutes at m = 16-64 and 50 at 256), ATTNS (exact
+# (docs/figures), LENGTHS (64 256 1024), PAIRS (4 16), MS (16 64 256: m = 1024 would cost some 1.5 h a
+# run at length 64 on one thread by m = 256's rate, against 20 minutes at m = 16-64), ATTNS (exact
 # favor favorpp relu elu), SEEDS (1 2 3), STEPS (8000), TOKENS (4096), LR (1e-3), EVAL (250),
 # JOBS (2 runs at a time), THREADS (1 each). Runs go shortest length first and within a length
 # seed by seed, so an interrupted sweep leaves whole lengths and seeds behind it.
