@@ -12,7 +12,9 @@ favor-cSHORT, favor-cLONG). Every model's cross-entropy of each next byte
 models on whole windows, the short ones on each window cut into SHORT-byte pieces. PREFIX.csv
 holds those means in bins of positions doubling in width (1, 2-3, 4-7, ...), one row per data,
 run, seed and bin; PREFIX.md the table (mean +- sd over seeds) and each run's final validation
-loss from its log; PREFIX.png one panel per data set: loss against position (log axis), the
+loss from its log. PREFIX_runs.csv: one row per data, run and seed: the final validation loss
+on the run's own windows (its log), the mean loss over all positions of the common windows, and
+the training time. PREFIX.png one panel per data set: loss against position (log axis), the
 median over seeds and their range. Needs numpy and matplotlib (Debian's)."""
 import argparse
 import csv
@@ -46,7 +48,7 @@ def collect(a):
     os.environ["PERFORMER_LIB"] = os.path.abspath(a.lib)
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
     import performer
-    rows = []
+    rows, runs = [], []
     for data in a.datas:
         win = np.load(os.path.join(a.runs, data, "windows", "eval_tokens.npy"))
         win = win.reshape(-1, win.shape[-1]).astype(np.int32)  # (N, LONG)
@@ -60,17 +62,46 @@ def collect(a):
                 # loss[t]: the loss of byte t + 1 given bytes 0..t: position t + 1 in the window
                 for lo, hi in bins(T):
                     rows.append([data, run, s, lo, hi, "%.6f" % loss[lo - 1:hi - 1].mean()])
+                with open(os.path.join(os.path.dirname(path), "log.csv"), newline="") as f:
+                    last = list(csv.DictReader(f))[-1]
+                runs.append([data, run, s, T, last["step"], last["val_loss"], "%.6f" % loss.mean(),
+                             last["elapsed_s"]])
             print("collect: %s %s done" % (data, run), file=sys.stderr)
     with open(a.out + ".csv.tmp", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["data", "run", "seed", "pos_lo", "pos_hi", "loss"])
         w.writerows(rows)
     os.replace(a.out + ".csv.tmp", a.out + ".csv")
+    with open(a.out + "_runs.csv.tmp", "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["data", "run", "seed", "context", "steps", "val_loss", "common_loss",
+                    "train_s"])
+        w.writerows(runs)
+    os.replace(a.out + "_runs.csv.tmp", a.out + "_runs.csv")
 
 
 def mean_sd(xs):
     m = sum(xs) / len(xs)
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+
+
+def runs_table(a, data, runs):
+    """The runs' own numbers for DATA from PREFIX_runs.csv (if there), as markdown lines."""
+    path = (a.csv or a.out + ".csv")[:-len(".csv")] + "_runs.csv"
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        rs = [r for r in csv.DictReader(f) if r["data"] == data]
+    out = ["| run | final validation loss (own windows) | mean loss, common windows | "
+           "training minutes |", "|---|--:|--:|--:|"]
+    for run in runs:
+        x = [r for r in rs if r["run"] == run]
+        if x:
+            out.append("| %s | %.4f +- %.4f | %.4f +- %.4f | %.1f |" % (
+                run, *mean_sd([float(r["val_loss"]) for r in x]),
+                *mean_sd([float(r["common_loss"]) for r in x]),
+                sum(float(r["train_s"]) for r in x) / len(x) / 60))
+    return out + [""]
 
 
 def plot(a):
@@ -106,6 +137,7 @@ def plot(a):
             lines.append("| %d-%d | %s |" % (b[0], b[1] - 1, " | ".join(
                 table[b].get(r, "-") for r in runs)))
         lines.append("")
+        lines += runs_table(a, data, runs)
         ax.axvline(short, color="gray", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("position in the window (bytes of context before the byte predicted)")
