@@ -129,7 +129,8 @@ def plot(a):
                   for b in bs]
             x = [math.sqrt(lo * (hi - 1)) if hi - 1 > lo else lo for lo, hi in bs]
             ax.plot(x, [np.median(y) for y in ys], color=col, ls=ls, marker=mk, markersize=4,
-                    label=run.replace("-c", ", context "))
+                    label=run.replace("exact-c", "exact softmax, context ").replace(
+                        "favor-c", "FAVOR+, context "))
             ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=col, alpha=0.15)
             for b, y in zip(bs, ys):
                 table.setdefault(b, {})[run] = "%.3f +- %.3f" % mean_sd(y)
@@ -139,6 +140,8 @@ def plot(a):
         lines.append("")
         lines += runs_table(a, data, runs)
         ax.axvline(short, color="gray", lw=0.8, ls=":")
+        ax.text(short, ax.get_ylim()[1], " the short context ends", fontsize=7, color="gray",
+                va="top")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("position in the window (bytes of context before the byte predicted)")
         ax.set_ylabel("loss (nats/byte)")
@@ -146,8 +149,9 @@ def plot(a):
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle("Does the far context pay? Loss by position (median over seeds, range as a band)",
-                 fontsize=11)
+    fig.suptitle("Does the far context pay? Loss by position in the window, on the same validation "
+                 "windows (median over seeds, their range as a band;\nthe first positions' bins hold"
+                 " few bytes, so they are noisy)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(a.out + ".tmp.png", dpi=110)
     os.replace(a.out + ".tmp.png", a.out + ".png")
