@@ -16,7 +16,7 @@
 #   relu      ReLU random features, m = 64          elu       ELU+1 linear attention (no W)
 #   local32   softmax over the last 32 positions only (a local-window baseline)
 #   (favorM, favorppM, reluM, localW: the same at any m or window)
-# DATA=proteins trains the protein comparison's model instead (scripts/compare_lm.sh's: the
+# DATA=proteins trains the protein model instead (the Performer paper's experiment in small: the
 # 20,000 proteins of Debian's mmseqs2-examples, 4 layers, d_model 128, 4 heads, context 1024,
 # batch 4, learned positions, 1000 steps at lr 2e-3), into NAME lm_parity_proteins:
 #   DATA=proteins RUNS="exact favor128 relu128 favorpp128" sh scripts/lm_parity.sh

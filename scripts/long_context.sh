@@ -10,7 +10,8 @@
 # (performer.Model.token_losses). Where the long model's loss keeps falling beyond position SHORT,
 # the far context pays.
 #
-#   sh scripts/long_context.sh        (after `make`; hours on 2 cores: the long runs dominate)
+#   sh scripts/long_context.sh        (after `make`; 66 minutes on the 2-core development machine,
+#                                     two runs at a time: the long runs dominate)
 #
 # Data: bible (the King James Bible: chapters in order, pieces of about 2 KB) and proteins (the
 # 20,000 proteins of Debian's mmseqs2-examples, whose repeats between sequences lie far apart).

@@ -21,6 +21,7 @@ import csv
 import os
 import re
 import sys
+import textwrap
 
 import matplotlib
 
@@ -195,8 +196,9 @@ def main(argv):
             color="grey")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("validation loss (nats/byte)")
-    ax.set_title(a.title or f"the demo model trained from scratch: mean of {n} seeds, band = "
-                 "lowest to highest seed", fontsize=10)
+    title = a.title or (f"the demo model trained from scratch: mean of {n} seeds, band = "
+                        "lowest to highest seed")
+    ax.set_title(textwrap.fill(title, 100), fontsize=10)  # a long title would run off the figure
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()

@@ -617,6 +617,19 @@ PERFORMER_TRAIN_DUMP="$T/mqd-e" $P train --out "$T/mq-eval" --init-from \
     "$T/mq-learn/checkpoint.safetensors" $(echo $ML | sed 's/--layers 2 --d-model 64 --heads 4//') \
     --steps 0 >/dev/null 2>"$T/me.err"
 check "mqar: --init-from --steps 0 exits 0: $(tail -2 "$T/me.err")" [ $? -eq 0 ]
+check "mqar: --init-from with --task mqar gives no note about the task" \
+    sh -c "! grep -q 'trained on --task mqar' '$T/me.err'"
+# the task is not carried by --init-from: a recall checkpoint started without --task says so
+$P train --out "$T/mq-text" --init-from "$T/mq-learn/checkpoint.safetensors" --data bible \
+    --steps 0 --eval-batches 1 --threads 1 --no-plot >/dev/null 2>"$T/mt.err"
+check "mqar: --init-from without --task exits 0: $(tail -2 "$T/mt.err")" [ $? -eq 0 ]
+check "mqar: --init-from without --task notes that the task is text: $(head -1 "$T/mt.err")" \
+    grep -q "note: .*checkpoint.safetensors was trained on --task mqar; this run's task is text \
+(bible)" "$T/mt.err"
+$P train --out "$T/mq-text2" --init-from "$T/mq-learn/checkpoint.safetensors" --task text \
+    --data bible --steps 0 --eval-batches 1 --threads 1 --no-plot >/dev/null 2>"$T/mt2.err"
+check "mqar: --init-from with --task text exits 0, without the note" \
+    sh -c "[ $? -eq 0 ] && ! grep -q 'trained on --task mqar' '$T/mt2.err'"
 cat >"$T/acc.py" <<'EOF2'
 import csv, sys
 import numpy as np

@@ -202,6 +202,7 @@ typedef struct train_cfg {
     int parallel;          /* -1: not given; 0 data, 1 sequence (PF_MPI_DATA, PF_MPI_SEQUENCE) */
     int explicit_settings; /* a model or training flag was given */
     int features_given;    /* --features was given (elu takes d-model/heads otherwise) */
+    int task_given;        /* --task was given */
 } train_cfg;
 
 /* ---- command line -------------------------------------------------------------------------- */
@@ -369,6 +370,7 @@ static int parse_args(train_cfg *c, int argc, char **argv) {
             if (v) tool_parse_u64(&a, "--w-seed", v, &seeds[2]);
         } else if (tool_opt(&a, "--task", &v)) {
             if (v && (idx = tool_parse_choice(&a, "--task", v, tasks)) >= 0) c->task = idx;
+            c->task_given = 1;
         } else if (tool_opt(&a, "--mqar-pairs", &v)) {
             if (v) tool_parse_int(&a, "--mqar-pairs", v, 1, 127, &c->mqar.pairs);
         } else if (tool_opt(&a, "--mqar-queries", &v)) {
@@ -1162,6 +1164,13 @@ static int init_source(train_cfg *c, pf_model **src) {
     }
     if (parallel_check(c) != 0) return TOOL_EXIT_USAGE;
     if (c->task == TASK_MQAR && mqar_fits(c) != 0) return TOOL_EXIT_USAGE;
+    /* the task is not carried: a recall model evaluated on text by default would say little */
+    const char *task = pf_model_meta(*src, "run.task");
+    if (!c->task_given && task && strcmp(task, "mqar") == 0 && tool_mpi_rank() == 0)
+        fprintf(stderr, "%s: note: %s was trained on --task mqar; this run's task is text (%s): "
+                        "give --task mqar and its --mqar-* flags to go on with recall, or "
+                        "--task text to silence this\n",
+                CMD, c->init_from, c->data);
     char real[PATH_MAX];
     snprintf(init_rec.path, sizeof(init_rec.path), "%s",
              realpath(c->init_from, real) ? real : c->init_from);
