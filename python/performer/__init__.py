@@ -48,7 +48,7 @@ from ._lib import (STATUS_NAMES, Error, FormatError, InvalidArgument, LibraryIOE
                    NotSupported, OutOfMemory, UndefinedResult, library_path)
 
 __all__ = ["attention", "attention_grad", "projection", "features", "oprf_optimal_a",
-           "sderf_params", "kernel_width", "attention_entropy", "DecodeState", "Model",
+           "sderf_params", "kernel_width", "attention_entropy", "mqar_batch", "DecodeState", "Model",
            "ModelConfig", "Error", "InvalidArgument",
            "OutOfMemory", "NonFinite", "UndefinedResult", "NotSupported", "FormatError",
            "LibraryIOError", "STATUS_NAMES", "version", "simd_path", "blas_core",
@@ -673,6 +673,43 @@ def attention_entropy(q, k, *, causal=True, scale=None):
             x[:, unseen] = 0.0                                   # (their weights are 0)
         out[:, i0:i1] = np.log(z) - (e * x).sum(axis=-1) / z
     return out.reshape(qs[:-1])
+
+
+# ---- training data: multi-query associative recall --------------------------------------------
+
+def mqar_batch(batch, context, *, pairs=8, queries=None, keys=64, seed=0, stream=0):
+    """MQAR sequences as `performer train --task mqar` trains on them (pf_mqar_batch): tokens and
+    targets, two int32 arrays (batch, context). Each sequence opens with `pairs` key-value pairs
+    (keys are bytes [0, keys), values [keys, 2 keys)); `queries` of the keys (default: pairs)
+    come back later, each at a position whose target is its value; every other target is -1
+    (not scored) and every other token filler [2 keys, 256). Sequence b is a function of (seed,
+    stream, b) alone, whatever the batch: the same arguments give the same sequences on every
+    machine. (`performer train` draws step s's batch from (data seed, s) and its validation
+    batch i from (data seed, 2^63 + i).) InvalidArgument where 1 <= pairs <= keys <= 127,
+    queries >= 1 or 2 pairs + 2 queries <= context does not hold.
+    """
+    batch = _int(batch, "batch", 1, _INT_MAX)
+    context = _int(context, "context", 1, _INT_MAX)
+    lo = -_INT_MAX - 1  # any C int: pf_mqar_check says what it refuses
+    task = _lib.pf_mqar(_int(pairs, "pairs", lo, _INT_MAX),
+                        _int(pairs if queries is None else queries, "queries", lo, _INT_MAX),
+                        _int(keys, "keys", lo, _INT_MAX))
+    if _L.pf_mqar_check(ctypes.byref(task), context) != _lib.PF_OK:
+        raise InvalidArgument(
+            f"mqar_batch: {task.pairs} pairs, {task.queries} queries and {task.keys} keys do not "
+            f"fit sequences of {context}: 1 <= pairs <= keys <= 127, queries >= 1 and "
+            "2 pairs + 2 queries <= context", _lib.PF_EINVAL, "pf_mqar_check")
+    if batch * context > 2**40:
+        raise InvalidArgument(f"mqar_batch: {batch} x {context} tokens is too many",
+                              _lib.PF_EINVAL, "pf_mqar_batch")
+    tokens = np.empty((batch, context), np.int32)
+    targets = np.empty((batch, context), np.int32)
+    st = _L.pf_mqar_batch(ctypes.byref(task), tokens.ctypes.data, targets.ctypes.data, batch,
+                          context, _int(seed, "seed", 0, 2**64 - 1),
+                          _int(stream, "stream", 0, 2**64 - 1))
+    if st:
+        _raise(st, "pf_mqar_batch")
+    return tokens, targets
 
 
 # ---- decoding -------------------------------------------------------------------------------

@@ -103,8 +103,12 @@ class pf_model_config(ctypes.Structure):
                 ("window", c_int)]
 
 
+class pf_mqar(ctypes.Structure):
+    _fields_ = [("pairs", c_int), ("queries", c_int), ("keys", c_int)]
+
+
 STRUCTS = (pf_shape, pf_attn_opts, pf_favor_opts, pf_sampling_opts, pf_kernel_params,
-           pf_model_config)
+           pf_model_config, pf_mqar)
 
 # ---- prototypes: every function the package calls --------------------------------------------
 
@@ -180,6 +184,9 @@ _PROTOS = {
     "pf_model_attention_inputs": (c_int, [P, P, P, P, P, c_int, c_int, c_int]),
     "pf_model_set_training": (c_int, [P, c_int]),
     "pf_model_forward": (c_int, [P, P, P, P, P, c_int, c_int]),
+    "pf_mqar_default": (pf_mqar, []),
+    "pf_mqar_check": (c_int, [ctypes.POINTER(pf_mqar), c_int]),
+    "pf_mqar_batch": (c_int, [ctypes.POINTER(pf_mqar), P, P, c_int, c_int, c_u64, c_u64]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
