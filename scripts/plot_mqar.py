@@ -1,8 +1,11 @@
 #!/usr/bin/python3
-"""plot_mqar.py: the CSV, table and figure of scripts/mqar_sweep.sh.
+"""plot_mqar.py: the CSV, table and figure of scripts/mqar_sweep.sh and bench/cuda/mqar_gpu.py.
 
     plot_mqar.py --runs DIR --out PREFIX     read the runs, write PREFIX.csv, .md and .png
     plot_mqar.py --csv PREFIX.csv --out PREFIX     redraw .md and .png from the CSV alone
+    plot_mqar.py --csv mqar_gpu.csv --out PREFIX   mqar_gpu.py's CSV (its incomplete runs,
+                                                   stopped by its deadline, are left out)
+    plot_mqar.py --swap PREFIX_swap.csv --out PREFIX_swap   scripts/mqar_swap.sh's CSV
 
 DIR holds L<length>-p<pairs>/<attention>-m<m>-s<seed>/log.csv (`performer train --task mqar`'s
 logs; m is 0 for attention without W: exact, elu). PREFIX.csv has one row per run: its length,
@@ -17,6 +20,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 
 ATTN = {  # label, colour, marker
     "exact": ("exact softmax (the ceiling)", "black", None),
@@ -61,15 +65,90 @@ def mean_sd(xs):
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
 
 
+def swap_plot(path, out, head_width, title):
+    """--swap: scripts/mqar_swap.sh's CSV -> out.md and out.png (accuracy against m of the
+    exact models with their attention swapped; median over models and W seeds, the
+    interquartile range as a band; exact's own and elu + 1's as lines, chance as a dotted one)."""
+    with open(path, newline="") as f:
+        rows = [dict(r) for r in csv.DictReader(f)]
+    if not rows:
+        sys.exit("plot_mqar.py: %s has no rows" % path)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    for r in rows:
+        for k in ("length", "pairs", "seed", "m", "w_seed"):
+            r[k] = int(r[k])
+        r["acc"], r["loss"] = float(r["answer_acc"]), float(r["val_loss"])
+    groups = sorted({(r["length"], r["pairs"]) for r in rows})
+    lines = ["Exact-attention models' answer accuracy with their attention swapped (weights "
+             "unchanged), mean +- sd over models (seeds) and W draws (n); validation loss on "
+             "the answers likewise.", "",
+             "| length | pairs | attention | m | answer accuracy | loss (nats) | n |",
+             "|--:|--:|---|--:|--:|--:|--:|"]
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.4 * len(groups), 4.6), squeeze=False)
+    for gi, (L, N) in enumerate(groups):
+        ax = axes[0][gi]
+        g = [r for r in rows if r["length"] == L and r["pairs"] == N]
+        seeds = sorted({r["seed"] for r in g})
+        for att in ("exact", "elu", "favor", "favorpp", "relu"):
+            label, col, mk = ATTN[att]
+            ms = sorted({r["m"] for r in g if r["attention"] == att})
+            pts = []
+            for m in ms:
+                sel = [r for r in g if r["attention"] == att and r["m"] == m]
+                acc = [r["acc"] for r in sel]
+                lines.append("| %d | %d | %s | %s | %.3f +- %.3f | %.2f +- %.2f | %d |" % (
+                    L, N, label, m or "-", *mean_sd(acc), *mean_sd([r["loss"] for r in sel]),
+                    len(sel)))
+                pts.append((m, np.median(acc), np.percentile(acc, 25), np.percentile(acc, 75)))
+            if not pts:
+                continue
+            if att in ("exact", "elu"):
+                ax.axhline(pts[0][1], color=col, ls="--" if att == "exact" else "-.", lw=1.2,
+                           label=("%s, unswapped" % label) if att == "exact" else
+                           "ELU+1 linear (state %d x %d)" % (head_width, head_width))
+            else:
+                x = [p[0] for p in pts]
+                ax.plot(x, [p[1] for p in pts], color=col, marker=mk, label=label)
+                ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=col,
+                                alpha=0.15)
+        ax.axhline(1.0 / N, color="grey", ls=":", lw=1, label="chance among the pairs (1/%d)" % N)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("features m per layer (rows of W; the state is m x head width)")
+        ax.set_ylabel("answer accuracy")
+        ax.set_title("length %d, %d key-value pairs, %d exact model(s) x W draws" % (
+            L, N, len(seeds)), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="center left")
+    fig.suptitle(textwrap.fill(title or "Trained softmax recall with its attention swapped "
+                               "for random features (median, interquartile band)",
+                               60 * len(groups)), fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(out + ".tmp.png", dpi=110)
+    os.replace(out + ".tmp.png", out + ".png")
+    text = "\n".join(lines) + "\n"
+    with open(out + ".md.tmp", "w") as f:
+        f.write(text)
+    os.replace(out + ".md.tmp", out + ".md")
+    print(text)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs")
     ap.add_argument("--csv")
     ap.add_argument("--out", required=True)
     ap.add_argument("--head-width", type=int, default=64, help="elu + 1's x position")
+    ap.add_argument("--title", help="the figure's title")
+    ap.add_argument("--swap", metavar="CSV", help="scripts/mqar_swap.sh's CSV: draw that")
     a = ap.parse_args(argv)
+    if a.swap:
+        return swap_plot(a.swap, a.out, a.head_width, a.title)
     if bool(a.runs) == bool(a.csv):
-        ap.error("give --runs DIR or --csv FILE")
+        ap.error("give --runs DIR or --csv FILE (or --swap CSV)")
     if a.runs:
         rows = read_runs(a.runs)
         if not rows:
@@ -81,6 +160,12 @@ def main(argv):
         os.replace(a.out + ".csv.tmp", a.out + ".csv")
     with open(a.csv or a.out + ".csv", newline="") as f:
         rows = [dict(r) for r in csv.DictReader(f)]
+    # bench/cuda/mqar_gpu.py's rows say whether the run reached its end ("complete"): a run
+    # stopped by the sweep's deadline is left out, and counted
+    left_out = [r for r in rows if r.get("complete", "1") == "0"]
+    rows = [r for r in rows if r.get("complete", "1") != "0"]
+    if not rows:
+        sys.exit("plot_mqar.py: no complete run in the CSV")
     for r in rows:
         for k in ("length", "pairs", "m", "seed", "steps"):
             r[k] = int(r[k])
@@ -97,6 +182,10 @@ def main(argv):
              "exact and elu + 1 have no m.", "",
              "| length | pairs | attention | m | best answer accuracy | n | steps | minutes "
              "(mean) |", "|--:|--:|---|--:|--:|--:|--:|--:|"]
+    if left_out:
+        lines[1:1] = ["", "Left out: %d run(s) stopped before their end (%s)." % (
+            len(left_out), ", ".join("L%s p%s %s m%s s%s" % (r["length"], r["pairs"],
+                                     r["attention"], r["m"], r["seed"]) for r in left_out))]
     cols = min(3, len(groups))
     nrow = (len(groups) + cols - 1) // cols
     fig, axes = plt.subplots(nrow, cols, figsize=(5.2 * cols, 4.2 * nrow), squeeze=False)
@@ -145,8 +234,8 @@ def main(argv):
                 handles.append(h)
                 labels.append(l)
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
-    fig.suptitle("Multi-query associative recall against the feature count (median over seeds, "
-                 "range as a band)", fontsize=11)
+    fig.suptitle(a.title or "Multi-query associative recall against the feature count (median "
+                 "over seeds, range as a band)", fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     fig.savefig(a.out + ".tmp.png", dpi=110)
     os.replace(a.out + ".tmp.png", a.out + ".png")

@@ -1,14 +1,26 @@
 """performer.mqar_batch: the structure every MQAR sequence must have (checked position by
 position here, not by the library), sequences that depend on (seed, stream, b) alone, and the
 refused arguments."""
+import csv
 import os
+import subprocess
 import sys
+import tempfile
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import performer  # noqa: E402
+from common import ASAN  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "bench", "cuda", "mqar_gpu.py")
+try:
+    import torch  # noqa: F401
+    HAS_TORCH = True
+except ImportError:
+    HAS_TORCH = False
 
 
 def check_sequence(tc, tok, tgt, pairs, queries, keys):
@@ -91,6 +103,72 @@ class TestMqarBatch(unittest.TestCase):
             args.update(kw)
             with self.assertRaises(err, msg=str(kw)):
                 performer.mqar_batch(args.pop("batch"), args.pop("context"), **args)
+
+
+@unittest.skipUnless(HAS_TORCH, "no torch (python3-torch): bench/cuda/mqar_gpu.py needs it")
+class TestMqarGpuScript(unittest.TestCase):
+    """bench/cuda/mqar_gpu.py, the recall sweep of the GPU machine, on the CPU: its torch forms
+    of FAVOR++, elu + 1 and exact attention against the library's C kernels, and a sweep of a
+    few steps through its coordinator (the CSV it writes, the runs it stops at the deadline)."""
+
+    def run_script(self, *args, timeout=300):
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                              env=env, timeout=timeout, cwd=REPO)
+
+    def test_maps_match_the_library(self):
+        r = self.run_script("--check", "--device", "cpu")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        errs = [float(ln.split()[-1]) for ln in r.stdout.splitlines()
+                if "relative error" in ln and ln.strip().startswith("check")]
+        self.assertEqual(len(errs), 15)  # 5 attentions x 3 shapes
+        self.assertLess(max(errs), 1e-5)
+
+    @unittest.skipIf(ASAN, "minutes under ASan, nothing the check above does not reach")
+    def test_a_small_sweep(self):
+        with tempfile.TemporaryDirectory() as d:
+            out, curves = os.path.join(d, "runs.csv"), os.path.join(d, "c", "curves.csv")
+            r = self.run_script("--device", "cpu", "--add", "32", "2", "exact", "0",
+                                "--add", "32", "2", "favor", "8,16", "--add", "32", "2",
+                                "favorpp", "8", "--add", "32", "2", "elu", "0", "--seeds", "1",
+                                "2", "--steps", "4", "--tokens", "128", "--eval-every", "2",
+                                "--eval-batches", "1", "--workers", "2", "--out", out,
+                                "--curves", curves)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(out) as f:
+                rows = list(csv.DictReader(f))
+            self.assertEqual(len(rows), 10)
+            self.assertEqual({(x["attention"], x["m"], x["seed"]) for x in rows},
+                             {(a, m, s) for a, m in (("exact", "0"), ("favor", "8"),
+                                                     ("favor", "16"), ("favorpp", "8"),
+                                                     ("elu", "0")) for s in ("1", "2")})
+            for x in rows:
+                self.assertEqual((x["complete"], x["steps"]), ("1", "4"))
+                self.assertTrue(0 <= float(x["best_answer_acc"]) <= 1)
+                self.assertGreaterEqual(float(x["best_answer_acc"]),
+                                        float(x["final_answer_acc"]))
+            with open(curves) as f:
+                self.assertEqual(len(list(csv.DictReader(f))), 10 * 3)  # steps 0, 2, 4
+            self.assertFalse(os.path.exists(out + ".partial"))
+            # a deadline that stops the first run: its row says so, the two runs never started
+            # have none, and the exit is still 0
+            r = self.run_script("--device", "cpu", "--add", "32", "2", "favor", "8",
+                                "--steps", "100000", "--tokens", "128", "--workers", "1",
+                                "--deadline", "3", "--out", out)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(out) as f:
+                rows = list(csv.DictReader(f))
+            self.assertEqual([(x["complete"], x["attention"], x["seed"]) for x in rows],
+                             [("0", "favor", "1")])
+            self.assertIn("1 stopped at the deadline, 2 not started", r.stdout)
+
+    def test_refused_arguments(self):
+        for args in (["--add", "32", "2", "softmax", "0", "--out", "x.csv"],
+                     ["--add", "32", "2", "favor", "0", "--out", "x.csv"],
+                     ["--steps", "0", "--out", "x.csv"], ["--device", "cpu"]):
+            r = self.run_script(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("error", r.stderr)
 
 
 if __name__ == "__main__":
