@@ -101,4 +101,4 @@ echo "mqar_sweep.sh: $(wc -l <"$todo") runs, $JOBS at a time, into $OUT"
 export BUILD P OUT STEPS TOKENS LR EVAL THREADS
 xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
 echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
-/usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME"
+/usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME" --steps "$STEPS"

@@ -143,6 +143,7 @@ def main(argv):
     ap.add_argument("--out", required=True)
     ap.add_argument("--head-width", type=int, default=64, help="elu + 1's x position")
     ap.add_argument("--title", help="the figure's title")
+    ap.add_argument("--steps", type=int, help="--runs: leave out the runs short of this step")
     ap.add_argument("--swap", metavar="CSV", help="scripts/mqar_swap.sh's CSV: draw that")
     a = ap.parse_args(argv)
     if a.swap:
@@ -151,8 +152,14 @@ def main(argv):
         ap.error("give --runs DIR or --csv FILE (or --swap CSV)")
     if a.runs:
         rows = read_runs(a.runs)
+        if a.steps:  # runs still going (or stopped) are not results yet
+            short = [r for r in rows if r[5] != a.steps]
+            rows = [r for r in rows if r[5] == a.steps]
+            for r in short:
+                print("plot_mqar.py: L%d p%d %s m%d s%d is at step %d of %d: left out" % (
+                    *r[:5], r[5], a.steps), file=sys.stderr)
         if not rows:
-            sys.exit("plot_mqar.py: no finished evaluation under %s" % a.runs)
+            sys.exit("plot_mqar.py: no finished run under %s" % a.runs)
         with open(a.out + ".csv.tmp", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(HEADER)
