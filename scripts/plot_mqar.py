@@ -136,6 +136,58 @@ def swap_plot(path, out, head_width, title):
     print(text)
 
 
+def sharpness(paths, out):
+    """--sharpness: how sharp the attention of trained MQAR models is where it answers. For each
+    checkpoint .../L<length>-p<pairs>/<attention>-m<m>-s<seed>/checkpoint.safetensors, on its
+    first validation batch (the sequences `performer train` scored it on): per layer, at the
+    answer positions, the mean entropy of the attention row (nats; log(i + 1) is a uniform row),
+    the median top score q'.k' (x' = x d^-1/4, so softmax weights are exp(q'.k')), and the
+    median of |q' + k'|^2 for the top key k': FAVOR+'s one-feature estimate of exp(q'.k') has a
+    relative variance of exp(|q' + k'|^2) - 1 (iid rows), so m features leave a relative
+    standard error of about exp(|q' + k'|^2 / 2) / sqrt(m) on the weight of the key that holds
+    the answer. Appends the table to out (a Markdown file) and prints it."""
+    import numpy as np
+    import performer
+    lines = ["", "Attention at the answers of the trained models (first validation batch; "
+             "`plot_mqar.py --sharpness`): mean row entropy (nats), median top score q'.k' "
+             "and median |q'+k'|^2 for the top key (FAVOR+'s relative variance per feature is "
+             "exp of it, minus 1).", "",
+             "| length | pairs | seed | layer | entropy at answers (uniform) | top q'.k' | "
+             "\\|q'+k'\\|^2 |", "|--:|--:|--:|--:|--:|--:|--:|"]
+    for path in paths:
+        run = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        group = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+        g = re.fullmatch(r"L(\d+)-p(\d+)", group)
+        r = re.fullmatch(r"([a-z]+)-m(\d+)-s(\d+)", run)
+        if not g or not r:
+            sys.exit("plot_mqar.py: %s is not .../L<length>-p<pairs>/<attention>-m<m>-s<seed>/"
+                     "checkpoint.safetensors" % path)
+        L, N, S = int(g.group(1)), int(g.group(2)), int(r.group(3))
+        tok, tgt = performer.mqar_batch(max(1, 4096 // L), L, pairs=N, queries=L // 4, keys=64,
+                                        seed=S, stream=2**63)
+        ans = tgt != -1
+        with performer.Model(path) as m:
+            for layer in range(m.config.layers):
+                q, k, _ = m.attention_inputs(tok, layer)            # (B,H,T,d)
+                d = q.shape[-1]
+                h = performer.attention_entropy(q, k)               # (B,H,T)
+                qs, ks = q.astype(np.float64) * d ** -0.25, k.astype(np.float64) * d ** -0.25
+                sc = np.einsum("bhid,bhjd->bhij", qs, ks)
+                sc[..., ~np.tril(np.ones((L, L), bool))] = -np.inf
+                top = sc.argmax(-1)                                 # (B,H,T)
+                kt = np.take_along_axis(ks, top[..., None], axis=2)  # (B,H,T,d)
+                x = ((qs + kt) ** 2).sum(-1)
+                a = np.broadcast_to(ans[:, None, :], h.shape)
+                uni = np.log(np.nonzero(ans)[1] + 1.0).mean()
+                lines.append("| %d | %d | %d | %d | %.3f (%.2f) | %.1f | %.1f |" % (
+                    L, N, S, layer, h[a].mean(), uni, np.median(sc.max(-1)[a]),
+                    np.median(x[a])))
+    text = "\n".join(lines) + "\n"
+    with open(out, "a") as f:
+        f.write(text)
+    print(text)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs")
@@ -145,7 +197,12 @@ def main(argv):
     ap.add_argument("--title", help="the figure's title")
     ap.add_argument("--steps", type=int, help="--runs: leave out the runs short of this step")
     ap.add_argument("--swap", metavar="CSV", help="scripts/mqar_swap.sh's CSV: draw that")
+    ap.add_argument("--sharpness", nargs="+", metavar="CKPT",
+                    help="trained MQAR checkpoints: append their attention's sharpness at the "
+                    "answers to --out (a .md file)")
     a = ap.parse_args(argv)
+    if a.sharpness:
+        return sharpness(a.sharpness, a.out)
     if a.swap:
         return swap_plot(a.swap, a.out, a.head_width, a.title)
     if bool(a.runs) == bool(a.csv):
@@ -195,7 +252,8 @@ def main(argv):
                                      r["attention"], r["m"], r["seed"]) for r in left_out))]
     cols = min(3, len(groups))
     nrow = (len(groups) + cols - 1) // cols
-    fig, axes = plt.subplots(nrow, cols, figsize=(5.2 * cols, 4.2 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, cols, figsize=(max(7.5, 5.2 * cols), 4.2 * nrow + 0.6),
+                             squeeze=False)
     for gi, (L, N) in enumerate(groups):
         ax = axes[gi // cols][gi % cols]
         g = [r for r in rows if r["length"] == L and r["pairs"] == N]
@@ -226,6 +284,8 @@ def main(argv):
                 ax.plot(x, [p[1] for p in pts], color=col, marker=mk, label=label)
                 ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=col,
                                 alpha=0.15)
+        ax.axhline(1.0 / N, color="grey", ls=":", lw=1,
+                   label="1/pairs: the window's values known, not which is whose")
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m)")
@@ -240,10 +300,12 @@ def main(argv):
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
-    fig.suptitle(a.title or "Multi-query associative recall against the feature count (median "
-                 "over seeds, range as a band)", fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.legend(handles, labels, loc="lower center", ncol=2 if cols == 1 else 3, fontsize=8,
+               frameon=False)
+    fig.suptitle(textwrap.fill(a.title or "Multi-query associative recall against the feature "
+                               "count (median over seeds, range as a band)", 60 * cols),
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.14, 1, 0.93))
     fig.savefig(a.out + ".tmp.png", dpi=110)
     os.replace(a.out + ".tmp.png", a.out + ".png")
     text = "\n".join(lines) + "\n"
