@@ -29,6 +29,7 @@ ATTN = {  # label, colour, marker
     "relu": ("ReLU features", "tab:orange", "v"),
     "elu": ("ELU+1 linear (no W)", "tab:green", "D"),
 }
+DODGE = {"favor": 0.9, "favorpp": 1.0, "relu": 1.1, "elu": 1.2}  # x factors, markers apart
 HEADER = ["length", "pairs", "attention", "m", "seed", "steps", "best_answer_acc",
           "final_answer_acc", "minutes"]
 
@@ -277,10 +278,12 @@ def main(argv):
                 ax.axhspan(lo, hi, color=col, alpha=0.08)
             elif att == "elu":
                 _, med, lo, hi = pts[0]
-                ax.errorbar([a.head_width], [med], yerr=[[med - lo], [hi - med]], color=col,
-                            marker=mk, ls="none", capsize=3, label=label + " (r = head width)")
+                ax.errorbar([a.head_width * DODGE[att]], [med], yerr=[[med - lo], [hi - med]],
+                            color=col, marker=mk, ls="none", capsize=3,
+                            label=label + " (r = head width)")
             else:
-                x = [p[0] for p in pts]
+                # each map's points a little to the side, so that equal accuracies stay apart
+                x = [p[0] * DODGE[att] for p in pts]
                 ax.plot(x, [p[1] for p in pts], color=col, marker=mk, label=label)
                 ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=col,
                                 alpha=0.15)
@@ -288,7 +291,8 @@ def main(argv):
                    label="1/pairs: the window's values known, not which is whose")
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m)")
+        ax.set_xlabel("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m; each map's "
+                      "markers set a little apart)", fontsize=9)
         ax.set_ylabel("answer accuracy (best evaluation)")
         ax.set_title("length %d, %d key-value pairs" % (L, N), fontsize=10)
         ax.grid(alpha=0.3)
