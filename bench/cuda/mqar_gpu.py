@@ -42,7 +42,9 @@ seconds: a run still going then is killed and written with "complete" 0 and the 
 reached (the plot and table leave such runs out and count them). --out gets one row per run
 (length, pairs, attention, m, seed, steps, best and final answer accuracy, minutes, the step of
 the best, ms a training step, complete: scripts/plot_mqar.py reads it), --curves every
-evaluation (length, pairs, attention, m, seed, step, loss, accuracy).
+evaluation (length, pairs, attention, m, seed, step, loss, accuracy). Both are written to
+PATH.partial as the runs finish and renamed to PATH at the end, unless a run failed (exit 1): then
+PATH is left as it was and the rows stay in PATH.partial. --out and --curves must be two files.
 """
 import argparse
 import csv
@@ -424,10 +426,14 @@ def coordinate(args):
             break
         time.sleep(0.5)
     out.close()
-    os.replace(args.out + ".partial", args.out)
     if curves:
         curves.close()
-        os.replace(args.curves + ".partial", args.curves)
+    # a sweep with a failed run replaces no earlier file: its rows stay in PATH.partial
+    for path in (args.out, args.curves):
+        if path and not failed:
+            os.replace(path + ".partial", path)
+        elif path:
+            log(f"mqar_gpu: a run failed: its rows are in {path}.partial ({path} left as it was)")
     left = len(todo)
     complete = sum(1 for r in rows if r[11])
     log(f"mqar_gpu: {complete} runs complete, {len(rows) - complete - len(failed)} stopped at "
@@ -479,6 +485,11 @@ def main(argv=None):
         return 0 if worst <= CHECK_BOUND else 1
     if not args.out:
         ap.error("--out is required")
+    for path in (args.out, args.curves):
+        if path and os.path.isdir(path):
+            ap.error(f"{path} is a folder: --out and --curves name CSV files")
+    if args.curves and os.path.realpath(args.curves) == os.path.realpath(args.out):
+        ap.error("--out and --curves name the same file")
     for x in args.lengths + args.pairs + args.ms + [args.steps, args.tokens, args.workers]:
         if x < 1:
             ap.error("lengths, pairs, m, steps, tokens and workers must be positive")

@@ -162,10 +162,30 @@ class TestMqarGpuScript(unittest.TestCase):
                              [("0", "favor", "1")])
             self.assertIn("1 stopped at the deadline, 2 not started", r.stdout)
 
+    @unittest.skipIf(ASAN, "a training run under ASan: slow, and nothing new for it to see")
+    def test_a_failed_run_replaces_nothing(self):
+        """A run that goes non-finite (lr 1e30) fails the sweep (exit 1), and the CSV that
+        was there before is left as it was; the sweep's rows go to PATH.partial."""
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "runs.csv")
+            with open(out, "w") as f:
+                f.write("an earlier sweep\n")
+            r = self.run_script("--device", "cpu", "--add", "32", "2", "favor", "8", "--seeds",
+                                "1", "--steps", "6", "--tokens", "128", "--eval-every", "2",
+                                "--lr", "1e30", "--out", out)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertRegex(r.stdout, "non-finite|not finite")
+            with open(out) as f:
+                self.assertEqual(f.read(), "an earlier sweep\n")
+            with open(out + ".partial") as f:
+                rows = list(csv.DictReader(f))
+            self.assertEqual([x["complete"] for x in rows], ["0"])
+
     def test_refused_arguments(self):
         for args in (["--add", "32", "2", "softmax", "0", "--out", "x.csv"],
                      ["--add", "32", "2", "favor", "0", "--out", "x.csv"],
-                     ["--steps", "0", "--out", "x.csv"], ["--device", "cpu"]):
+                     ["--steps", "0", "--out", "x.csv"], ["--device", "cpu"],
+                     ["--out", REPO], ["--out", "x.csv", "--curves", "./x.csv"]):
             r = self.run_script(*args)
             self.assertEqual(r.returncode, 2, args)
             self.assertIn("error", r.stderr)
