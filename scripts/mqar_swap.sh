@@ -37,6 +37,24 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 csv=$tmp/swap.csv
 echo "length,pairs,seed,attention,m,w_seed,val_loss,answer_acc" >"$csv"
+one() { # ATTENTION-NAME M W-SEED FLAGS...: one evaluation of $ck into the CSV (W-SEED 0: no W)
+    name=$1 m=$2 w=$3
+    shift 3
+    d=$tmp/run
+    rm -rf "$d"
+    ws=""
+    [ "$w" = 0 ] || ws="--w-seed $w"
+    # shellcheck disable=SC2068,SC2086 # FLAGS, ws: words
+    "$P" train --out "$d" --init-from "$ck" --task mqar --mqar-pairs "$N" \
+        --mqar-queries $((L / 4)) --mqar-keys 64 $@ --data-seed "$S" $ws \
+        --steps 0 --batch "$B" --eval-batches 8 --threads "$THREADS" --no-plot \
+        >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
+    row=$(tail -n 1 "$d/log.csv")
+    echo "$L,$N,$S,$name,$m,$w,$(echo "$row" | cut -d, -f7),$(echo "$row" | cut -d, -f10)" \
+        >>"$csv"
+    n=$((n + 1))
+}
+
 n=0
 for ck in "$OUT"/L*-p*/exact-m0-s*/checkpoint.safetensors; do
     [ -f "$ck" ] || continue
@@ -46,29 +64,13 @@ for ck in "$OUT"/L*-p*/exact-m0-s*/checkpoint.safetensors; do
     N=${group##*-p}
     S=${run##*-s}
     # only finished runs: the log's last step is the sweep's STEPS
+    [ -f "$run/log.csv" ] || continue
     last=$(tail -n 1 "$run/log.csv" | cut -d, -f1)
     if [ "$last" != "$STEPS" ]; then
         echo "mqar_swap.sh: $run is not finished (step $last of $STEPS), skipped" >&2
         continue
     fi
     B=$((TOKENS / L))
-    one() { # ATTENTION-NAME M W-SEED FLAGS...: one evaluation into the CSV (W-SEED 0: no W)
-        name=$1 m=$2 w=$3
-        shift 3
-        d=$tmp/run
-        rm -rf "$d"
-        ws=""
-        [ "$w" = 0 ] || ws="--w-seed $w"
-        # shellcheck disable=SC2068,SC2086 # FLAGS, ws: words
-        "$P" train --out "$d" --init-from "$ck" --task mqar --mqar-pairs "$N" \
-            --mqar-queries $((L / 4)) --mqar-keys 64 $@ --data-seed "$S" $ws \
-            --steps 0 --batch "$B" --eval-batches 8 --threads "$THREADS" --no-plot \
-            >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
-        row=$(tail -n 1 "$d/log.csv")
-        echo "$L,$N,$S,$name,$m,$w,$(echo "$row" | cut -d, -f7),$(echo "$row" | cut -d, -f10)" \
-            >>"$csv"
-        n=$((n + 1))
-    }
     one exact 0 0 --attention exact
     one elu 0 0 --attention favor --kernel elu
     for m in $SWAP_MS; do
