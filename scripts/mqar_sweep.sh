@@ -23,7 +23,9 @@
 #
 # Writes $FIG/$NAME.csv (one row per run: length, pairs, attention, m, seed, best and final
 # accuracy, minutes), $FIG/$NAME.md and $FIG/$NAME.png (scripts/plot_mqar.py draws them from the
-# CSV alone); the runs go to $OUT, a finished one is not repeated and a stopped one resumed.
+# CSV alone; the .md ends with how sharp the softmax attention is that each finished exact,
+# FAVOR+ and FAVOR++ model has or estimates, --sharpness); the runs go to $OUT, a finished one
+# is not repeated and a stopped one resumed.
 # Settings through the environment: BUILD (build), NAME (mqar_sweep), OUT ($BUILD/$NAME), FIG
 # (docs/figures), LENGTHS (64 256 1024), PAIRS (4 16), MS (16 64 256: m = 1024 would cost some 1.5 h a
 # run at length 64 on one thread by m = 256's rate, against 20 minutes at m = 16-64), ATTNS (exact
@@ -102,3 +104,14 @@ export BUILD P OUT STEPS TOKENS LR EVAL THREADS
 xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
 echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
 /usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME" --steps "$STEPS"
+# and how sharp the softmax attention is that each finished model's attention is or estimates
+# (exact, FAVOR+, FAVOR++), at the answers (appended)
+done_runs=$(for ck in "$OUT"/L*-p*/exact-m*-s*/checkpoint.safetensors \
+    "$OUT"/L*-p*/favor-m*-s*/checkpoint.safetensors "$OUT"/L*-p*/favorpp-m*-s*/checkpoint.safetensors; do
+    if [ "$(tail -n 1 "$(dirname "$ck")/log.csv" 2>/dev/null | cut -d, -f1)" = "$STEPS" ]; then
+        echo "$ck"
+    fi
+done)
+# shellcheck disable=SC2086 # the checkpoints: words (paths without spaces)
+[ -z "$done_runs" ] || PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} /usr/bin/python3 \
+    scripts/plot_mqar.py --out "$FIG/$NAME.md" --sharpness $done_runs >/dev/null

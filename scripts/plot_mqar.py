@@ -29,6 +29,8 @@ ATTN = {  # label, colour, marker
     "relu": ("ReLU features", "tab:orange", "v"),
     "elu": ("ELU+1 linear (no W)", "tab:green", "D"),
 }
+SHORT = {"exact": "exact", "favor": "FAVOR+", "favorpp": "FAVOR++", "relu": "ReLU",
+         "elu": "ELU+1"}
 DODGE = {"favor": 0.9, "favorpp": 1.0, "relu": 1.1, "elu": 1.2}  # x factors, markers apart
 HEADER = ["length", "pairs", "attention", "m", "seed", "steps", "best_answer_acc",
           "final_answer_acc", "minutes"]
@@ -146,16 +148,22 @@ def sharpness(paths, out):
     median of |q' + k'|^2 for the top key k': FAVOR+'s one-feature estimate of exp(q'.k') has a
     relative variance of exp(|q' + k'|^2) - 1 (iid rows), so m features leave a relative
     standard error of about exp(|q' + k'|^2 / 2) / sqrt(m) on the weight of the key that holds
-    the answer. Appends the table to out (a Markdown file) and prints it."""
+    the answer. For a model trained with random features the same numbers describe the softmax
+    attention its features estimate (its q and k read exactly), which says how hard that
+    estimate is. Appends the table to out (a Markdown file) and prints it."""
     import numpy as np
     import performer
     lines = ["", "Attention at the answers of the trained models (first validation batch; "
              "`plot_mqar.py --sharpness`): mean row entropy (nats), median top score q'.k' "
              "and median |q'+k'|^2 for the top key (FAVOR+'s relative variance per feature is "
              "exp of it, minus 1).", "",
-             "| length | pairs | seed | layer | entropy at answers (uniform) | top q'.k' | "
-             "\\|q'+k'\\|^2 |", "|--:|--:|--:|--:|--:|--:|--:|"]
-    for path in paths:
+             "| length | pairs | attention | m | seed | layer | entropy at answers (uniform) | "
+             "top q'.k' | \\|q'+k'\\|^2 |", "|--:|--:|---|--:|--:|--:|--:|--:|--:|"]
+    def order(path):  # length, pairs, attention as in ATTN, m, seed
+        nums = [int(x) for x in re.findall(r"\d+", path.split("/L")[-1])]
+        run = os.path.basename(os.path.dirname(os.path.abspath(path))).split("-")[0]
+        return nums[:2], list(ATTN).index(run) if run in ATTN else len(ATTN), nums[2:]
+    for path in sorted(paths, key=order):
         run = os.path.basename(os.path.dirname(os.path.abspath(path)))
         group = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(path))))
         g = re.fullmatch(r"L(\d+)-p(\d+)", group)
@@ -164,6 +172,7 @@ def sharpness(paths, out):
             sys.exit("plot_mqar.py: %s is not .../L<length>-p<pairs>/<attention>-m<m>-s<seed>/"
                      "checkpoint.safetensors" % path)
         L, N, S = int(g.group(1)), int(g.group(2)), int(r.group(3))
+        attn, M = r.group(1), int(r.group(2))
         tok, tgt = performer.mqar_batch(max(1, 4096 // L), L, pairs=N, queries=L // 4, keys=64,
                                         seed=S, stream=2**63)
         ans = tgt != -1
@@ -180,9 +189,9 @@ def sharpness(paths, out):
                 x = ((qs + kt) ** 2).sum(-1)
                 a = np.broadcast_to(ans[:, None, :], h.shape)
                 uni = np.log(np.nonzero(ans)[1] + 1.0).mean()
-                lines.append("| %d | %d | %d | %d | %.3f (%.2f) | %.1f | %.1f |" % (
-                    L, N, S, layer, h[a].mean(), uni, np.median(sc.max(-1)[a]),
-                    np.median(x[a])))
+                lines.append("| %d | %d | %s | %s | %d | %d | %.3f (%.2f) | %.1f | %.1f |" % (
+                    L, N, SHORT.get(attn, attn), M or "-", S, layer, h[a].mean(), uni,
+                    np.median(sc.max(-1)[a]), np.median(x[a])))
     text = "\n".join(lines) + "\n"
     with open(out, "a") as f:
         f.write(text)

@@ -2,6 +2,7 @@
 position here, not by the library), sequences that depend on (seed, stream, b) alone, and the
 refused arguments."""
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import performer  # noqa: E402
-from common import ASAN  # noqa: E402
+from common import ASAN, TOOL  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "bench", "cuda", "mqar_gpu.py")
@@ -189,6 +190,106 @@ class TestMqarGpuScript(unittest.TestCase):
             r = self.run_script(*args)
             self.assertEqual(r.returncode, 2, args)
             self.assertIn("error", r.stderr)
+
+
+PLOT = os.path.join(REPO, "scripts", "plot_mqar.py")
+
+
+def scale_qk(path, factor):
+    """Multiplies the query and key weights of every layer of a checkpoint by factor, in place
+    (same shapes, so the safetensors header stands): a model 3 steps old has scores near 0,
+    where a wrong scale or a wrong key would not show."""
+    with open(path, "rb") as f:
+        b = bytearray(f.read())
+    n = int.from_bytes(b[:8], "little")
+    head = json.loads(b[8:8 + n])
+    t = head["blocks.attn.qkv.weight"]
+    lo, hi = (8 + n + o for o in t["data_offsets"])
+    w = np.frombuffer(bytes(b[lo:hi]), np.float32).reshape(t["shape"]).copy()
+    d = t["shape"][1] // 3
+    w[:, :2 * d] *= factor                          # rows: q, then k, then v
+    b[lo:hi] = w.tobytes()
+    with open(path, "wb") as f:
+        f.write(b)
+
+
+@unittest.skipUnless(TOOL, "PERFORMER (the tool) not set: these tests train a model with it")
+class TestSharpness(unittest.TestCase):
+    """scripts/plot_mqar.py --sharpness on two tiny trained models (exact and FAVOR+ m 8, 3
+    steps at length 16, their q and k weights then scaled by 4): each table entry against a float64 loop over the answer positions
+    written here, rows in the order length, pairs, attention, m (a number), seed, layer; a
+    checkpoint outside the sweep's folder layout refused."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.cks = []
+        os.mkdir(os.path.join(cls.tmp.name, "L16-p2"))
+        for run, flags in (("favor-m8-s2", ["--attention", "favor", "--features", "8"]),
+                           ("exact-m0-s2", ["--attention", "exact"])):
+            d = os.path.join(cls.tmp.name, "L16-p2", run)
+            r = subprocess.run([TOOL, "train", "--out", d, "--task", "mqar", "--mqar-pairs", "2",
+                                "--mqar-queries", "4", "--mqar-keys", "64", "--context", "16",
+                                "--layers", "2", "--d-model", "16", "--heads", "1", "--batch",
+                                "4", "--steps", "3", "--lr", "3e-2", "--seed", "2",
+                                "--eval-batches", "1", "--no-plot"], capture_output=True,
+                               text=True, timeout=300)
+            assert r.returncode == 0, r.stdout + r.stderr
+            cls.cks.append(os.path.join(d, "checkpoint.safetensors"))
+            scale_qk(cls.cks[-1], 4.0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def sharpness(self, *paths):
+        out = os.path.join(self.tmp.name, "sharp.md")
+        if os.path.exists(out):
+            os.remove(out)
+        r = subprocess.run([sys.executable, PLOT, "--out", out, "--sharpness", *paths],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
+        return r, out
+
+    def test_against_a_loop(self):
+        r, out = self.sharpness(*self.cks)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            rows = [[c.strip() for c in ln.strip().strip("|").split("|")]
+                    for ln in f if ln.startswith("| 16 ")]
+        self.assertEqual([row[2:6] for row in rows], [["exact", "-", "2", "0"],
+                                                      ["exact", "-", "2", "1"],
+                                                      ["FAVOR+", "8", "2", "0"],
+                                                      ["FAVOR+", "8", "2", "1"]])
+        # the validation batch the tool scored: batch 4096 // 16, stream 2^63, the run's seed
+        tok, tgt = performer.mqar_batch(256, 16, pairs=2, queries=4, keys=64, seed=2,
+                                        stream=2**63)
+        for row, ck in zip(rows, [self.cks[1]] * 2 + [self.cks[0]] * 2):
+            layer = int(row[5])
+            with performer.Model(ck) as m:
+                q, k, _ = m.attention_inputs(tok, layer)
+            ents, tops, sums, unis = [], [], [], []
+            for b, t in zip(*np.nonzero(tgt != -1)):
+                qs = q[b, 0, t].astype(np.float64) / 16 ** 0.25
+                ks = k[b, 0, :t + 1].astype(np.float64) / 16 ** 0.25
+                sc = ks @ qs
+                w = np.exp(sc - sc.max())
+                w /= w.sum()
+                ents.append(-(w[w > 0] * np.log(w[w > 0])).sum())
+                tops.append(sc.max())
+                sums.append(((qs + ks[sc.argmax()]) ** 2).sum())
+                unis.append(np.log(t + 1.0))
+            ent, uni = row[6].split()
+            self.assertAlmostEqual(float(ent), np.mean(ents), delta=1.5e-3)
+            self.assertAlmostEqual(float(uni.strip("()")), np.mean(unis), delta=0.006)
+            self.assertAlmostEqual(float(row[7]), np.median(tops), delta=0.06)
+            self.assertAlmostEqual(float(row[8]), np.median(sums), delta=0.06)
+
+    def test_refuses_a_path_outside_the_layout(self):
+        r, out = self.sharpness(os.path.join(self.tmp.name, "checkpoint.safetensors"))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("is not .../L<length>-p<pairs>", r.stderr)
+        self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":
