@@ -107,7 +107,8 @@ echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
 # and how sharp the softmax attention is that each finished model's attention is or estimates
 # (exact, FAVOR+, FAVOR++), at the answers (appended)
 done_runs=$(for ck in "$OUT"/L*-p*/exact-m*-s*/checkpoint.safetensors \
-    "$OUT"/L*-p*/favor-m*-s*/checkpoint.safetensors "$OUT"/L*-p*/favorpp-m*-s*/checkpoint.safetensors; do
+    "$OUT"/L*-p*/favor-m*-s*/checkpoint.safetensors \
+    "$OUT"/L*-p*/favorpp-m*-s*/checkpoint.safetensors; do
     if [ "$(tail -n 1 "$(dirname "$ck")/log.csv" 2>/dev/null | cut -d, -f1)" = "$STEPS" ]; then
         echo "$ck"
     fi

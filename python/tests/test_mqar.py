@@ -216,9 +216,10 @@ def scale_qk(path, factor):
 @unittest.skipUnless(TOOL, "PERFORMER (the tool) not set: these tests train a model with it")
 class TestSharpness(unittest.TestCase):
     """scripts/plot_mqar.py --sharpness on two tiny trained models (exact and FAVOR+ m 8, 3
-    steps at length 16, their q and k weights then scaled by 4): each table entry against a float64 loop over the answer positions
-    written here, rows in the order length, pairs, attention, m (a number), seed, layer; a
-    checkpoint outside the sweep's folder layout refused."""
+    steps at length 16, their q and k weights then scaled by 4): each table entry against a
+    float64 loop over the answer positions written here, rows in the order length, pairs,
+    attention, m (a number), seed, layer; a checkpoint outside the sweep's folder layout
+    refused."""
 
     @classmethod
     def setUpClass(cls):
