@@ -11,9 +11,11 @@ DIR holds L<length>-p<pairs>/<attention>-m<m>-s<seed>/log.csv (`performer train 
 logs; m is 0 for attention without W: exact, elu). PREFIX.csv has one row per run: its length,
 pairs, attention, m, seed, steps done, the best and the last evaluated answer accuracy, and its
 training minutes. PREFIX.md gives, per length and pairs, each attention's best accuracy, mean
-+- sd over seeds, against m; PREFIX.png one panel per length and pairs: accuracy against m
-(median over seeds, the range as a band), exact attention's as the ceiling (dashed), elu + 1 at
-its state's width (the head width: it has no m). Needs numpy and matplotlib (Debian's)."""
++- sd over seeds, each seed's, and how many seeds learnt the task, against m; PREFIX.png one
+panel per length and pairs: accuracy against m (a line through the median over seeds and a
+small marker for each seed, since a task learnt by one seed of three makes the spread
+bimodal), exact attention's as the ceiling (dashed), elu + 1 at its state's width (the head
+width: it has no m). Needs numpy and matplotlib (Debian's)."""
 import argparse
 import csv
 import math
@@ -61,6 +63,11 @@ def read_runs(root):
                          int(r.group(3)), step, "%.6f" % max(accs), "%.6f" % accs[-1],
                          "%.2f" % (secs / 60)])
     return rows
+
+
+def g_acc(g, att):
+    """The best accuracies of attention att's runs in group g (rows of one length and pairs)."""
+    return [r["best"] for r in g if r["attention"] == att]
 
 
 def mean_sd(xs):
@@ -252,10 +259,11 @@ def main(argv):
 
     groups = sorted({(r["length"], r["pairs"]) for r in rows})
     lines = ["Best evaluated answer accuracy (share of queries answered with their value), mean "
-             "+- sd over seeds (n), by sequence length, key-value pairs and feature count m; "
+             "+- sd over seeds (n), each seed's (in seed order), and how many seeds learnt the "
+             "task (best above 0.5), by sequence length, key-value pairs and feature count m; "
              "exact and elu + 1 have no m.", "",
-             "| length | pairs | attention | m | best answer accuracy | n | steps | minutes "
-             "(mean) |", "|--:|--:|---|--:|--:|--:|--:|--:|"]
+             "| length | pairs | attention | m | best answer accuracy | n | each seed | learnt "
+             "| steps | minutes (mean) |", "|--:|--:|---|--:|--:|--:|---|--:|--:|--:|"]
     if left_out:
         lines[1:1] = ["", "Left out: %d run(s) stopped before their end (%s)." % (
             len(left_out), ", ".join("L%s p%s %s m%s s%s" % (r["length"], r["pairs"],
@@ -272,13 +280,22 @@ def main(argv):
             ms = sorted({r["m"] for r in g if r["attention"] == att})
             pts = []
             for m in ms:
-                acc = [r["best"] for r in g if r["attention"] == att and r["m"] == m]
-                mins = [float(r["minutes"]) for r in g if r["attention"] == att and r["m"] == m]
-                steps = sorted({r["steps"] for r in g if r["attention"] == att and r["m"] == m})
-                lines.append("| %d | %d | %s | %s | %.3f +- %.3f | %d | %s | %.1f |" % (
-                    L, N, label, m or "-", *mean_sd(acc), len(acc),
-                    "/".join(str(s) for s in steps), sum(mins) / len(mins)))
+                sel = sorted((r for r in g if r["attention"] == att and r["m"] == m),
+                             key=lambda r: r["seed"])
+                acc = [r["best"] for r in sel]
+                mins = [float(r["minutes"]) for r in sel]
+                steps = sorted({r["steps"] for r in sel})
+                lines.append("| %d | %d | %s | %s | %.3f +- %.3f | %d | %s | %d/%d | %s | %.1f |"
+                             % (L, N, label, m or "-", *mean_sd(acc), len(acc),
+                                ", ".join("%.3f" % x for x in acc),
+                                sum(x > 0.5 for x in acc), len(acc),
+                                "/".join(str(s) for s in steps), sum(mins) / len(mins)))
                 pts.append((m, np.median(acc), min(acc), max(acc)))
+                # every seed's own point, so one seed that learnt is not lost in the median
+                xs = m * DODGE[att] if att != "exact" else None
+                if xs is not None and att != "elu":
+                    ax.plot([xs] * len(acc), acc, color=col, marker=mk, ls="none", ms=3.5,
+                            alpha=0.5)
             if not pts:
                 continue
             if att == "exact":
@@ -290,12 +307,12 @@ def main(argv):
                 ax.errorbar([a.head_width * DODGE[att]], [med], yerr=[[med - lo], [hi - med]],
                             color=col, marker=mk, ls="none", capsize=3,
                             label=label + " (r = head width)")
+                ax.plot([a.head_width * DODGE[att]] * len(g_acc(g, att)), g_acc(g, att),
+                        color=col, marker=mk, ls="none", ms=3.5, alpha=0.5)
             else:
                 # each map's points a little to the side, so that equal accuracies stay apart
                 x = [p[0] * DODGE[att] for p in pts]
                 ax.plot(x, [p[1] for p in pts], color=col, marker=mk, label=label)
-                ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=col,
-                                alpha=0.15)
         ax.axhline(1.0 / N, color="grey", ls=":", lw=1,
                    label="1/pairs: the window's values known, not which is whose")
         ax.set_xscale("log", base=2)
@@ -316,7 +333,8 @@ def main(argv):
     fig.legend(handles, labels, loc="lower center", ncol=2 if cols == 1 else 3, fontsize=8,
                frameon=False)
     fig.suptitle(textwrap.fill(a.title or "Multi-query associative recall against the feature "
-                               "count (median over seeds, range as a band)", 60 * cols),
+                               "count (line: median over seeds; small markers: each seed)",
+                               70 * cols),
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.14, 1, 0.93))
     fig.savefig(a.out + ".tmp.png", dpi=110)
