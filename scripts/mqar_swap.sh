@@ -11,15 +11,20 @@
 # same way is the check that nothing else changed.
 #
 #   sh scripts/mqar_swap.sh     (after scripts/mqar_sweep.sh has trained some exact runs)
+#   TRAINED=favor sh scripts/mqar_swap.sh     (the same for its FAVOR+ models that learnt)
 #
-# Writes $FIG/${NAME}_swap.csv (length, pairs, seed, attention, m, w_seed, val_loss,
-# answer_acc) and draws $FIG/${NAME}_swap.png and .md (scripts/plot_mqar.py --swap; the .md
-# ends with the sharpness of each model's attention at the answers, --sharpness). Settings
-# through the environment: BUILD (build), NAME (mqar_sweep), OUT ($BUILD/$NAME), FIG
-# (docs/figures), SWAP_MS (16 64 256 1024 4096 16384), W_SEEDS (1 2 3), TOKENS (4096) and
-# STEPS (8000) as the sweep's (batch = TOKENS / length; a run short of STEPS is skipped),
-# THREADS (1). Each evaluation takes seconds (about 10 at
-# m = 16384, length 64).
+# TRAINED (exact) names the sweep's attention whose models are swapped; only models that
+# learnt the task (best evaluated answer accuracy above 0.5) are, and for TRAINED other than
+# exact the swap to exact attention reads the softmax attention their features estimate,
+# beside a row `trained` (the model's last evaluation in training, with the W it had then).
+# Writes $FIG/${NAME}_swap.csv (or ${NAME}_swap_$TRAINED.csv; columns length, pairs, seed,
+# attention, m, w_seed, val_loss, answer_acc, model) and draws its .png and .md
+# (scripts/plot_mqar.py --swap; the .md ends with the sharpness of each model's attention at
+# the answers, --sharpness). Settings through the environment: BUILD (build), NAME
+# (mqar_sweep), OUT ($BUILD/$NAME), FIG (docs/figures), TRAINED (exact), SWAP_MS (16 64 256
+# 1024 4096 16384), W_SEEDS (1 2 3), TOKENS (4096) and STEPS (8000) as the sweep's (batch =
+# TOKENS / length; a run short of STEPS is skipped), THREADS (1). Each evaluation takes
+# seconds (about 10 at m = 16384, length 64).
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
@@ -31,12 +36,19 @@ W_SEEDS=${W_SEEDS:-1 2 3}
 TOKENS=${TOKENS:-4096}
 STEPS=${STEPS:-8000}
 THREADS=${THREADS:-1}
+TRAINED=${TRAINED:-exact}
+case $TRAINED in
+exact) SUFFIX="" ;;
+favor | favorpp | relu | elu) SUFFIX=_$TRAINED ;;
+*) echo "mqar_swap.sh: TRAINED must be exact, favor, favorpp, relu or elu, not '$TRAINED'" >&2
+   exit 2 ;;
+esac
 
 [ -x "$P" ] || { echo "mqar_swap.sh: no $P (run make first)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 csv=$tmp/swap.csv
-echo "length,pairs,seed,attention,m,w_seed,val_loss,answer_acc" >"$csv"
+echo "length,pairs,seed,attention,m,w_seed,val_loss,answer_acc,model" >"$csv"
 one() { # ATTENTION-NAME M W-SEED FLAGS...: one evaluation of $ck into the CSV (W-SEED 0: no W)
     name=$1 m=$2 w=$3
     shift 3
@@ -50,15 +62,16 @@ one() { # ATTENTION-NAME M W-SEED FLAGS...: one evaluation of $ck into the CSV (
         --steps 0 --batch "$B" --eval-batches 8 --threads "$THREADS" --no-plot \
         >"$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
     row=$(tail -n 1 "$d/log.csv")
-    echo "$L,$N,$S,$name,$m,$w,$(echo "$row" | cut -d, -f7),$(echo "$row" | cut -d, -f10)" \
+    echo "$L,$N,$S,$name,$m,$w,$(echo "$row" | cut -d, -f7),$(echo "$row" | cut -d, -f10),$model" \
         >>"$csv"
     n=$((n + 1))
 }
 
 n=0
-for ck in "$OUT"/L*-p*/exact-m0-s*/checkpoint.safetensors; do
+for ck in "$OUT"/L*-p*/"$TRAINED"-m*-s*/checkpoint.safetensors; do
     [ -f "$ck" ] || continue
     run=$(dirname "$ck")
+    model=$(basename "$run")
     group=$(basename "$(dirname "$run")")      # L<length>-p<pairs>
     L=${group#L}; L=${L%%-*}
     N=${group##*-p}
@@ -70,7 +83,20 @@ for ck in "$OUT"/L*-p*/exact-m0-s*/checkpoint.safetensors; do
         echo "mqar_swap.sh: $run is not finished (step $last of $STEPS), skipped" >&2
         continue
     fi
+    # only models that learnt the task: a model at the plateau has no lookup to carry
+    best=$(cut -d, -f10 "$run/log.csv" | sed 1d | grep . | sort -g | tail -n 1)
+    if ! awk -v b="${best:-0}" 'BEGIN { exit !(b > 0.5) }'; then
+        echo "mqar_swap.sh: $model (L $L, $N pairs) did not learn the task (best $best)," \
+            "skipped" >&2
+        continue
+    fi
     B=$((TOKENS / L))
+    if [ "$TRAINED" != exact ]; then # its own last evaluation, with the W it had then
+        row=$(tail -n 1 "$run/log.csv")
+        tm=${model#*-m}
+        echo "$L,$N,$S,trained,${tm%-s*},0,$(echo "$row" | cut -d, -f7),$(echo "$row" |
+            cut -d, -f10),$model" >>"$csv"
+    fi
     one exact 0 0 --attention exact
     one elu 0 0 --attention favor --kernel elu
     for m in $SWAP_MS; do
@@ -82,13 +108,15 @@ for ck in "$OUT"/L*-p*/exact-m0-s*/checkpoint.safetensors; do
         echo "mqar_swap.sh: L $L, $N pairs, seed $S, m $m done"
     done
 done
-[ "$n" -gt 0 ] || { echo "mqar_swap.sh: no finished exact run under $OUT" >&2; exit 1; }
+[ "$n" -gt 0 ] || { echo "mqar_swap.sh: no finished $TRAINED run under $OUT that learnt" >&2
+                    exit 1; }
 mkdir -p "$FIG"
-cp "$csv" "$FIG/${NAME}_swap.csv.tmp"
-mv "$FIG/${NAME}_swap.csv.tmp" "$FIG/${NAME}_swap.csv"
-/usr/bin/python3 scripts/plot_mqar.py --swap "$FIG/${NAME}_swap.csv" --out "$FIG/${NAME}_swap"
+dst=$FIG/${NAME}_swap$SUFFIX
+cp "$csv" "$dst.csv.tmp"
+mv "$dst.csv.tmp" "$dst.csv"
+/usr/bin/python3 scripts/plot_mqar.py --swap "$dst.csv" --out "$dst"
 # and how sharp those models' attention is where they answer (appended to the .md)
 # shellcheck disable=SC2046 # the checkpoints: words (paths without spaces)
 PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} /usr/bin/python3 scripts/plot_mqar.py \
-    --out "$FIG/${NAME}_swap.md" --sharpness $(cut -d, -f1-3 "$csv" | sed 1d | sort -u |
-    sed 's#^\([0-9]*\),\([0-9]*\),\([0-9]*\)$#'"$OUT"'/L\1-p\2/exact-m0-s\3/checkpoint.safetensors#')
+    --out "$dst.md" --sharpness $(cut -d, -f1,2,9 "$csv" | sed 1d | sort -u |
+    sed 's#^\([0-9]*\),\([0-9]*\),\(.*\)$#'"$OUT"'/L\1-p\2/\3/checkpoint.safetensors#')

@@ -77,8 +77,9 @@ def mean_sd(xs):
 
 def swap_plot(path, out, head_width, title):
     """--swap: scripts/mqar_swap.sh's CSV -> out.md and out.png (accuracy against m of the
-    exact models with their attention swapped; median over models and W seeds, the
-    interquartile range as a band; exact's own and elu + 1's as lines, chance as a dotted one)."""
+    trained models, all of one attention, with their attention swapped; median over models and
+    W seeds, the interquartile range as a band; exact's, elu + 1's and, for models trained
+    with random features, their own last evaluation as lines, chance as a dotted one)."""
     with open(path, newline="") as f:
         rows = [dict(r) for r in csv.DictReader(f)]
     if not rows:
@@ -91,19 +92,40 @@ def swap_plot(path, out, head_width, title):
         for k in ("length", "pairs", "seed", "m", "w_seed"):
             r[k] = int(r[k])
         r["acc"], r["loss"] = float(r["answer_acc"]), float(r["val_loss"])
+        r.setdefault("model", "exact-m0-s%d" % r["seed"])  # the CSVs before the column
+    # the attention the models were trained with (their run names' first word), one kind a CSV
+    trained = sorted({r["model"].split("-")[0] for r in rows})
+    if len(trained) != 1 or trained[0] not in ATTN:
+        sys.exit("plot_mqar.py: %s mixes or does not name the trained attention: %s" % (
+            path, ", ".join(trained)))
+    trained = trained[0]
+    tlabel = ATTN[trained][0].split(" (")[0]
+    own = [r for r in rows if r["attention"] == "trained"]
+    rows = [r for r in rows if r["attention"] != "trained"]
     groups = sorted({(r["length"], r["pairs"]) for r in rows})
-    lines = ["Exact-attention models' answer accuracy with their attention swapped (weights "
-             "unchanged), mean +- sd over models (seeds) and W draws (n); validation loss on "
-             "the answers likewise.", "",
+    lines = ["Models trained with %s attention that learnt the task (%s): answer accuracy "
+             "with their attention swapped (weights unchanged), mean +- sd over models and W "
+             "draws (n); validation loss on the answers likewise." % (
+                 tlabel, ", ".join(sorted({r["model"] for r in rows}))), "",
              "| length | pairs | attention | m | answer accuracy | loss (nats) | n |",
              "|--:|--:|---|--:|--:|--:|--:|"]
+    for r in own:
+        lines.append("| %d | %d | %s as trained (its last W) | %d | %.3f | %.2f | 1 |" % (
+            r["length"], r["pairs"], tlabel, r["m"], r["acc"], r["loss"]))
     fig, axes = plt.subplots(1, len(groups), figsize=(6.4 * len(groups), 4.6), squeeze=False)
     for gi, (L, N) in enumerate(groups):
         ax = axes[0][gi]
         g = [r for r in rows if r["length"] == L and r["pairs"] == N]
-        seeds = sorted({r["seed"] for r in g})
+        models = sorted({r["model"] for r in g})
+        for r in own:
+            if (r["length"], r["pairs"]) == (L, N):
+                ax.axhline(r["acc"], color=ATTN[trained][1], ls="--", lw=1.2,
+                           label="%s m %d as trained (%s, its last W)" % (tlabel, r["m"],
+                                                                         r["model"]))
         for att in ("exact", "elu", "favor", "favorpp", "relu"):
             label, col, mk = ATTN[att]
+            if att == "exact" and trained != "exact":
+                label = "exact softmax (swapped in)"
             ms = sorted({r["m"] for r in g if r["attention"] == att})
             pts = []
             for m in ms:
@@ -117,7 +139,8 @@ def swap_plot(path, out, head_width, title):
                 continue
             if att in ("exact", "elu"):
                 ax.axhline(pts[0][1], color=col, ls="--" if att == "exact" else "-.", lw=1.2,
-                           label=("%s, unswapped" % label) if att == "exact" else
+                           label=("%s, unswapped" % label if trained == "exact" else label)
+                           if att == "exact" else
                            "ELU+1 linear (state %d x %d)" % (head_width, head_width))
             else:
                 x = [p[0] for p in pts]
@@ -129,12 +152,13 @@ def swap_plot(path, out, head_width, title):
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("features m per layer (rows of W; the state is m x head width)")
         ax.set_ylabel("answer accuracy")
-        ax.set_title("length %d, %d key-value pairs, %d exact model(s) x W draws" % (
-            L, N, len(seeds)), fontsize=10)
+        ax.set_title("length %d, %d key-value pairs, %d %s model(s) x W draws" % (
+            L, N, len(models), tlabel), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="center left")
-    fig.suptitle(textwrap.fill(title or "Trained softmax recall with its attention swapped "
-                               "for random features (median, interquartile band)",
+    fig.suptitle(textwrap.fill(title or "Recall learnt with %s attention, the attention "
+                               "swapped for random features (median, interquartile band)" % (
+                                   "softmax" if trained == "exact" else tlabel),
                                60 * len(groups)), fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(out + ".tmp.png", dpi=110)
