@@ -112,7 +112,7 @@ def swap_plot(path, out, head_width, title):
     for r in own:
         lines.append("| %d | %d | %s as trained (its last W) | %d | %.3f | %.2f | 1 |" % (
             r["length"], r["pairs"], tlabel, r["m"], r["acc"], r["loss"]))
-    fig, axes = plt.subplots(1, len(groups), figsize=(6.4 * len(groups), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.4 * len(groups), 5.8), squeeze=False)
     for gi, (L, N) in enumerate(groups):
         ax = axes[0][gi]
         g = [r for r in rows if r["length"] == L and r["pairs"] == N]
@@ -155,12 +155,18 @@ def swap_plot(path, out, head_width, title):
         ax.set_title("length %d, %d key-value pairs, %d %s model(s) x W draws" % (
             L, N, len(models), tlabel), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="center left")
     fig.suptitle(textwrap.fill(title or "Recall learnt with %s attention, the attention "
                                "swapped for random features (median, interquartile band)" % (
                                    "softmax" if trained == "exact" else tlabel),
                                60 * len(groups)), fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    handles, labels = [], []  # one legend below the panels, off the data
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.2, 1, 0.92))
     fig.savefig(out + ".tmp.png", dpi=110)
     os.replace(out + ".tmp.png", out + ".png")
     text = "\n".join(lines) + "\n"
