@@ -1048,10 +1048,12 @@ PF_API const char *pf_model_meta(const pf_model *model, const char *key);
  * Everything else is dst's own and starts afresh, as pf_model_create left it: the step count
  * (0), the AdamW moments (0), FAVOR's W (dst's, drawn from dst's w_seed for step 0), FAVOR++'s
  * running statistic (none: A = 0 until a training batch). The shapes must agree: layers,
- * d_model, heads, positions, and with learned positions the context (the table's rows; rotary
- * positions hold no tensor, so the contexts may differ). PF_EINVAL if they do not (errmsg, if
- * not NULL, errlen bytes, names the first that differs, dst's value then src's) or an argument
- * is NULL; dst is then unchanged. PF_ENOMEM if W had to be drawn again and could not. */
+ * d_model, heads and positions. The contexts may differ: rotary positions hold no tensor, and a
+ * table of learned positions is carried row t from src's row t mod src's context (a longer
+ * context repeats src's rows, as Longformer extended RoBERTa's positions; a shorter one keeps
+ * the first rows). PF_EINVAL if they do not (errmsg, if not NULL, errlen bytes, names the first
+ * that differs, dst's value then src's) or an argument is NULL; dst is then unchanged.
+ * PF_ENOMEM if W had to be drawn again and could not. */
 PF_API pf_status pf_model_init_from(pf_model *dst, const pf_model *src, char *errmsg,
                                     size_t errlen);
 

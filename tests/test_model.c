@@ -1652,10 +1652,9 @@ static void test_init_from(void) {
     } bad[] = {{3, 16, 2, 8, PF_LM_LEARNED, "layers: 3 here, 2 in the source"},
                {2, 32, 2, 8, PF_LM_LEARNED, "d_model: 32 here, 16 in the source"},
                {2, 16, 4, 8, PF_LM_LEARNED, "heads: 4 here, 2 in the source"},
-               {2, 16, 2, 6, PF_LM_LEARNED, "context (the learned positions' rows): 6 here"},
                {2, 16, 2, 8, PF_LM_ROTARY, "positions: rotary here, learned in the source"}};
     char msg[256];
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 4; i++) {
         pf_model_config bc = dc;
         bc.layers = bad[i].layers;
         bc.d_model = bad[i].d_model;
@@ -1700,6 +1699,38 @@ static void test_init_from(void) {
     CHECK_STATUS(pf_model_forward(dst, &l1, NULL, tok, tgt, B, T), PF_OK);
     CHECK_STATUS(pf_model_forward(fresh, &l2, NULL, tok, tgt, B, T), PF_OK);
     CHECK(l1 == l2, "loss %.9g, a fresh model with the same weights %.9g", l1, l2);
+
+    /* learned positions into another context: row t is src's row t mod src's context (longer:
+     * repeated; shorter: the first rows), every other tensor as it is */
+    const int ctxs[] = {20, 5, 16};
+    for (int i = 0; i < 3; i++) {
+        pf_model_config lc = sc; /* (src's attention: the same computation) */
+        lc.context = ctxs[i];
+        pf_model *b = NULL;
+        CHECK_STATUS(pf_model_create(&b, &lc), PF_OK);
+        if (!b) continue;
+        CHECK_STATUS(pf_model_init_from(b, src, msg, sizeof(msg)), PF_OK);
+        const size_t C = (size_t)sc.d_model, wte = (size_t)V * C, T0 = (size_t)sc.context;
+        int same = memcmp(b->params_memory, src->params_memory, sizeof(float) * wte) == 0;
+        for (size_t t = 0; t < (size_t)ctxs[i]; t++)
+            for (size_t j = 0; j < C; j++)
+                same &= b->params_memory[wte + t * C + j] ==
+                        src->params_memory[wte + (t % T0) * C + j];
+        const size_t rest = src->num_params - wte - T0 * C;
+        CHECK(b->num_params == src->num_params + ((size_t)ctxs[i] - T0) * C, "parameter count");
+        same &= memcmp(b->params_memory + wte + (size_t)ctxs[i] * C,
+                       src->params_memory + wte + T0 * C, sizeof(float) * rest) == 0;
+        CHECK(same, "context %d: the tensors are not carried (positions row t mod %zu)",
+              ctxs[i], T0);
+        /* over windows the source could read, the model computes what the source does */
+        if (ctxs[i] > T) {
+            float lb, ls;
+            CHECK_STATUS(pf_model_forward(b, &lb, NULL, tok, tgt, B, T), PF_OK);
+            CHECK_STATUS(pf_model_forward(src, &ls, NULL, tok, tgt, B, T), PF_OK);
+            CHECK(lb == ls, "context %d: loss %.9g, the source's %.9g", ctxs[i], lb, ls);
+        }
+        pf_model_free(b);
+    }
 
     /* rotary positions hold no tensor: the contexts may differ */
     pf_model_config rs = sc, rd = sc;

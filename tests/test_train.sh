@@ -371,10 +371,31 @@ expect_fail 2 "--layers 3 disagrees with .*(layers 2)" $P train --out "$T/e10" -
     --layers 3
 expect_fail 2 "--d-model 64 disagrees" $P train --out "$T/e11" --init-from "$S" --d-model 64
 expect_fail 2 "--heads 4 disagrees" $P train --out "$T/e12" --init-from "$S" --heads 4
-expect_fail 2 "--context 64 disagrees" $P train --out "$T/e13" --init-from "$S" --context 64
 expect_fail 2 "--positions rotary disagrees" $P train --out "$T/e14" --init-from "$S" \
     --positions rotary
 check "refused runs leave no folder" sh -c "! ls -d '$T'/e1[0-4] 2>/dev/null"
+# another context with learned positions (a curriculum): row t from the source's row t mod 32,
+# read back by the independent reader; every other trained tensor as it was
+for ctx in 80 16; do
+    $P train --out "$T/if-ctx$ctx" --init-from "$S" --context $ctx --steps 0 $IA \
+        >"$T/ctx.out" 2>"$T/ctx.err"
+    check "learned positions, init-from with --context $ctx: $(cat "$T/ctx.err")" [ $? -eq 0 ]
+    check "init-from --context $ctx says how the positions are carried" \
+        grep -q "^init: learned positions: row t from the checkpoint's row t mod 32 .*is $ctx)" \
+        "$T/ctx.out"
+    check "init-from --context $ctx: positions row t mod 32, the rest bit for bit" $PY -c "
+import sys; sys.argv = ['', '$S', '$T/if-ctx$ctx/checkpoint.safetensors']
+exec(open('$T/init.py').read().split('src, dst, fresh')[0])
+s, ms = load(sys.argv[1]); d, md = load(sys.argv[2])
+assert md['pf.context'] == '$ctx' and ms['pf.context'] == '32', (md['pf.context'], ms['pf.context'])
+assert d['wpe'].shape == ($ctx, s['wpe'].shape[1]), d['wpe'].shape
+for t in range($ctx):
+    assert d['wpe'][t].tobytes() == s['wpe'][t % 32].tobytes(), t
+for k in s:
+    if not k.startswith(('adamw.', 'favor', 'wpe')):
+        assert d[k].tobytes() == s[k].tobytes(), k
+"
+done
 # rotary positions hold no tensor: another context is fine
 $P train --out "$T/if-rot64" --init-from "$SR" --context 64 --steps 0 $IA >/dev/null 2>&1
 check "rotary: init-from with another --context" [ $? -eq 0 ]

@@ -133,11 +133,14 @@ void cmd_train_help(void) {
            "                      moments (0) and the step count (0). --attention, --kernel,\n"
            "                      --features, --redraw, the seeds (--init-seed has nothing to\n"
            "                      seed: refused), --task and the training flags are this\n"
-           "                      run's (defaults as above). --layers, --d-model, --heads,\n"
-           "                      --positions and (learned positions) --context are CKPT's:\n"
-           "                      leave them out, or give the same values (rotary positions\n"
-           "                      may take another --context). The checkpoint's path, CRC-32\n"
-           "                      and step go into this run's metadata (run.init_from*).\n"
+           "                      run's (defaults as above). --layers, --d-model, --heads\n"
+           "                      and --positions are CKPT's: leave them out, or give the\n"
+           "                      same values. --context is CKPT's unless given: another\n"
+           "                      one carries learned positions row t from CKPT's row t mod\n"
+           "                      its context (a longer window repeats its rows, as\n"
+           "                      Longformer extended RoBERTa's; a curriculum from short\n"
+           "                      windows to long ones). The checkpoint's path, CRC-32 and\n"
+           "                      step go into this run's metadata (run.init_from*).\n"
            "                      --steps 0 evaluates only: log row 0 and a checkpoint\n"
            "  --fit-batches N     --attention favor++: before step 0's evaluation, fit A (the\n"
            "                      running statistic) on N training batches, changing no weight\n"
@@ -145,7 +148,7 @@ void cmd_train_help(void) {
     printf("\n"
            "multi-query associative recall (--task mqar):\n"
            "  --mqar-pairs N      key-value pairs per window, at most K           [8]\n"
-           "  --mqar-queries Q    queries per window (Q <= N: each a different key);\n"
+           "  --mqar-queries Q    queries per window (every N ask each key once);\n"
            "                      2N + 2Q must not exceed --context               [N]\n"
            "  --mqar-keys K       key bytes, and as many value bytes: 1..127      [64]\n"
            "\n"
@@ -547,7 +550,8 @@ static void make_meta(run_meta *r, const train_cfg *c, uint64_t data_hash, doubl
         meta_set(r, i++, "run.init_from_crc32", "%s", init_rec.crc32);
         meta_set(r, i++, "run.init_from_step", "%s", init_rec.step);
         meta_set(r, i++, "run.init_from_carried", "%s",
-                 "every trained tensor: wte, wpe, blocks.*, lnf.*");
+                 "every trained tensor: wte, wpe (row t from row t mod the source's context), "
+                 "blocks.*, lnf.*");
         meta_set(r, i++, "run.init_from_new", "%s",
                  "favor.W from pf.w_seed, favorpp.rho, AdamW moments, step");
         if (init_rec.fit[0]) meta_set(r, i++, "run.fit_batches", "%s", init_rec.fit);
@@ -1154,8 +1158,9 @@ static int init_source(train_cfg *c, pf_model **src) {
     for (int i = 0; i < 4; i++) {
         if (!(c->shapes_given & dims[i].bit)) {
             *dims[i].mine = dims[i].theirs;
-        } else if (*dims[i].mine != dims[i].theirs &&
-                   !(dims[i].bit == SHAPE_CONTEXT && s.positions == PF_LM_ROTARY)) {
+        } else if (*dims[i].mine != dims[i].theirs && dims[i].bit != SHAPE_CONTEXT) {
+            /* (another context: rotary positions hold no tensor, learned ones are carried row t
+             * from row t mod the checkpoint's context, pf_model_init_from) */
             return tool_usage(CMD, "%s %d disagrees with %s (%s %d): the carried weights need "
                                    "the checkpoint's shapes; leave %s out to take it",
                               dims[i].flag, *dims[i].mine, c->init_from, dims[i].flag + 2,
@@ -1288,6 +1293,10 @@ static void print_run(const run_state *r) {
                "(seed %llu), FAVOR++'s statistic, AdamW moments, step 0\n",
                init_rec.path, init_rec.step, attention_desc(&r->src_cfg, satt, sizeof(satt)),
                (unsigned long long)mc->w_seed);
+        if (mc->positions == PF_LM_LEARNED && mc->context != r->src_cfg.context)
+            printf("init: learned positions: row t from the checkpoint's row t mod %d (its "
+                   "context; this run's is %d)\n",
+                   r->src_cfg.context, mc->context);
     }
     printf("seeds: data %llu, initial weights %llu", (unsigned long long)c->data_seed,
            (unsigned long long)mc->seed);

@@ -750,11 +750,11 @@ pf_status pf_model_init_from(pf_model *dst, const pf_model *src, char *errmsg, s
                      s->positions == PF_LM_ROTARY ? "rotary" : "learned");
         return PF_EINVAL;
     }
-    if (d->positions == PF_LM_LEARNED && d->context != s->context)
-        return shape_differs(errmsg, errlen, "context (the learned positions' rows)", d->context,
-                             s->context);
-    /* the same shapes give the same tensors in the same order (lm_param_shape) */
-    if (dst->num_params != src->num_params) {
+    /* the same shapes give the same tensors in the same order (lm_param_shape): the token
+     * embeddings, the learned positions' table (none with rotary positions), then the rest; only
+     * the table's rows may differ */
+    const size_t wte = dst->param_sizes[0], dpe = dst->param_sizes[1], spe = src->param_sizes[1];
+    if (wte != src->param_sizes[0] || dst->num_params - dpe != src->num_params - spe) {
         if (errmsg && errlen > 0) snprintf(errmsg, errlen, "parameter counts differ");
         return PF_EINVAL;
     }
@@ -762,7 +762,15 @@ pf_status pf_model_init_from(pf_model *dst, const pf_model *src, char *errmsg, s
      * the current W is kept if it is already stream 0's */
     pf_status st = lm_draw_projections(dst, 0);
     if (st != PF_OK) return st;
-    memcpy(dst->params_memory, src->params_memory, sizeof(float) * dst->num_params);
+    memcpy(dst->params_memory, src->params_memory, sizeof(float) * wte);
+    if (dpe > 0) { /* learned positions: row t is the source's row t mod its context */
+        const size_t C = (size_t)d->d_model;
+        for (int t = 0; t < d->context; t++)
+            memcpy(dst->params_memory + wte + (size_t)t * C,
+                   src->params_memory + wte + (size_t)(t % s->context) * C, sizeof(float) * C);
+    }
+    memcpy(dst->params_memory + wte + dpe, src->params_memory + wte + spe,
+           sizeof(float) * (dst->num_params - wte - dpe));
     memset(dst->grads_memory, 0, sizeof(float) * dst->num_params);
     memset(dst->m_memory, 0, sizeof(float) * dst->num_params);
     memset(dst->v_memory, 0, sizeof(float) * dst->num_params);
