@@ -32,6 +32,12 @@
 # favor favorpp relu elu), SEEDS (1 2 3), STEPS (8000), TOKENS (4096), LR (1e-3), EVAL (250),
 # JOBS (2 runs at a time), THREADS (1 each). Runs go shortest length first and within a length
 # seed by seed, so an interrupted sweep leaves whole lengths and seeds behind it.
+#
+# A curriculum: FROM (a shorter length) starts each run from the run of the same pairs,
+# attention, m and seed at length FROM under SRC ($BUILD/mqar_sweep) that finished its FROM_STEPS
+# (8000) steps (`performer train --init-from`: every weight carried, the learned positions row t
+# from row t mod FROM, W redrawn from the seed, AdamW afresh); combinations without such a run
+# are skipped with a note. E.g. NAME=mqar_curriculum FROM=64 LENGTHS=256 PAIRS=4 STEPS=4000.
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
@@ -49,6 +55,9 @@ LR=${LR:-1e-3}
 EVAL=${EVAL:-250}
 JOBS=${JOBS:-2}
 THREADS=${THREADS:-1}
+FROM=${FROM:-}
+SRC=${SRC:-$BUILD/mqar_sweep}
+FROM_STEPS=${FROM_STEPS:-8000}
 
 [ -x "$P" ] || { echo "mqar_sweep.sh: no $P (run make first)" >&2; exit 1; }
 
@@ -64,19 +73,34 @@ args_of() {
     esac
 }
 
+# the run at length FROM that run (N pairs, attention A, m M, seed S) starts from, if it finished
+from_run() {
+    f=$SRC/L$FROM-p$1/$2-m$3-s$4
+    [ "$(tail -n 1 "$f/log.csv" 2>/dev/null | cut -d, -f1)" = "$FROM_STEPS" ] &&
+        [ -f "$f/checkpoint.safetensors" ] && echo "$f/checkpoint.safetensors"
+}
+
 if [ "$1" = "--one" ]; then # --one LENGTH PAIRS ATTN M SEED
     L=$2 N=$3 A=$4 M=$5 S=$6
     d=$OUT/L$L-p$N/$A-m$M-s$S
+    init=
+    if [ -n "$FROM" ]; then
+        src=$(from_run "$N" "$A" "$M" "$S") || {
+            echo "mqar_sweep.sh: no run finished at $SRC/L$FROM-p$N/$A-m$M-s$S" >&2
+            exit 1
+        }
+        init="--init-from $src"
+    fi
     mkdir -p "$OUT/L$L-p$N"
     if [ -f "$d/checkpoint.safetensors" ]; then
         [ "$(tail -1 "$d/log.csv" | cut -d, -f1)" = "$STEPS" ] && exit 0
         "$P" train --out "$d" --resume --threads "$THREADS" --no-plot >>"$d.out" 2>&1
     else
-        # shellcheck disable=SC2046
+        # shellcheck disable=SC2046,SC2086 # (flag lists: words)
         "$P" train --out "$d" --task mqar --mqar-pairs "$N" --mqar-queries $((L / 4)) \
             --mqar-keys 64 --context "$L" --layers 2 --d-model 64 --heads 1 --positions learned \
-            $(args_of "$A" "$M") --batch $((TOKENS / L)) --steps "$STEPS" --lr "$LR" --lr-min "$LR" \
-            --warmup 100 --weight-decay 0 --eval-every "$EVAL" --eval-batches 8 --seed "$S" \
+            $(args_of "$A" "$M") $init --batch $((TOKENS / L)) --steps "$STEPS" --lr "$LR" \
+            --lr-min "$LR" --warmup 100 --weight-decay 0 --eval-every "$EVAL" --eval-batches 8 --seed "$S" \
             --threads "$THREADS" --no-plot >"$d.out" 2>&1
     fi || { echo "mqar_sweep.sh: L $L, $N pairs, $A m $M seed $S failed (see $d.out)" >&2
             exit 1; }
@@ -93,14 +117,21 @@ for L in $LENGTHS; do
         for N in $PAIRS; do
             for A in $ATTNS; do
                 case $A in exact | elu) ms=0 ;; *) ms=$MS ;; esac
-                for M in $ms; do echo "$L $N $A $M $S" >>"$todo"; done
+                for M in $ms; do
+                    if [ -n "$FROM" ] && ! from_run "$N" "$A" "$M" "$S" >/dev/null; then
+                        echo "mqar_sweep.sh: skipped L $L, $N pairs, $A m $M, seed $S: no" \
+                            "finished run at length $FROM under $SRC"
+                        continue
+                    fi
+                    echo "$L $N $A $M $S" >>"$todo"
+                done
             done
         done
     done
 done
 start=$(date +%s)
 echo "mqar_sweep.sh: $(wc -l <"$todo") runs, $JOBS at a time, into $OUT"
-export BUILD P OUT STEPS TOKENS LR EVAL THREADS
+export BUILD P OUT STEPS TOKENS LR EVAL THREADS FROM SRC FROM_STEPS
 xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
 echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
 /usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME" --steps "$STEPS"

@@ -280,8 +280,10 @@ check "init-from says what is carried and what is new" \
     "$T/if.out"
 $P train --out "$T/if-favor8" --init-from "$S" --attention favor --features 16 --seed 8 \
     --steps 0 $IA >/dev/null 2>&1
-$P train --out "$T/if-exact" --init-from "$S" --steps 0 $IA >/dev/null 2>&1
+$P train --out "$T/if-exact" --init-from "$S" --steps 0 $IA >"$T/ife.out" 2>&1
 check "init-from, exact, --steps 0 exits 0" [ $? -eq 0 ]
+check "init-from into exact attention names no W: $(grep '^init:' "$T/ife.out")" \
+    grep -q "^init: every trained tensor from .*; new: AdamW moments, step 0$" "$T/ife.out"
 # a fresh FAVOR model with seed 7 (its W at step 1 is still stream 0's: redraw 1000)
 $P train --out "$T/fresh-favor7" $TINY --attention favor --features 16 --seed 7 --steps 1 \
     >/dev/null 2>&1

@@ -1289,10 +1289,14 @@ static void print_run(const run_state *r) {
            mc->positions == PF_LM_ROTARY ? "rotary" : "learned");
     if (c->init_from) {
         char satt[64];
-        printf("init: every trained tensor from %s (step %s, %s attention); new: FAVOR's W "
-               "(seed %llu), FAVOR++'s statistic, AdamW moments, step 0\n",
-               init_rec.path, init_rec.step, attention_desc(&r->src_cfg, satt, sizeof(satt)),
-               (unsigned long long)mc->w_seed);
+        printf("init: every trained tensor from %s (step %s, %s attention); new: ",
+               init_rec.path, init_rec.step, attention_desc(&r->src_cfg, satt, sizeof(satt)));
+        /* (W where this run draws one: not exact, local or elu + 1 attention) */
+        if ((mc->attention == PF_LM_FAVOR && mc->kernel != PF_KERNEL_ELU) ||
+            mc->attention == PF_LM_FAVORPP)
+            printf("FAVOR's W (seed %llu), ", (unsigned long long)mc->w_seed);
+        if (mc->attention == PF_LM_FAVORPP) printf("FAVOR++'s statistic, ");
+        printf("AdamW moments, step 0\n");
         if (mc->positions == PF_LM_LEARNED && mc->context != r->src_cfg.context)
             printf("init: learned positions: row t from the checkpoint's row t mod %d (its "
                    "context; this run's is %d)\n",
