@@ -38,6 +38,9 @@
 # (8000) steps (`performer train --init-from`: every weight carried, the learned positions row t
 # from row t mod FROM, W redrawn from the seed, AdamW afresh); combinations without such a run
 # are skipped with a note. E.g. NAME=mqar_curriculum FROM=64 LENGTHS=256 PAIRS=4 STEPS=4000.
+# FROM_ATTN and FROM_M start every run from the source runs of that attention and m instead (its
+# seed's): NAME=mqar_from_exact FROM=64 FROM_ATTN=exact LENGTHS=256 trains each attention and m
+# on from the softmax models that learnt at length 64.
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
@@ -58,6 +61,8 @@ THREADS=${THREADS:-1}
 FROM=${FROM:-}
 SRC=${SRC:-$BUILD/mqar_sweep}
 FROM_STEPS=${FROM_STEPS:-8000}
+FROM_ATTN=${FROM_ATTN:-}
+FROM_M=${FROM_M:-}
 
 [ -x "$P" ] || { echo "mqar_sweep.sh: no $P (run make first)" >&2; exit 1; }
 
@@ -73,9 +78,12 @@ args_of() {
     esac
 }
 
-# the run at length FROM that run (N pairs, attention A, m M, seed S) starts from, if it finished
+# the run at length FROM that run (N pairs, attention A, m M, seed S) starts from, if it finished:
+# the same attention and m, or FROM_ATTN's and FROM_M's
 from_run() {
-    f=$SRC/L$FROM-p$1/$2-m$3-s$4
+    fa=${FROM_ATTN:-$2}
+    case $fa in exact | elu) fm=0 ;; *) fm=${FROM_M:-$3} ;; esac
+    f=$SRC/L$FROM-p$1/$fa-m$fm-s$4
     [ "$(tail -n 1 "$f/log.csv" 2>/dev/null | cut -d, -f1)" = "$FROM_STEPS" ] &&
         [ -f "$f/checkpoint.safetensors" ] && echo "$f/checkpoint.safetensors"
 }
@@ -86,7 +94,8 @@ if [ "$1" = "--one" ]; then # --one LENGTH PAIRS ATTN M SEED
     init=
     if [ -n "$FROM" ]; then
         src=$(from_run "$N" "$A" "$M" "$S") || {
-            echo "mqar_sweep.sh: no run finished at $SRC/L$FROM-p$N/$A-m$M-s$S" >&2
+            echo "mqar_sweep.sh: no finished run at length $FROM under $SRC for $A m $M," \
+                "seed $S" >&2
             exit 1
         }
         init="--init-from $src"
@@ -131,7 +140,7 @@ for L in $LENGTHS; do
 done
 start=$(date +%s)
 echo "mqar_sweep.sh: $(wc -l <"$todo") runs, $JOBS at a time, into $OUT"
-export BUILD P OUT STEPS TOKENS LR EVAL THREADS FROM SRC FROM_STEPS
+export BUILD P OUT STEPS TOKENS LR EVAL THREADS FROM SRC FROM_STEPS FROM_ATTN FROM_M
 xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
 echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
 /usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME" --steps "$STEPS"
