@@ -149,6 +149,12 @@ def swap_plot(path, out, head_width, title):
                                 alpha=0.15)
         ax.axhline(1.0 / N, color="grey", ls=":", lw=1, label="chance among the pairs (1/%d)" % N)
         ax.set_xscale("log", base=2)
+        # the feature counts of the panel, a factor 2 of room each side (one m alone would
+        # otherwise leave matplotlib a span of nothing around it)
+        xs = [r["m"] for r in g if r["m"] > 0] + \
+            ([a.head_width] if any(r["attention"] == "elu" for r in g) else [])
+        if xs:
+            ax.set_xlim(min(xs) / 2, max(xs) * 2)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("features m per layer (rows of W; the state is m x head width)")
         ax.set_ylabel("answer accuracy")
@@ -346,6 +352,12 @@ def main(argv):
         ax.axhline(1.0 / N, color="grey", ls=":", lw=1,
                    label="1/pairs: the window's values known, not which is whose")
         ax.set_xscale("log", base=2)
+        # the feature counts of the panel, a factor 2 of room each side (one m alone would
+        # otherwise leave matplotlib a span of nothing around it)
+        xs = [r["m"] for r in g if r["m"] > 0] + \
+            ([a.head_width] if any(r["attention"] == "elu" for r in g) else [])
+        if xs:
+            ax.set_xlim(min(xs) / 2, max(xs) * 2)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m; each map's "
                       "markers set a little apart)", fontsize=9)
