@@ -359,8 +359,9 @@ def main(argv):
         if xs:
             ax.set_xlim(min(xs) / 2, max(xs) * 2)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m; each map's "
-                      "markers set a little apart)", fontsize=9)
+        ax.set_xlabel(textwrap.fill("features m (FAVOR's W rows per layer; ReLU, FAVOR+: r = m; "
+                                    "each map's markers set a little apart)",
+                                    200 if cols == 1 else 60), fontsize=9)
         ax.set_ylabel("answer accuracy (best evaluation)")
         ax.set_title("length %d, %d key-value pairs" % (L, N), fontsize=10)
         ax.grid(alpha=0.3)
