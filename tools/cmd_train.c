@@ -1270,6 +1270,13 @@ static int set_up(run_state *r) {
 }
 
 /* What the run is, on stdout: the data, the model, where its weights came from, the ranks. */
+/* Whether the attention of c draws a W (FAVOR+ and its other maps, FAVOR++; not exact, local or
+ * elu + 1, whose W is the identity). */
+static int draws_w(const pf_model_config *c) {
+    return (c->attention == PF_LM_FAVOR && c->kernel != PF_KERNEL_ELU) ||
+           c->attention == PF_LM_FAVORPP;
+}
+
 static void print_run(const run_state *r) {
     const train_cfg *c = r->c;
     const pf_model_config *mc = &c->model;
@@ -1291,9 +1298,7 @@ static void print_run(const run_state *r) {
         char satt[64];
         printf("init: every trained tensor from %s (step %s, %s attention); new: ",
                init_rec.path, init_rec.step, attention_desc(&r->src_cfg, satt, sizeof(satt)));
-        /* (W where this run draws one: not exact, local or elu + 1 attention) */
-        if ((mc->attention == PF_LM_FAVOR && mc->kernel != PF_KERNEL_ELU) ||
-            mc->attention == PF_LM_FAVORPP)
+        if (draws_w(mc))
             printf("FAVOR's W (seed %llu), ", (unsigned long long)mc->w_seed);
         if (mc->attention == PF_LM_FAVORPP) printf("FAVOR++'s statistic, ");
         printf("AdamW moments, step 0\n");
@@ -1305,7 +1310,7 @@ static void print_run(const run_state *r) {
     printf("seeds: data %llu, initial weights %llu", (unsigned long long)c->data_seed,
            (unsigned long long)mc->seed);
     if (init_rec.path[0]) printf(" (unused: the weights are carried)");
-    if (mc->attention != PF_LM_EXACT) printf(", W %llu", (unsigned long long)mc->w_seed);
+    if (draws_w(mc)) printf(", W %llu", (unsigned long long)mc->w_seed);
     printf("\n");
     if (r->tm.size > 1)
         printf("parallel: %d ranks, %s: each trains %s\n", r->tm.size,
