@@ -2,6 +2,8 @@
 """plot_mqar.py: the CSV, table and figure of scripts/mqar_sweep.sh and bench/cuda/mqar_gpu.py.
 
     plot_mqar.py --runs DIR --out PREFIX     read the runs, write PREFIX.csv, .md and .png
+    plot_mqar.py --runs DIR... --merge --out PREFIX   the runs of every DIR, and the rows of
+                                                   PREFIX.csv that none of them has a run for
     plot_mqar.py --csv PREFIX.csv --out PREFIX     redraw .md and .png from the CSV alone
     plot_mqar.py --csv mqar_gpu.csv --out PREFIX   mqar_gpu.py's CSV (its incomplete runs,
                                                    stopped by its deadline, are left out)
@@ -36,9 +38,13 @@ SHORT = {"exact": "exact", "favor": "FAVOR+", "favorpp": "FAVOR++", "relu": "ReL
 DODGE = {"favor": 0.9, "favorpp": 1.0, "relu": 1.1, "elu": 1.2}  # x factors, markers apart
 HEADER = ["length", "pairs", "attention", "m", "seed", "steps", "best_answer_acc",
           "final_answer_acc", "minutes"]
+SHARP_HEADER = ["length", "pairs", "attention", "m", "seed", "layer", "entropy_at_answers",
+                "uniform_entropy", "top_score", "top_q_plus_k_sq"]
 
 
 def read_runs(root):
+    if not os.path.isdir(root):
+        sys.exit("plot_mqar.py: %s: no such directory of runs" % root)
     rows = []
     for group in sorted(os.listdir(root)):
         g = re.fullmatch(r"L(\d+)-p(\d+)", group)
@@ -182,7 +188,7 @@ def swap_plot(path, out, head_width, title):
     print(text)
 
 
-def sharpness(paths, out):
+def sharpness(paths, out, merge=False):
     """--sharpness: how sharp the attention of trained MQAR models is where it answers. For each
     checkpoint .../L<length>-p<pairs>/<attention>-m<m>-s<seed>/checkpoint.safetensors, on its
     first validation batch (the sequences `performer train` scored it on): per layer, at the
@@ -193,9 +199,13 @@ def sharpness(paths, out):
     standard error of about exp(|q' + k'|^2 / 2) / sqrt(m) on the weight of the key that holds
     the answer. For a model trained with random features the same numbers describe the softmax
     attention its features estimate (its q and k read exactly), which says how hard that
-    estimate is. Appends the table to out (a Markdown file) and prints it."""
+    estimate is. Appends the table to out (a Markdown file), writes its rows to
+    out_sharpness.csv beside it (merge: keeping the rows of that file's earlier runs that paths
+    has no checkpoint for) and prints it."""
     import numpy as np
     import performer
+    dst = (out[:-3] if out.endswith(".md") else out) + "_sharpness.csv"
+    rows = []  # SHARP_HEADER's columns
     lines = ["", "Attention at the answers of the trained models (first validation batch; "
              "`plot_mqar.py --sharpness`): mean row entropy (nats), median top score q'.k' "
              "and median |q'+k'|^2 for the top key (FAVOR+'s relative variance per feature is "
@@ -232,9 +242,28 @@ def sharpness(paths, out):
                 x = ((qs + kt) ** 2).sum(-1)
                 a = np.broadcast_to(ans[:, None, :], h.shape)
                 uni = np.log(np.nonzero(ans)[1] + 1.0).mean()
-                lines.append("| %d | %d | %s | %s | %d | %d | %.3f (%.2f) | %.1f | %.1f |" % (
-                    L, N, SHORT.get(attn, attn), M or "-", S, layer, h[a].mean(), uni,
-                    np.median(sc.max(-1)[a]), np.median(x[a])))
+                rows.append([L, N, attn, M, S, layer, "%.4f" % h[a].mean(), "%.3f" % uni,
+                             "%.2f" % np.median(sc.max(-1)[a]), "%.2f" % np.median(x[a])])
+    if merge and os.path.isfile(dst):
+        have = {tuple(r[:5]) for r in rows}
+        with open(dst, newline="") as f:
+            old = list(csv.reader(f))
+        if not old or old[0] != SHARP_HEADER:
+            sys.exit("plot_mqar.py: %s is not a table of sharpness rows" % dst)
+        rows += [[int(x) if i in (0, 1, 3, 4, 5) else x for i, x in enumerate(r)]
+                 for r in old[1:]
+                 if (int(r[0]), int(r[1]), r[2], int(r[3]), int(r[4])) not in have]
+    rank = {k: i for i, k in enumerate(ATTN)}
+    rows.sort(key=lambda r: (r[0], r[1], rank.get(r[2], len(ATTN)), r[3], r[4], r[5]))
+    with open(dst + ".tmp", "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(SHARP_HEADER)
+        w.writerows(rows)
+    os.replace(dst + ".tmp", dst)
+    for L, N, attn, M, S, layer, ent, uni, top, x in rows:
+        lines.append("| %d | %d | %s | %s | %d | %d | %.3f (%.2f) | %.1f | %.1f |" % (
+            L, N, SHORT.get(attn, attn), M or "-", S, layer, float(ent), float(uni),
+            float(top), float(x)))
     text = "\n".join(lines) + "\n"
     with open(out, "a") as f:
         f.write(text)
@@ -243,33 +272,53 @@ def sharpness(paths, out):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs")
+    ap.add_argument("--runs", nargs="+", metavar="DIR")
     ap.add_argument("--csv")
     ap.add_argument("--out", required=True)
     ap.add_argument("--head-width", type=int, default=64, help="elu + 1's x position")
     ap.add_argument("--title", help="the figure's title")
-    ap.add_argument("--steps", type=int, help="--runs: leave out the runs short of this step")
+    ap.add_argument("--steps", type=int, nargs="+",
+                    help="--runs: leave out the runs that stopped at any other step (short of "
+                    "their end)")
+    ap.add_argument("--merge", action="store_true",
+                    help="--runs: keep the rows of the existing PREFIX.csv (runs made before, "
+                    "their directories gone) that DIR has no run of the same length, pairs, "
+                    "attention, m and seed for; --sharpness: likewise the rows of "
+                    "PREFIX_sharpness.csv")
     ap.add_argument("--swap", metavar="CSV", help="scripts/mqar_swap.sh's CSV: draw that")
     ap.add_argument("--sharpness", nargs="+", metavar="CKPT",
                     help="trained MQAR checkpoints: append their attention's sharpness at the "
                     "answers to --out (a .md file)")
     a = ap.parse_args(argv)
+    if a.merge and not (a.runs or a.sharpness):
+        ap.error("--merge goes with --runs or --sharpness")
     if a.sharpness:
-        return sharpness(a.sharpness, a.out)
+        return sharpness(a.sharpness, a.out, a.merge)
     if a.swap:
         return swap_plot(a.swap, a.out, a.head_width, a.title)
     if bool(a.runs) == bool(a.csv):
         ap.error("give --runs DIR or --csv FILE (or --swap CSV)")
     if a.runs:
-        rows = read_runs(a.runs)
+        rows = [r for d in a.runs for r in read_runs(d)]
         if a.steps:  # runs still going (or stopped) are not results yet
-            short = [r for r in rows if r[5] != a.steps]
-            rows = [r for r in rows if r[5] == a.steps]
+            short = [r for r in rows if r[5] not in a.steps]
+            rows = [r for r in rows if r[5] in a.steps]
             for r in short:
-                print("plot_mqar.py: L%d p%d %s m%d s%d is at step %d of %d: left out" % (
-                    *r[:5], r[5], a.steps), file=sys.stderr)
+                print("plot_mqar.py: L%d p%d %s m%d s%d is at step %d, not %s: left out" % (
+                    *r[:5], r[5], " or ".join(map(str, a.steps))), file=sys.stderr)
+        if a.merge and os.path.isfile(a.out + ".csv"):
+            have = {tuple(r[:5]) for r in rows}
+            with open(a.out + ".csv", newline="") as f:
+                old = list(csv.reader(f))
+            if old and old[0] != HEADER:
+                sys.exit("plot_mqar.py: %s.csv is not a table of runs (header %s)" % (
+                    a.out, ",".join(old[0])))
+            kept = [r for r in old[1:] if (int(r[0]), int(r[1]), r[2], int(r[3]), int(r[4]))
+                    not in have]
+            rows = sorted(rows + kept, key=lambda r: (int(r[0]), int(r[1]), r[2], int(r[3]),
+                                                      int(r[4])))
         if not rows:
-            sys.exit("plot_mqar.py: no finished run under %s" % a.runs)
+            sys.exit("plot_mqar.py: no finished run under %s" % " or ".join(a.runs))
         with open(a.out + ".csv.tmp", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(HEADER)
