@@ -41,7 +41,9 @@
 # are skipped with a note. E.g. NAME=mqar_curriculum FROM=64 LENGTHS=256 PAIRS=4 STEPS=4000.
 # FROM_ATTN and FROM_M start every run from the source runs of that attention and m instead (its
 # seed's): NAME=mqar_from_exact FROM=64 FROM_ATTN=exact LENGTHS=256 trains each attention and m
-# on from the softmax models that learnt at length 64.
+# on from the softmax models that learnt at length 64. FROM_PAIRS starts from the runs with that
+# many pairs (FROM may then equal the length): FROM=64 FROM_PAIRS=4 LENGTHS=64 PAIRS=16 takes
+# the 4-pair models on to 16 pairs.
 set -e
 BUILD=${BUILD:-build}
 P=${PERFORMER:-$BUILD/performer}
@@ -64,6 +66,7 @@ SRC=${SRC:-$BUILD/mqar_sweep}
 FROM_STEPS=${FROM_STEPS:-8000}
 FROM_ATTN=${FROM_ATTN:-}
 FROM_M=${FROM_M:-}
+FROM_PAIRS=${FROM_PAIRS:-}
 
 [ -x "$P" ] || { echo "mqar_sweep.sh: no $P (run make first)" >&2; exit 1; }
 
@@ -84,7 +87,7 @@ args_of() {
 from_run() {
     fa=${FROM_ATTN:-$2}
     case $fa in exact | elu) fm=0 ;; *) fm=${FROM_M:-$3} ;; esac
-    f=$SRC/L$FROM-p$1/$fa-m$fm-s$4
+    f=$SRC/L$FROM-p${FROM_PAIRS:-$1}/$fa-m$fm-s$4
     [ "$(tail -n 1 "$f/log.csv" 2>/dev/null | cut -d, -f1)" = "$FROM_STEPS" ] &&
         [ -f "$f/checkpoint.safetensors" ] && echo "$f/checkpoint.safetensors"
 }
@@ -141,7 +144,7 @@ for L in $LENGTHS; do
 done
 start=$(date +%s)
 echo "mqar_sweep.sh: $(wc -l <"$todo") runs, $JOBS at a time, into $OUT"
-export BUILD P OUT STEPS TOKENS LR EVAL THREADS FROM SRC FROM_STEPS FROM_ATTN FROM_M
+export BUILD P OUT STEPS TOKENS LR EVAL THREADS FROM SRC FROM_STEPS FROM_ATTN FROM_M FROM_PAIRS
 xargs -P "$JOBS" -L 1 sh "$0" --one <"$todo"
 echo "mqar_sweep.sh: runs took $(($(date +%s) - start)) s"
 /usr/bin/python3 scripts/plot_mqar.py --runs "$OUT" --out "$FIG/$NAME" --steps "$STEPS"
