@@ -426,7 +426,7 @@ def main(argv):
                frameon=False)
     fig.suptitle(textwrap.fill(a.title or "Multi-query associative recall against the feature "
                                "count (line: median over seeds; small markers: each seed)",
-                               70 * cols),
+                               60 * cols),
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.14, 1, 0.93))
     fig.savefig(a.out + ".tmp.png", dpi=110)
