@@ -42,6 +42,29 @@ SHARP_HEADER = ["length", "pairs", "attention", "m", "seed", "layer", "entropy_a
                 "uniform_entropy", "top_score", "top_q_plus_k_sq"]
 
 
+def kept_rows(path, header, have):
+    """--merge: the rows of the earlier table at path (columns header; none if there is no such
+    file) whose run (length, pairs, attention, m, seed: the first five columns) is not in have,
+    those columns as int, str, int, int, int and the rest as written."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, newline="") as f:
+        old = list(csv.reader(f))
+    if old and old[0] != header:
+        sys.exit("plot_mqar.py: %s is not a table of %s" % (path, ",".join(header)))
+    kept = []
+    for r in old[1:]:
+        try:
+            if len(r) != len(header):
+                raise ValueError("%d columns, not %d" % (len(r), len(header)))
+            r = [int(r[0]), int(r[1]), r[2], int(r[3]), int(r[4])] + r[5:]
+        except ValueError as e:
+            sys.exit("plot_mqar.py: %s: a row that is not a run (%s)" % (path, e))
+        if tuple(r[:5]) not in have:
+            kept.append(r)
+    return kept
+
+
 def read_runs(root):
     if not os.path.isdir(root):
         sys.exit("plot_mqar.py: %s: no such directory of runs" % root)
@@ -244,15 +267,9 @@ def sharpness(paths, out, merge=False):
                 uni = np.log(np.nonzero(ans)[1] + 1.0).mean()
                 rows.append([L, N, attn, M, S, layer, "%.4f" % h[a].mean(), "%.3f" % uni,
                              "%.2f" % np.median(sc.max(-1)[a]), "%.2f" % np.median(x[a])])
-    if merge and os.path.isfile(dst):
-        have = {tuple(r[:5]) for r in rows}
-        with open(dst, newline="") as f:
-            old = list(csv.reader(f))
-        if not old or old[0] != SHARP_HEADER:
-            sys.exit("plot_mqar.py: %s is not a table of sharpness rows" % dst)
-        rows += [[int(x) if i in (0, 1, 3, 4, 5) else x for i, x in enumerate(r)]
-                 for r in old[1:]
-                 if (int(r[0]), int(r[1]), r[2], int(r[3]), int(r[4])) not in have]
+    if merge:
+        rows += [r[:5] + [int(r[5])] + r[6:]
+                 for r in kept_rows(dst, SHARP_HEADER, {tuple(r[:5]) for r in rows})]
     rank = {k: i for i, k in enumerate(ATTN)}
     rows.sort(key=lambda r: (r[0], r[1], rank.get(r[2], len(ATTN)), r[3], r[4], r[5]))
     with open(dst + ".tmp", "w", newline="") as f:
@@ -306,17 +323,9 @@ def main(argv):
             for r in short:
                 print("plot_mqar.py: L%d p%d %s m%d s%d is at step %d, not %s: left out" % (
                     *r[:5], r[5], " or ".join(map(str, a.steps))), file=sys.stderr)
-        if a.merge and os.path.isfile(a.out + ".csv"):
-            have = {tuple(r[:5]) for r in rows}
-            with open(a.out + ".csv", newline="") as f:
-                old = list(csv.reader(f))
-            if old and old[0] != HEADER:
-                sys.exit("plot_mqar.py: %s.csv is not a table of runs (header %s)" % (
-                    a.out, ",".join(old[0])))
-            kept = [r for r in old[1:] if (int(r[0]), int(r[1]), r[2], int(r[3]), int(r[4]))
-                    not in have]
-            rows = sorted(rows + kept, key=lambda r: (int(r[0]), int(r[1]), r[2], int(r[3]),
-                                                      int(r[4])))
+        if a.merge:
+            rows = sorted(rows + kept_rows(a.out + ".csv", HEADER, {tuple(r[:5]) for r in rows}),
+                          key=lambda r: r[:5])
         if not rows:
             sys.exit("plot_mqar.py: no finished run under %s" % " or ".join(a.runs))
         with open(a.out + ".csv.tmp", "w", newline="") as f:
