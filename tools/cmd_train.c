@@ -1269,7 +1269,6 @@ static int set_up(run_state *r) {
     return tool_mpi_agree(rc);
 }
 
-/* What the run is, on stdout: the data, the model, where its weights came from, the ranks. */
 /* Whether the attention of c draws a W (FAVOR+ and its other maps, FAVOR++; not exact, local or
  * elu + 1, whose W is the identity). */
 static int draws_w(const pf_model_config *c) {
@@ -1277,6 +1276,7 @@ static int draws_w(const pf_model_config *c) {
            c->attention == PF_LM_FAVORPP;
 }
 
+/* What the run is, on stdout: the data, the model, where its weights came from, the ranks. */
 static void print_run(const run_state *r) {
     const train_cfg *c = r->c;
     const pf_model_config *mc = &c->model;
