@@ -267,6 +267,15 @@ typedef struct causal_store {
     int base;             /* the head's row that is row 0 here */
 } causal_store;
 
+/* Rows [row, row + n) of a head queued: its Q~, and its K~ and V up to the key length. */
+static void ahead_chunk(ahead *a, const causal_store *cs, const bwd_head *hd, int r, long row,
+                        long n) {
+    const long nk = hd->klen - row < n ? hd->klen - row : n, l = row - cs->base;
+    ahead_rows(a, cs->qst, (size_t)r, l, n);
+    ahead_rows(a, cs->kst, (size_t)r, l, nk);
+    ahead_rows(a, hd->V, (size_t)hd->dv, row, nk);
+}
+
 /* ---- bidirectional ------------------------------------------------------------------------ */
 
 typedef struct bwd_job {
@@ -573,12 +582,8 @@ static pf_status causal_forward(const pf_fmap *fm, const bwd_head *hd, const cau
             {
                 /* the next chunk's rows, fetched during this one's products */
                 const long nx = t0 + n, nn = r1 - nx < C ? r1 - nx : C;
-                const long nkx = hd->klen - nx < nn ? hd->klen - nx : nn;
-                const long lx = nx - cs->base;
-                ahead_rows(&ah, cs->qst, (size_t)r, lx, nn);
-                ahead_rows(&ah, cs->kst, (size_t)r, lx, nkx);
-                ahead_rows(&ah, cs->akept, (size_t)C, lx, nn);
-                ahead_rows(&ah, hd->V, (size_t)dv, nx, nkx);
+                ahead_chunk(&ah, cs, hd, r, nx, nn);
+                ahead_rows(&ah, cs->akept, (size_t)C, nx - cs->base, nn);
                 ahead_rows(&ah, hd->G, (size_t)dv, nx, nn);
                 ahead_rows(&ah, hd->out, (size_t)dv, nx, nn);
             }
@@ -710,13 +715,10 @@ static pf_status causal_reverse(const pf_fmap *fm, const bwd_head *hd, const cau
             {
                 /* the previous chunk's rows, fetched during this one's products */
                 const long np = t0 - r0 < C ? t0 - r0 : C, px = t0 - np, lx = px - cs->base;
-                const long npk = hd->klen - px < np ? hd->klen - px : np;
-                ahead_rows(&ah, cs->qst, (size_t)r, lx, np);
-                ahead_rows(&ah, cs->kst, (size_t)r, lx, npk);
+                ahead_chunk(&ah, cs, hd, r, px, np);
                 ahead_rows(&ah, cs->ast, (size_t)C, lx, np);
                 ahead_rows(&ah, cs->bst, (size_t)C, lx, np);
                 ahead_rows(&ah, cs->dnst, (size_t)dv1, lx, np);
-                ahead_rows(&ah, hd->V, (size_t)dv, px, npk);
             }
             if (nk > 0) {
                 float *dKc = ws->dblk + (size_t)(t0 - b0) * (size_t)r;
