@@ -230,11 +230,15 @@ PF_INTERNAL void pf_favor_chunk_state(float *S, int lds, const float *Kc, int r,
  * rows. ws is from pf_favor_ws_alloc(nb >= pf_favor_block(1, C), C, r, dv). Status as readout: a
  * zero or non-finite denominator (that row zeroed, the scan goes on); PF_ENONFINITE for a NaN or
  * Inf in V or Q/K (or an overflowing projection), which stops the scan part way. keep, if not
- * NULL, receives the rows' features (K~ only of the klen valid keys). */
+ * NULL, receives the rows' features (K~ only of the klen valid keys). kmade (L, r) and cmade (L),
+ * if not NULL, are the valid keys' features and log factors made already (by the key phase,
+ * from these K rows, checked there): K is then not read, and keep's K~, log factors and max|k~|
+ * are taken to be there already. */
 PF_INTERNAL pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV,
                                            double *M, void *out, const void *Q, const void *K,
                                            const void *V, int L, int klen, int dv,
-                                           const pf_favor_keep *keep);
+                                           const pf_favor_keep *keep, const float *kmade,
+                                           const double *cmade);
 
 /* ---- the decoding state's steps as transactions (state.c) */
 

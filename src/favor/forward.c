@@ -5,7 +5,8 @@
  * bit for bit) does not depend on the thread count. Within a head, rows go in blocks that stay
  * in cache: a block of inputs becomes stabilised features (features.c) and goes straight into
  * the products with the state (scan.c), bidirectional or in causal chunks; no L x r matrix is
- * ever formed. Every product runs in the library's own kernels (pf_mm, blas.c: no packing, and
+ * ever formed (but for the key features of a causal head cut into scan blocks, kept between the
+ * two passes while they fit in FAVOR_KMADE bytes). Every product runs in the library's own kernels (pf_mm, blas.c: no packing, and
  * the same bits for a row whatever the rows beside it).
  *
  * Values are augmented with a ones column, [V | 1] (Lk, dv+1), so one product gives numerator
@@ -46,7 +47,17 @@ typedef struct favor_job {
     int *ust;                /* (heads, nqb): status of each query or scan unit */
     pf_favor_saved *sv;      /* what the backward will need, or NULL */
     const pf_favor_ext *ext; /* a slice's state and sums from outside, or NULL */
+    /* causal, several scan blocks: the key features and log factors the key phase made for every
+     * block but the last, (heads, kmrows, r) and (heads, kmrows), for the scan, which otherwise
+     * makes them again; NULL when they would take over FAVOR_KMADE bytes or could not be had
+     * (a head the saved store keeps uses that store instead) */
+    float *kmade;
+    double *cmade;
+    size_t kmrows;
 } favor_job;
+
+/* Bytes of key features a causal forward may hold between its key phase and its scan. */
+static const size_t FAVOR_KMADE = (size_t)16 << 20;
 
 static size_t head_off(int bh, int L, int w) {
     return (size_t)bh * (size_t)L * (size_t)w;
@@ -112,12 +123,34 @@ static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
     if (n <= 0) return PF_OK; /* padding only */
     const void *Kh = at(j, j->K, head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d);
     const void *Vh = at(j, j->V, head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv);
-    if (j->sv && !j->opts->causal && bh < j->sv->nkeep) {
+    if (j->sv && bh < j->sv->nkeep) { /* (causal: for the scan too, key_made) */
         const size_t o = (size_t)bh * (size_t)s->Lk + (size_t)j0;
         return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
                                   j->sv->kf + o * (size_t)j->r, j->sv->kc + o, j->sv->kamax + o);
     }
+    if (j->kmade) {
+        const size_t o = (size_t)bh * j->kmrows + (size_t)j0;
+        return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
+                                  j->kmade + o * (size_t)j->r, j->cmade + o, NULL);
+    }
     return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv, NULL, NULL, NULL);
+}
+
+/* The key features (and log factors) of causal scan block sb of head bh that the key phase made,
+ * from its first row; NULL when the scan must make them (the last block, or none kept). */
+static const float *key_made(const favor_job *j, int bh, int sb, const double **c) {
+    *c = NULL;
+    if (sb >= j->nkb - 1) return NULL;
+    const size_t t0 = (size_t)sb * (size_t)j->kbl;
+    if (j->sv && bh < j->sv->nkeep) {
+        const size_t o = (size_t)bh * (size_t)j->s->Lk + t0;
+        *c = j->sv->kc + o;
+        return j->sv->kf + o * (size_t)j->r;
+    }
+    if (!j->kmade) return NULL;
+    const size_t o = (size_t)bh * j->kmrows + t0;
+    *c = j->cmade + o;
+    return j->kmade + o * (size_t)j->r;
 }
 
 /* Phase 2, in block order: bidirectional, the head's total into slot 0; causal, slot kb
@@ -174,12 +207,14 @@ static pf_status job_scan(favor_job *j, pf_favor_ws *ws, int bh, int sb) {
                                .kamax = j->sv->kamax + row,
                                .kc = j->sv->kc + row,
                                .A = j->sv->ka + row * (size_t)j->C};
+    const double *cmade;
+    const float *kmade = key_made(j, bh, sb, &cmade);
     return pf_favor_causal_rows(&j->fm[bh], ws, j->C, ws->state, &M,
                                 (void *)at(j, j->out, head_off(bh, s->Lq, s->dv) + o * (size_t)s->dv),
                                 at(j, j->Q, head_off(bh, s->Lq, s->d) + o * (size_t)s->d),
                                 at(j, j->K, head_off(bh, s->Lk, s->d) + o * (size_t)s->d),
                                 at(j, j->V, head_off(bh, s->Lk, s->dv) + o * (size_t)s->dv), n,
-                                klen - t0, s->dv, kept ? &keep : NULL);
+                                klen - t0, s->dv, kept ? &keep : NULL, kmade, cmade);
 }
 
 /* A slice's own key state: slot 0 of head bh (the combined total), as (r, dv+1) rows; a head
@@ -352,6 +387,21 @@ static pf_status favor_run(void *out, const void *Q, const void *K, const void *
         for (int bh = 0; bh < p.heads && worst == PF_OK; bh++)
             if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
     }
+    if (worst == PF_OK && p.nk1 > 0 && !keys_only && opts->causal &&
+        !(sv && sv->nkeep >= p.heads)) {
+        /* the key phase's features kept for the scan while they fit (else it makes them again:
+         * the same bits) */
+        const size_t rows = (size_t)p.nk1 * (size_t)j.kbl, heads = (size_t)p.heads;
+        if (heads * rows * (sizeof(float) * (size_t)j.r + sizeof(double)) <= FAVOR_KMADE) {
+            j.kmade = pf_alloc(heads * rows * (size_t)j.r, sizeof(float));
+            j.cmade = pf_alloc(heads * rows, sizeof(double));
+            if (!j.kmade || !j.cmade) {
+                pf_free(j.kmade), pf_free(j.cmade);
+                j.kmade = NULL, j.cmade = NULL;
+            }
+            j.kmrows = rows;
+        }
+    }
     if (worst == PF_OK && favor_parallel(&j, &p)) worst = PF_ENOMEM;
     if (worst == PF_OK) {
         int dead_heads;
@@ -365,6 +415,8 @@ static pf_status favor_run(void *out, const void *Q, const void *K, const void *
     if (arena)
         for (int bh = 0; bh < p.heads; bh++) pf_kernel_ws_free(&j.kw[bh]);
     pf_free(arena);
+    pf_free(j.kmade);
+    pf_free(j.cmade);
     return worst;
 }
 

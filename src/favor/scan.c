@@ -277,7 +277,8 @@ void pf_favor_chunk_state(float *S, int lds, const float *Kc, int r, const float
  * bit of n_i (0 * finite adds +-0). */
 pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float *SV, double *Mp,
                                void *out, const void *Q, const void *K, const void *V, int L,
-                               int klen, int dv, const pf_favor_keep *keep) {
+                               int klen, int dv, const pf_favor_keep *keep, const float *kmade,
+                               const double *cmade) {
     /* rows of dv1 = pf_favor_dw(dv) floats; the products with a chunk's few rows run as fast on
      * the dv + 1 columns that matter (padding them to 16 columns costs 20%) */
     const int r = fm->r, d = fm->d, dv1 = pf_favor_dw(dv);
@@ -295,14 +296,16 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
             st = PF_ENONFINITE;
             break;
         }
-        /* the features copied to keep (Q~ before it is scaled), the log factors made there */
-        float *kphi = ws->kphi;
-        double *kc = keep ? keep->kc + b0 : ws->c;
+        /* the features copied to keep (Q~ before it is scaled), the log factors made there; the
+         * keys' made already when kmade is given (and then in keep already if keep is given) */
+        const float *kphi = kmade ? kmade + (size_t)b0 * (size_t)r : ws->kphi;
+        double *kcw = keep ? keep->kc + b0 : ws->c;
+        const double *kc = kmade ? cmade + b0 : kcw;
         pf_status s1 = pf_fmap_rows(fm, ws->phi, ldq, ws->cq, keep ? keep->qamax + b0 : NULL,
                                     pf_favor_rows(ws, Q, (size_t)b0, (size_t)nb, (size_t)d, ws->xq),
                                     nb);
-        if (s1 == PF_OK && nkb > 0)
-            s1 = pf_fmap_rows(fm, kphi, r, kc, keep ? keep->kamax + b0 : NULL,
+        if (s1 == PF_OK && nkb > 0 && !kmade)
+            s1 = pf_fmap_rows(fm, ws->kphi, r, kcw, keep ? keep->kamax + b0 : NULL,
                               pf_favor_rows(ws, K, (size_t)b0, (size_t)nkb, (size_t)d, ws->xk),
                               nkb);
         if (s1 != PF_OK) {
@@ -311,7 +314,7 @@ pf_status pf_favor_causal_rows(const pf_fmap *fm, pf_favor_ws *ws, int C, float 
         }
         if (keep) {
             keep_rows(keep->qf + (size_t)b0 * (size_t)r, ws->phi, ldq, nb, r);
-            keep_rows(keep->kf + (size_t)b0 * (size_t)r, kphi, r, nkb, r);
+            if (!kmade) keep_rows(keep->kf + (size_t)b0 * (size_t)r, kphi, r, nkb, r);
         }
 
         for (int t0 = b0; t0 < b0 + nb; t0 += C) {

@@ -322,7 +322,7 @@ static pf_status step_one_head(pf_favor_state *st, int s, int h, int i, int t, f
         /* the first key (S = 0, nothing pending): the general path, on [S ; chunk rows] */
         memset(scr, 0, sizeof(float) * (size_t)r * (size_t)dw);
         const pf_status s1 = pf_favor_causal_rows(fm, &st->ws[t], st->C, scr, &st->Mn[sh], oh, qh,
-                                                  kh, vh, 1, 1, dv, NULL);
+                                                  kh, vh, 1, 1, dv, NULL, NULL, NULL);
         memcpy(S, scr, sizeof(float) * (size_t)r * (size_t)dw);
         return s1;
     }
@@ -438,12 +438,12 @@ static pf_status step_many(pf_favor_state *st, int s, float *out, const float *q
         pf_status s1 = PF_OK, s2 = PF_OK;
         if (first > 0)
             s1 = pf_favor_causal_rows(&st->fm[h], ws, C, SV, M, oh, qh, kh, vh, first, first, dv,
-                                      NULL);
+                                      NULL, NULL, NULL);
         if (n > first) {
             const size_t o = (size_t)first;
             s2 = pf_favor_causal_rows(&st->fm[h], ws, C, SV, M, oh + o * (size_t)dv,
                                       qh + o * (size_t)d, kh + o * (size_t)d, vh + o * (size_t)dv,
-                                      n - first, n - first, dv, NULL);
+                                      n - first, n - first, dv, NULL, NULL, NULL);
         }
         const int s3 = s1 > s2 ? (int)s1 : (int)s2;
         if (s3 > worst) worst = s3;
