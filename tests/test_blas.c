@@ -237,10 +237,11 @@ int main(void) {
           omp_get_max_threads(), pf_threads(0), omp_threads);
 #endif
     const float betas[3] = {0.0f, 1.0f, 0.5f};
-    /* rows 1..7 and 13 (tiles of 6 and of 3 or 4, and their remainders),
+    /* rows 1..7 and 13 (tiles of 6 and of 3 or 4, and their remainders), 40 and 70 (the columns
+     * apart side by side: 4 rows, or 4 groups of a vector's width of rows, and what is left),
      * columns about 8 and 16 wide (one or two columns apart, masked tails, 4 x 16 tiles) */
     const char *paths[4] = {"ref", "avx2", "avx512", "neon"};
-    const int gm[9] = {1, 2, 3, 4, 5, 6, 7, 13, 16};
+    const int gm[11] = {1, 2, 3, 4, 5, 6, 7, 13, 16, 40, 70};
     const int gn[14] = {1, 2, 3, 8, 9, 10, 15, 16, 17, 18, 33, 64, 65, 83};
     const int gk[5] = {0, 1, 7, 16, 300};
     for (int pi = 0; pi < 4; pi++) {
@@ -250,7 +251,7 @@ int main(void) {
             continue;
         }
         for (int ab = 0; ab < 3; ab++) /* (ta, tb) = (0, 0), (1, 0), (0, 1) */
-            for (int mi = 0; mi < 9; mi++)
+            for (int mi = 0; mi < 11; mi++)
                 for (int ni = 0; ni < 14; ni++)
                     for (int ki = 0; ki < 5; ki++)
                         check_case(t, ab == 1, ab == 2, gm[mi], gn[ni], gk[ki],

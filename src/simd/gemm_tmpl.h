@@ -153,14 +153,50 @@ static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k,
 #undef GT_TAIL
 }
 
-/* One column of C apart (see the head of this file): column j of B (stride ldb) and of C. */
+/* One column of C apart (see the head of this file): column j of B (stride ldb) and of C. Each
+ * element is one chain of FMAs over p; COL_G of them go side by side (rows, or groups of VW
+ * rows) so that their latencies overlap, each element's own sequence of operations unchanged
+ * (the FAVOR+ forward on the AVX2 kernels, L = 4096, 8 heads, one thread: 1.0% faster
+ * bidirectional, 1.5% causal; the AVX-512 kernels' unchanged). */
+enum { COL_G = 4 };
 static void GT(column)(int m, int k, const float *A, size_t rs, size_t cs, const float *Bj,
                        size_t ldb, float alpha, float beta, float *Cj, size_t ldc) {
     enum { SEG = 1024 };
     if (cs == 1) { /* A's rows contiguous: each C(i, j) a dot product over p, B's column copied
                     * (once for all rows when k <= SEG) */
         float col[SEG];
-        for (int i = 0; i < m; i++) {
+        int i = 0;
+        for (; i + COL_G <= m; i += COL_G) {
+            VF acc[COL_G];
+#pragma GCC unroll 8
+            for (int g = 0; g < COL_G; g++) acc[g] = v_zero();
+            const float *a = A + (size_t)i * rs;
+            for (int p0 = 0; p0 < k; p0 += SEG) {
+                const int len = k - p0 < SEG ? k - p0 : SEG;
+                if (i == 0 || k > SEG)
+                    for (int p = 0; p < len; p++) col[p] = Bj[(size_t)(p0 + p) * ldb];
+                int p = 0;
+                for (; p + VW <= len; p += VW) {
+                    const VF cv = v_load(col + p);
+#pragma GCC unroll 8
+                    for (int g = 0; g < COL_G; g++)
+                        acc[g] = v_fma(v_load(a + (size_t)g * rs + p0 + p), cv, acc[g]);
+                }
+                if (p < len) {
+                    const VMASK mk = v_mask(len - p);
+                    const VF cv = v_loadm(col + p, mk);
+#pragma GCC unroll 8
+                    for (int g = 0; g < COL_G; g++)
+                        acc[g] = v_fma(v_loadm(a + (size_t)g * rs + p0 + p, mk), cv, acc[g]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int g = 0; g < COL_G; g++) {
+                float *c = Cj + (size_t)(i + g) * ldc;
+                *c = GT(finish1)(v_sum(acc[g]), alpha, beta, c);
+            }
+        }
+        for (; i < m; i++) {
             VF acc = v_zero();
             const float *a = A + (size_t)i * rs;
             for (int p0 = 0; p0 < k; p0 += SEG) {
@@ -179,8 +215,31 @@ static void GT(column)(int m, int k, const float *A, size_t rs, size_t cs, const
         }
         return;
     }
-    /* A's columns contiguous (rs == 1, op(A) = A^T): VW rows of C at a time */
-    for (int i0 = 0; i0 < m; i0 += VW) {
+    /* A's columns contiguous (rs == 1, op(A) = A^T): VW rows of C at a time, COL_G such groups
+     * side by side while whole */
+    int i0 = 0;
+    for (; i0 + COL_G * VW <= m; i0 += COL_G * VW) {
+        VF acc[COL_G];
+#pragma GCC unroll 8
+        for (int g = 0; g < COL_G; g++) acc[g] = v_zero();
+        for (int p = 0; p < k; p++) {
+            const VF b = v_set1(Bj[(size_t)p * ldb]);
+            const float *a = A + (size_t)p * cs + (size_t)i0 * rs;
+#pragma GCC unroll 8
+            for (int g = 0; g < COL_G; g++)
+                acc[g] = v_fma(v_load(a + (size_t)(g * VW) * rs), b, acc[g]);
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < COL_G; g++) {
+            float s[VW];
+            v_store(s, acc[g]);
+            for (int i = 0; i < VW; i++) {
+                float *c = Cj + (size_t)(i0 + g * VW + i) * ldc;
+                *c = GT(finish1)(s[i], alpha, beta, c);
+            }
+        }
+    }
+    for (; i0 < m; i0 += VW) {
         const int len = m - i0 < VW ? m - i0 : VW;
         const VMASK mk = v_mask(len);
         VF acc = v_zero();
