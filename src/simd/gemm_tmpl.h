@@ -158,61 +158,51 @@ static inline __attribute__((always_inline)) void GT(rows)(int MR, int n, int k,
  * rows) so that their latencies overlap, each element's own sequence of operations unchanged
  * (the FAVOR+ forward on the AVX2 kernels, L = 4096, 8 heads, one thread: 1.0% faster
  * bidirectional, 1.5% causal; the AVX-512 kernels' unchanged). */
-enum { COL_G = 4 };
+enum { COL_G = 4, COL_SEG = 1024 };
+
+/* G (1 or COL_G) rows of the column from row i on, A's rows contiguous: dot products over p with
+ * B's column, copied into col (COL_SEG floats at a time; once for all rows when k <= COL_SEG). */
+static inline __attribute__((always_inline)) void
+GT(column_rows)(int G, int i, int k, const float *A, size_t rs, const float *Bj, size_t ldb,
+                float alpha, float beta, float *Cj, size_t ldc, float *col) {
+    VF acc[COL_G];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) acc[g] = v_zero();
+    const float *a = A + (size_t)i * rs;
+    for (int p0 = 0; p0 < k; p0 += COL_SEG) {
+        const int len = k - p0 < COL_SEG ? k - p0 : COL_SEG;
+        if (i == 0 || k > COL_SEG)
+            for (int p = 0; p < len; p++) col[p] = Bj[(size_t)(p0 + p) * ldb];
+        int p = 0;
+        for (; p + VW <= len; p += VW) {
+            const VF cv = v_load(col + p);
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++)
+                acc[g] = v_fma(v_load(a + (size_t)g * rs + p0 + p), cv, acc[g]);
+        }
+        if (p < len) {
+            const VMASK mk = v_mask(len - p);
+            const VF cv = v_loadm(col + p, mk);
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++)
+                acc[g] = v_fma(v_loadm(a + (size_t)g * rs + p0 + p, mk), cv, acc[g]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        float *c = Cj + (size_t)(i + g) * ldc;
+        *c = GT(finish1)(v_sum(acc[g]), alpha, beta, c);
+    }
+}
+
 static void GT(column)(int m, int k, const float *A, size_t rs, size_t cs, const float *Bj,
                        size_t ldb, float alpha, float beta, float *Cj, size_t ldc) {
-    enum { SEG = 1024 };
-    if (cs == 1) { /* A's rows contiguous: each C(i, j) a dot product over p, B's column copied
-                    * (once for all rows when k <= SEG) */
-        float col[SEG];
+    if (cs == 1) { /* A's rows contiguous: each C(i, j) a dot product over p */
+        float col[COL_SEG];
         int i = 0;
-        for (; i + COL_G <= m; i += COL_G) {
-            VF acc[COL_G];
-#pragma GCC unroll 8
-            for (int g = 0; g < COL_G; g++) acc[g] = v_zero();
-            const float *a = A + (size_t)i * rs;
-            for (int p0 = 0; p0 < k; p0 += SEG) {
-                const int len = k - p0 < SEG ? k - p0 : SEG;
-                if (i == 0 || k > SEG)
-                    for (int p = 0; p < len; p++) col[p] = Bj[(size_t)(p0 + p) * ldb];
-                int p = 0;
-                for (; p + VW <= len; p += VW) {
-                    const VF cv = v_load(col + p);
-#pragma GCC unroll 8
-                    for (int g = 0; g < COL_G; g++)
-                        acc[g] = v_fma(v_load(a + (size_t)g * rs + p0 + p), cv, acc[g]);
-                }
-                if (p < len) {
-                    const VMASK mk = v_mask(len - p);
-                    const VF cv = v_loadm(col + p, mk);
-#pragma GCC unroll 8
-                    for (int g = 0; g < COL_G; g++)
-                        acc[g] = v_fma(v_loadm(a + (size_t)g * rs + p0 + p, mk), cv, acc[g]);
-                }
-            }
-#pragma GCC unroll 8
-            for (int g = 0; g < COL_G; g++) {
-                float *c = Cj + (size_t)(i + g) * ldc;
-                *c = GT(finish1)(v_sum(acc[g]), alpha, beta, c);
-            }
-        }
-        for (; i < m; i++) {
-            VF acc = v_zero();
-            const float *a = A + (size_t)i * rs;
-            for (int p0 = 0; p0 < k; p0 += SEG) {
-                const int len = k - p0 < SEG ? k - p0 : SEG;
-                if (i == 0 || k > SEG)
-                    for (int p = 0; p < len; p++) col[p] = Bj[(size_t)(p0 + p) * ldb];
-                int p = 0;
-                for (; p + VW <= len; p += VW)
-                    acc = v_fma(v_load(a + p0 + p), v_load(col + p), acc);
-                if (p < len) {
-                    const VMASK mk = v_mask(len - p);
-                    acc = v_fma(v_loadm(a + p0 + p, mk), v_loadm(col + p, mk), acc);
-                }
-            }
-            Cj[(size_t)i * ldc] = GT(finish1)(v_sum(acc), alpha, beta, Cj + (size_t)i * ldc);
-        }
+        for (; i + COL_G <= m; i += COL_G)
+            GT(column_rows)(COL_G, i, k, A, rs, Bj, ldb, alpha, beta, Cj, ldc, col);
+        for (; i < m; i++) GT(column_rows)(1, i, k, A, rs, Bj, ldb, alpha, beta, Cj, ldc, col);
         return;
     }
     /* A's columns contiguous (rs == 1, op(A) = A^T): VW rows of C at a time, COL_G such groups
