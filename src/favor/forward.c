@@ -6,8 +6,8 @@
  * in cache: a block of inputs becomes stabilised features (features.c) and goes straight into
  * the products with the state (scan.c), bidirectional or in causal chunks; no L x r matrix is
  * ever formed (but for the key features of a causal head cut into scan blocks, kept between the
- * two passes while they fit in FAVOR_KMADE bytes). Every product runs in the library's own kernels (pf_mm, blas.c: no packing, and
- * the same bits for a row whatever the rows beside it).
+ * two passes while they fit in FAVOR_KMADE bytes). Every product runs in the library's own
+ * kernels (pf_mm, blas.c: no packing, and the same bits for a row whatever the rows beside it).
  *
  * Values are augmented with a ones column, [V | 1] (Lk, dv+1), so one product gives numerator
  * (columns 0..dv-1) and denominator (column dv). */
@@ -108,6 +108,22 @@ static pf_status job_head(favor_job *j, int bh) {
                          s->Lq, Kh, klen);
 }
 
+/* Where head bh's key features from row `row` on are kept by the key phase: the saved store's
+ * (with their log factors *c and max|k~| *amax), else, causal, the hold for the scan (*amax
+ * NULL); NULL when neither. */
+static float *key_store(const favor_job *j, int bh, size_t row, double **c, float **amax) {
+    *c = NULL, *amax = NULL;
+    if (j->sv && bh < j->sv->nkeep) {
+        const size_t o = (size_t)bh * (size_t)j->s->Lk + row;
+        *c = j->sv->kc + o, *amax = j->sv->kamax + o;
+        return j->sv->kf + o * (size_t)j->r;
+    }
+    if (!j->kmade) return NULL;
+    const size_t o = (size_t)bh * j->kmrows + row;
+    *c = j->cmade + o;
+    return j->kmade + o * (size_t)j->r;
+}
+
 /* Phase 1: the local sum of key block kb of head bh into slot kb (bidirectional) or kb + 1
  * (causal, scan blocks but the last: slot 0 stays the empty starting state of block 0). */
 static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
@@ -123,17 +139,9 @@ static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
     if (n <= 0) return PF_OK; /* padding only */
     const void *Kh = at(j, j->K, head_off(bh, s->Lk, s->d) + (size_t)j0 * (size_t)s->d);
     const void *Vh = at(j, j->V, head_off(bh, s->Lk, s->dv) + (size_t)j0 * (size_t)s->dv);
-    if (j->sv && bh < j->sv->nkeep) { /* (causal: for the scan too, key_made) */
-        const size_t o = (size_t)bh * (size_t)s->Lk + (size_t)j0;
-        return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
-                                  j->sv->kf + o * (size_t)j->r, j->sv->kc + o, j->sv->kamax + o);
-    }
-    if (j->kmade) {
-        const size_t o = (size_t)bh * j->kmrows + (size_t)j0;
-        return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv,
-                                  j->kmade + o * (size_t)j->r, j->cmade + o, NULL);
-    }
-    return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv, NULL, NULL, NULL);
+    double *c;
+    float *amax, *kf = key_store(j, bh, (size_t)j0, &c, &amax); /* (causal: for the scan too) */
+    return pf_favor_key_block(&j->fm[bh], ws, KVb, Mb, Kh, Vh, n, s->dv, kf, c, amax);
 }
 
 /* The key features (and log factors) of causal scan block sb of head bh that the key phase made,
@@ -141,16 +149,10 @@ static pf_status job_keys(favor_job *j, pf_favor_ws *ws, int bh, int kb) {
 static const float *key_made(const favor_job *j, int bh, int sb, const double **c) {
     *c = NULL;
     if (sb >= j->nkb - 1) return NULL;
-    const size_t t0 = (size_t)sb * (size_t)j->kbl;
-    if (j->sv && bh < j->sv->nkeep) {
-        const size_t o = (size_t)bh * (size_t)j->s->Lk + t0;
-        *c = j->sv->kc + o;
-        return j->sv->kf + o * (size_t)j->r;
-    }
-    if (!j->kmade) return NULL;
-    const size_t o = (size_t)bh * j->kmrows + t0;
-    *c = j->cmade + o;
-    return j->kmade + o * (size_t)j->r;
+    double *kc;
+    float *amax, *kf = key_store(j, bh, (size_t)sb * (size_t)j->kbl, &kc, &amax);
+    *c = kc;
+    return kf;
 }
 
 /* Phase 2, in block order: bidirectional, the head's total into slot 0; causal, slot kb
@@ -392,7 +394,8 @@ static pf_status favor_run(void *out, const void *Q, const void *K, const void *
         /* the key phase's features kept for the scan while they fit (else it makes them again:
          * the same bits) */
         const size_t rows = (size_t)p.nk1 * (size_t)j.kbl, heads = (size_t)p.heads;
-        if (heads * rows * (sizeof(float) * (size_t)j.r + sizeof(double)) <= FAVOR_KMADE) {
+        /* (heads * rows <= B H L fits; the bytes per row divide, so no product can wrap) */
+        if (heads * rows <= FAVOR_KMADE / (sizeof(float) * (size_t)j.r + sizeof(double))) {
             j.kmade = pf_alloc(heads * rows * (size_t)j.r, sizeof(float));
             j.cmade = pf_alloc(heads * rows, sizeof(double));
             if (!j.kmade || !j.cmade) {
