@@ -13,17 +13,16 @@
 static inline __m512 exp16(__m512 x) {
     __m512 xc = _mm512_min_ps(_mm512_set1_ps(PF_EXP_HI + 0.5f),
                               _mm512_max_ps(_mm512_set1_ps(PF_EXP_LO), x));
-    __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(PF_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 round = _mm512_set1_ps(0x1.8p23f);
+    __m512 fn = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(PF_LOG2E), round), round);
     __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(PF_LN2_HI), xc);
     r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(PF_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(PF_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PF_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PF_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PF_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PF_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PF_EXP_P5));
-    __m512 r2 = _mm512_mul_ps(r, r);
+    const __m512 r2 = _mm512_mul_ps(r, r);
+    const __m512 a = _mm512_fmadd_ps(_mm512_set1_ps(PF_EXP_P4), r, _mm512_set1_ps(PF_EXP_P5));
+    const __m512 b = _mm512_fmadd_ps(_mm512_set1_ps(PF_EXP_P2), r, _mm512_set1_ps(PF_EXP_P3));
+    const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(PF_EXP_P0), r, _mm512_set1_ps(PF_EXP_P1));
+    __m512 p = _mm512_fmadd_ps(c, r2, b);
+    p = _mm512_fmadd_ps(p, r2, a);
     p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     /* p 2^n in one instruction, exact down to the subnormals (rounded once there) */
     return _mm512_scalef_ps(p, fn);

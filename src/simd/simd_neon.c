@@ -15,16 +15,16 @@
 static inline float32x4_t exp4(float32x4_t x) {
     uint32x4_t num = vceqq_f32(x, x); /* lanes that are not NaN */
     float32x4_t xc = vminq_f32(vmaxq_f32(x, vdupq_n_f32(PF_EXP_LO)), vdupq_n_f32(PF_EXP_HI + 0.5f));
-    float32x4_t fn = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(PF_LOG2E)));
+    const float32x4_t round = vdupq_n_f32(0x1.8p23f);
+    float32x4_t fn = vsubq_f32(vfmaq_f32(round, xc, vdupq_n_f32(PF_LOG2E)), round);
     float32x4_t r = vfmsq_f32(xc, fn, vdupq_n_f32(PF_LN2_HI));
     r = vfmsq_f32(r, fn, vdupq_n_f32(PF_LN2_LO));
-    float32x4_t p = vdupq_n_f32(PF_EXP_P0);
-    p = vfmaq_f32(vdupq_n_f32(PF_EXP_P1), p, r);
-    p = vfmaq_f32(vdupq_n_f32(PF_EXP_P2), p, r);
-    p = vfmaq_f32(vdupq_n_f32(PF_EXP_P3), p, r);
-    p = vfmaq_f32(vdupq_n_f32(PF_EXP_P4), p, r);
-    p = vfmaq_f32(vdupq_n_f32(PF_EXP_P5), p, r);
-    float32x4_t r2 = vmulq_f32(r, r);
+    const float32x4_t r2 = vmulq_f32(r, r);
+    const float32x4_t a = vfmaq_f32(vdupq_n_f32(PF_EXP_P5), vdupq_n_f32(PF_EXP_P4), r);
+    const float32x4_t b = vfmaq_f32(vdupq_n_f32(PF_EXP_P3), vdupq_n_f32(PF_EXP_P2), r);
+    const float32x4_t c = vfmaq_f32(vdupq_n_f32(PF_EXP_P1), vdupq_n_f32(PF_EXP_P0), r);
+    float32x4_t p = vfmaq_f32(b, c, r2);
+    p = vfmaq_f32(a, p, r2);
     p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, r2);
     int32x4_t n = vcvtnq_s32_f32(fn);
     int32x4_t n1 = vshrq_n_s32(n, 1);
