@@ -136,7 +136,7 @@ static int fmap_rows(profile *p, const pf_fmap *fm, float *phi, int ldphi, doubl
     const pf_simd_table *vk = pf_simd();
     float t[BLOCK];
     double tc = now();
-    pf_mm(0, 0, n, fm->m, fm->d, fm->wscale, X, fm->d, fm->Wt, fm->m, 0.0f, phi, ldphi);
+    pf_fmap_project(fm, phi, ldphi, X, n);
     tc = mark(p, S_PROJ, tc);
     p->flops[S_PROJ] += 2.0 * n * fm->m * fm->d;
     const int bad = fmap_stats(fm, phi, ldphi, c, t, X, n);

@@ -117,6 +117,10 @@ typedef struct pf_simd_table {
     /* y = exp(x - c), the subtraction rounded to float: the bits of x - c then exp, in one pass
      * (y may be x) */
     void (*exp_sub)(float *y, const float *x, float c, size_t n);
+    /* Columns of W^T a feature projection takes as one panel (pf_fmap_bind stores W^T panel by
+     * panel, each d x wt_panel contiguous, and pf_fmap_project multiplies by one at a time, so
+     * that the panel stays in L1 while a block's rows go by); 0: W^T whole, one product */
+    int wt_panel;
 } pf_simd_table;
 
 /* The table in use: the best this CPU supports, unless PF_SIMD=ref|avx2|avx512 in the

@@ -117,16 +117,19 @@ static void test_orthogonal_variance(void) {
           4 * se);
 }
 
-/* c. every map against features_f64; stabilised form; eps; scale 0 = 1/sqrt(d). */
-static void test_maps(void) {
-    const int n = 37, d = 16, m = 24;
-    float *X = xmalloc(sizeof(float) * n * d), W[24 * 16];
+/* c. every map against features_f64; stabilised form; eps; scale 0 = 1/sqrt(d). m = 24 is one
+ * panel of W^T on every path, m = 74 three on AVX2 (32, 32 and 10 columns, the last with
+ * columns apart: pf_fmap_bind). */
+static void test_maps(int m) {
+    const int n = 37, d = 16;
+    float *X = xmalloc(sizeof(float) * n * d), *W = xmalloc(sizeof(float) * m * d);
+    printf("maps at m = %d\n", m);
     fill_normal(X, (size_t)n * d, 1, 13, 0);
     for (int i = 0; i < n; i++) set_norm(X + i * d, d, 0.2 + 3.0 * i / n); /* 0.2 .. 3.2 */
     pf_projection_draw(W, m, d, PF_PROJ_ORTHOGONAL, PF_NORM_CHI, 13, 1);
     float *phi = xmalloc(sizeof(float) * n * 2 * m), *stab = xmalloc(sizeof(float) * n * 2 * m);
     float *ls = xmalloc(sizeof(float) * n);
-    double ref[48];
+    double *ref = xmalloc(sizeof(double) * 2 * m);
     const float scales[2] = {0.0f, 0.7f};
     const float epss[2] = {0.0f, 1e-2f};
     const pf_kernel kernels[5] = {PF_KERNEL_POSITIVE, PF_KERNEL_HYPERBOLIC, PF_KERNEL_TRIG,
@@ -188,6 +191,8 @@ static void test_maps(void) {
     CHECK_CLOSE(pn[0], 2.0 / sqrt(2.0), 0, 1e-7);
     CHECK(pn[1] == 0.0f, "relu(-1) = %g", pn[1]);
     free(X);
+    free(W);
+    free(ref);
     free(phi);
     free(stab);
     free(ls);
@@ -294,7 +299,8 @@ static void test_errors(void) {
 int main(void) {
     test_unbiased();
     test_orthogonal_variance();
-    test_maps();
+    test_maps(24);
+    test_maps(74);
     test_large_norms();
     test_errors();
     TEST_MAIN_END();

@@ -39,7 +39,9 @@ typedef struct pf_fmap {
     const float *W;  /* (m,d): the projection the block path multiplies by: the drawn W, or
                         for SDERF its rows times B (B w_f) */
     const float *W0; /* (m,d): the drawn W (the float64 path's) */
-    const float *Wt; /* (d,m): W transposed, for the projection by pf_mm (pf_fmap_bind) */
+    const float *Wt; /* W transposed, in panels of wtp columns, each (d, wtp) contiguous (the
+                        last may be narrower): the projection's B (pf_fmap_project) */
+    int wtp;         /* the panels' width (pf_simd()->wt_panel, or m: one panel) */
     int m, d, r;     /* r = pf_kernel_width(kernel, m) */
     float sqrt_s;    /* x' = x sqrt(s) */
     double s;        /* the effective scale s */
@@ -92,10 +94,15 @@ PF_INTERNAL pf_status pf_fmap_rows(const pf_fmap *f, float *phi, int ldphi, doub
                                    const float *X, int n);
 
 /* pf_fmap_rows after its projection: the first m columns of each phi row hold U = wscale X W^T
- * as pf_mm(0, 0, n, m, d, fm->wscale, X, d, fm->Wt, m, 0, phi, ldphi) makes it (so that a caller
- * may project several maps' rows with one product); the rest as pf_fmap_rows, the same bits. */
+ * as pf_fmap_project makes it (so that a caller may project several maps' rows with one call);
+ * the rest as pf_fmap_rows, the same bits. */
 PF_INTERNAL pf_status pf_fmap_map_rows(const pf_fmap *f, float *phi, int ldphi, double *c,
                                        float *amax, const float *X, int n);
+
+/* U = wscale X W^T for n rows of X (d floats each, contiguous) into the first m columns of phi's
+ * rows (row stride ldphi): one pf_mm for each panel of W^T (pf_fmap_bind). A row's bits depend
+ * on that row alone. */
+PF_INTERNAL void pf_fmap_project(const pf_fmap *f, float *phi, int ldphi, const float *X, int n);
 
 /* The backward of pf_fmap_rows for n rows with the log factors c held constant: out is
  * homogeneous of degree 0 in each query's features and in the key features a query sees, so
@@ -266,7 +273,7 @@ typedef struct pf_kernel_ws {
     double *bias64; /* (m) */
     double *dwork;  /* SDERF: the fit's and the binding's scratch */
     float *fwork;   /* SDERF: (2 d d) */
-    float *wt;      /* (d,m): the map's W transposed (every kernel) */
+    float *wt;      /* (m d): the map's W transposed, in panels (pf_fmap.Wt; every kernel) */
     int lwork;      /* doubles in dwork for dsyev */
     void *mem;
 } pf_kernel_ws;
@@ -277,9 +284,9 @@ PF_INTERNAL int pf_kernel_ws_alloc(pf_kernel_ws *kw, pf_kernel kernel, int m, in
 PF_INTERNAL void pf_kernel_ws_free(pf_kernel_ws *kw);
 
 /* OPRF: binds A (< 1/8, finite: checked by the caller) to a map from pf_fmap_make. SDERF: binds
- * A, B (d,d) and log D. Every kernel: the map's W^T into kw->wt (fm->Wt), so that its projection
- * runs in pf_mm. The map keeps pointers into kw (and to A, B for SDERF). PF_ENONFINITE if a
- * parameter derived from them is not finite. */
+ * A, B (d,d) and log D. Every kernel: the map's W^T, in panels, into kw->wt (fm->Wt), so that
+ * its projection runs in pf_mm (pf_fmap_project). The map keeps pointers into kw (and to A, B for
+ * SDERF). PF_ENONFINITE if a parameter derived from them is not finite. */
 PF_INTERNAL pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float *A,
                                    const float *B, double log_d);
 

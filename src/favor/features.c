@@ -183,8 +183,14 @@ pf_status pf_fmap_bind(pf_fmap *fm, pf_kernel_ws *kw, float oprf_a, const float 
         fm->sderf_B = B;
         fm->logd = log_d;
     }
-    /* W^T, for the projection U = X W^T as a product with W^T's rows (pf_mm) */
-    pf_transpose(kw->wt, fm->W, m, d, d);
+    /* W^T, for the projection U = X W^T as products with W^T's rows (pf_fmap_project): panel
+     * by panel, the panel of columns [j0, j0 + w) (d x w) from W's rows j0 .. j0 + w - 1 */
+    const int pw = pf_simd()->wt_panel;
+    fm->wtp = pw > 0 && pw < m ? pw : m;
+    for (int j0 = 0; j0 < m; j0 += fm->wtp) {
+        const int w = m - j0 < fm->wtp ? m - j0 : fm->wtp;
+        pf_transpose(kw->wt + (size_t)j0 * D, fm->W + (size_t)j0 * D, w, d, d);
+    }
     fm->Wt = kw->wt;
     if (fm->kernel != PF_KERNEL_OPRF && fm->kernel != PF_KERNEL_SDERF) return PF_OK;
     fm->bias = kw->bias;
@@ -200,6 +206,7 @@ pf_fmap pf_fmap_make(pf_kernel kernel, const float *W, int m, int d, float scale
     f.W = W;
     f.W0 = W;
     f.Wt = NULL;
+    f.wtp = m;
     f.m = m;
     f.d = d;
     f.r = pf_kernel_width(kernel, m);
@@ -238,12 +245,21 @@ static void add_vec(float *restrict p, const float *restrict b, int n) {
     for (int f = 0; f < n; f++) p[f] += b[f];
 }
 
+void pf_fmap_project(const pf_fmap *fm, float *phi, int ldphi, const float *X, int n) {
+    assert(fm->Wt); /* (pf_fmap_bind) */
+    const int m = fm->m, d = fm->d;
+    for (int j0 = 0; j0 < m; j0 += fm->wtp) {
+        const int w = m - j0 < fm->wtp ? m - j0 : fm->wtp;
+        pf_mm(0, 0, n, w, d, fm->wscale, X, d, fm->Wt + (size_t)j0 * (size_t)d, w, 0.0f, phi + j0,
+              ldphi);
+    }
+}
+
 pf_status pf_fmap_rows(const pf_fmap *fm, float *phi, int ldphi, double *c, float *amax,
                        const float *X, int n) {
     /* U = sqrt(s) X W^T into the first m columns of each phi row: u = W x' (OPRF: B W x',
      * SDERF: rows B w_f, then the bias). */
-    assert(fm->Wt); /* (pf_fmap_bind) */
-    pf_mm(0, 0, n, fm->m, fm->d, fm->wscale, X, fm->d, fm->Wt, fm->m, 0.0f, phi, ldphi);
+    pf_fmap_project(fm, phi, ldphi, X, n);
     return pf_fmap_map_rows(fm, phi, ldphi, c, amax, X, n);
 }
 

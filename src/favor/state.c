@@ -353,7 +353,7 @@ static pf_status step_one_head(pf_favor_state *st, int s, int h, int i, int t, f
  * status[i] PF_OK), every head, staged per sequence; status[i] gets each sequence's outcome. */
 static void step_one(pf_favor_state *st, float *out, const float *q, const float *k, const float *v,
                      const int32_t *seq, int count, int *status) {
-    const int H = st->H, d = st->d, m = st->fm[0].m;
+    const int H = st->H, d = st->d;
     const size_t D = (size_t)d;
     for (int i = 0; i < count; i++)
         for (int h = 0; h < H; h++) {
@@ -364,14 +364,13 @@ static void step_one(pf_favor_state *st, float *out, const float *q, const float
     /* U = wscale X W^T: one product for every row when the heads share W (their maps are then
      * the same), else one per head (pf_mm: a row's bits do not depend on the rows beside it) */
     if (st->w_shared)
-        pf_mm(0, 0, 2 * H * count, m, d, st->fm[0].wscale, st->x, d, st->fm[0].Wt, m, 0.0f, st->u,
-              st->ldu);
+        pf_fmap_project(&st->fm[0], st->u, st->ldu, st->x, 2 * H * count);
     else
         for (int i = 0; i < count; i++)
             for (int h = 0; h < H; h++) {
                 const size_t at = 2 * ((size_t)i * (size_t)H + (size_t)h);
-                pf_mm(0, 0, 2, m, d, st->fm[h].wscale, st->x + at * D, d, st->fm[h].Wt, m, 0.0f,
-                      st->u + at * (size_t)st->ldu, st->ldu);
+                pf_fmap_project(&st->fm[h], st->u + at * (size_t)st->ldu, st->ldu, st->x + at * D,
+                                2);
             }
     const int units = count * H;
     int nt = st->nws;

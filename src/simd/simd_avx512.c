@@ -218,7 +218,14 @@ static inline __attribute__((always_inline)) void sums4x4(__m512 acc[4][4], floa
 #define DECODE_NAME decode_avx512
 #include "simd/decode_tmpl.h"
 
-const pf_simd_table pf_simd_avx512 = {"avx512",    exp_avx512,    exp_sub_sum_avx512,
-                                      max_avx512,  sincos_avx512, stream_rows_avx512,
-                                      gemm_avx512, decode_avx512, exp_sub_avx512};
+const pf_simd_table pf_simd_avx512 = {.name = "avx512",
+                                      .exp = exp_avx512,
+                                      .exp_sub_sum = exp_sub_sum_avx512,
+                                      .max = max_avx512,
+                                      .sincos = sincos_avx512,
+                                      .stream_rows = stream_rows_avx512,
+                                      .gemm = gemm_avx512,
+                                      .decode = decode_avx512,
+                                      .exp_sub = exp_sub_avx512,
+                                      .wt_panel = 0};
 #endif

@@ -159,7 +159,14 @@ static void stream_rows_neon(float *dst, const float *src, size_t lds, size_t n,
     pf_simd_ref.stream_rows(dst, src, lds, n, r);
 }
 
-const pf_simd_table pf_simd_neon = {"neon",    exp_neon,    exp_sub_sum_neon,
-                                    max_neon,  sincos_neon, stream_rows_neon,
-                                    gemm_neon, decode_neon, exp_sub_neon};
+const pf_simd_table pf_simd_neon = {.name = "neon",
+                                    .exp = exp_neon,
+                                    .exp_sub_sum = exp_sub_sum_neon,
+                                    .max = max_neon,
+                                    .sincos = sincos_neon,
+                                    .stream_rows = stream_rows_neon,
+                                    .gemm = gemm_neon,
+                                    .decode = decode_neon,
+                                    .exp_sub = exp_sub_neon,
+                                    .wt_panel = 0};
 #endif

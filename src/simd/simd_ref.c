@@ -147,6 +147,13 @@ static void decode_ref(float *S, size_t lds, int r, int n, const float *qa, cons
     for (int j = 0; j < n; j++) o[j] += qa[r] * w[j];
 }
 
-const pf_simd_table pf_simd_ref = {"ref",    exp_ref,    exp_sub_sum_ref,
-                                   max_ref,  sincos_ref, stream_rows_ref,
-                                   gemm_ref, decode_ref, exp_sub_ref};
+const pf_simd_table pf_simd_ref = {.name = "ref",
+                                   .exp = exp_ref,
+                                   .exp_sub_sum = exp_sub_sum_ref,
+                                   .max = max_ref,
+                                   .sincos = sincos_ref,
+                                   .stream_rows = stream_rows_ref,
+                                   .gemm = gemm_ref,
+                                   .decode = decode_ref,
+                                   .exp_sub = exp_sub_ref,
+                                   .wt_panel = 0};
