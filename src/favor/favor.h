@@ -134,6 +134,12 @@ PF_INTERNAL pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *
 PF_INTERNAL pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts,
                                   const pf_favor_opts *favor, int h);
 
+/* 1 when every head of a call gets the same bound map: one W for all heads, and a binding that
+ * reads no head's data (not FAVOR#, not FAVOR++ fitting its A, no sums from outside: sums 0).
+ * Such a call binds head 0's map once (pf_favor_bind, no Q or K read) and copies it to every
+ * head, instead of a W^T and its scratch per head. */
+PF_INTERNAL int pf_favor_one_map(const pf_favor_opts *favor, int sums);
+
 /* The causal chunk C for sequences of length L (favor->chunk, or the default; at most L). */
 PF_INTERNAL int pf_favor_chunk(const pf_favor_opts *favor, int L);
 

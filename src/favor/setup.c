@@ -51,6 +51,12 @@ pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts, const pf_
     return pf_fmap_make(fv->kernel, W, fv->m, shape->d, opts->scale, fv->eps);
 }
 
+int pf_favor_one_map(const pf_favor_opts *fv, int sums) {
+    const int fitted =
+        fv->kernel == PF_KERNEL_SDERF || (fv->kernel == PF_KERNEL_OPRF && !fv->oprf_a_given);
+    return !fv->w_per_head && !fitted && !sums;
+}
+
 /* The causal chunk C: the user's, or 16. Per chunk the masked intra-chunk products cost
  * 2 C^2 (r + dv + 1) flops against 2 C r (2d + 2(dv + 1)) for the features and the state, so
  * the extra work grows as C / d, while the products want C large. Measured with OpenBLAS's
