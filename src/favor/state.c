@@ -378,19 +378,26 @@ static void step_one(pf_favor_state *st, float *out, const float *q, const float
      * hundred microseconds of work (one sequence of 8 heads at r = 256 stays on one) */
     if ((int64_t)units * st->r * (d + st->dv) < ((int64_t)1 << 20)) nt = 1;
     for (int i = 0; i < count; i++) st->staged[seq[i]] = 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int u = 0; u < units; u++) {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
-        const int i = u / H, h = u % H;
-        const int s1 = (int)step_one_head(st, seq[i], h, i, t, out, q, k, v);
-        if (s1 != PF_OK) {
-#pragma omp atomic update
-            status[i] |= 1 << s1; /* (the worst is taken below: the set of statuses) */
+    /* (one thread without a parallel region: entering one costs a token a futex call) */
+    if (nt == 1)
+        for (int u = 0; u < units; u++) {
+            const int i = u / H, s1 = (int)step_one_head(st, seq[i], u % H, i, 0, out, q, k, v);
+            if (s1 != PF_OK) status[i] |= 1 << s1;
         }
-    }
+    else
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int u = 0; u < units; u++) {
+            int t = 0;
+#ifdef _OPENMP
+            t = omp_get_thread_num();
+#endif
+            const int i = u / H, h = u % H;
+            const int s1 = (int)step_one_head(st, seq[i], h, i, t, out, q, k, v);
+            if (s1 != PF_OK) {
+#pragma omp atomic update
+                status[i] |= 1 << s1; /* (the worst is taken below: the set of statuses) */
+            }
+        }
     for (int i = 0; i < count; i++) {
         int worst = PF_OK;
         for (int b = 0; b < 31; b++)
