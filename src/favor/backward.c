@@ -291,17 +291,15 @@ typedef struct bwd_job {
     int seg, segk;          /* causal with nsb == 1: rows per segment of a head (bwd_causal_unit)
                                whose features are made here, kept by the forward */
     causal_store cs;        /* causal with nsb > 1: the rows of the head being processed */
-    float *ls, *rs;   /* (nsb, dv+1, r): local, then starting prefix and ending suffix states */
-    double *lm;       /* (nsb): references of ls */
-    int *cst;         /* (nsb): statuses of the scan units */
-    pf_fmap *fm;      /* (heads) */
-    pf_kernel_ws *kw; /* (heads; only [0] when one map serves every head) */
-    int one_map;      /* pf_favor_one_map: every head copies map0 */
-    pf_fmap map0;     /* (one_map) the map, bound with status st0 */
-    pf_status st0;    /* (one_map) */
-    int *hst;         /* (heads): the head's status */
-    int *dead;        /* (heads): 1 once a failure leaves the head without gradients */
-    int *kst, *qst;   /* (heads, nkb), (heads, nqb): unit statuses */
+    float *ls, *rs;     /* (nsb, dv+1, r): local, then starting prefix and ending suffix states */
+    double *lm;         /* (nsb): references of ls */
+    int *cst;           /* (nsb): statuses of the scan units */
+    pf_fmap *fm;        /* (heads) */
+    pf_kernel_ws *kw;   /* (heads; only [0] when one map serves every head) */
+    pf_favor_maps maps; /* one map for every head, or none (pf_favor_maps_init) */
+    int *hst;           /* (heads): the head's status */
+    int *dead;          /* (heads): 1 once a failure leaves the head without gradients */
+    int *kst, *qst;     /* (heads, nkb), (heads, nqb): unit statuses */
     /* the group's storage, per head of the group: */
     float *kf;                /* (Lk, r): K~ */
     double *kc;               /* (Lk): key log factors */
@@ -836,9 +834,9 @@ static pf_status bwd_head_setup(bwd_job *j, int bh) {
     if (pf_nonfinite_f32(Kh + kl * (size_t)s->d, pad * (size_t)s->d) ||
         pf_nonfinite_f32(Vh + kl * (size_t)s->dv, pad * (size_t)s->dv))
         return PF_ENONFINITE;
-    j->fm[bh] = j->one_map ? j->map0 : pf_favor_fmap(s, j->opts, j->favor, h);
+    j->fm[bh] = j->maps.one ? j->maps.map : pf_favor_fmap(s, j->opts, j->favor, h);
     if (j->ext && !j->opts->causal) ext_bidir_in(j, bh);
-    if (j->one_map) return j->st0;
+    if (j->maps.one) return j->maps.st;
     if (j->ext && j->ext->sums)
         return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
                                   j->ext->sums +
@@ -1321,13 +1319,7 @@ static pf_status bwd_run(float *dQ, float *dK, float *dV, const float *dout, con
     if (arena) {
         bwd_layout(&j, &p, arena, &zeroed);
         memset(arena, 0, zeroed);
-        j.one_map = pf_favor_one_map(favor, ext && ext->sums);
-        for (int bh = 0; bh < (j.one_map ? 1 : p.heads) && worst == PF_OK; bh++)
-            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
-        if (worst == PF_OK && j.one_map) {
-            j.map0 = pf_favor_fmap(&s, opts, favor, 0);
-            j.st0 = pf_favor_bind(&j.map0, &j.kw[0], favor, NULL, 0, NULL, 0);
-        }
+        worst = pf_favor_maps_init(&j.maps, j.kw, p.heads, &s, opts, favor, ext && ext->sums);
     }
     if (worst == PF_OK) worst = bwd_parallel(&j, &p) ? PF_ENOMEM : bwd_heads_end(&j, &p);
     /* The passes check an input only as they reach it, and a head that fails stops there: so

@@ -134,12 +134,6 @@ PF_INTERNAL pf_status pf_favor_check(const pf_shape *shape, const pf_attn_opts *
 PF_INTERNAL pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts,
                                   const pf_favor_opts *favor, int h);
 
-/* 1 when every head of a call gets the same bound map: one W for all heads, and a binding that
- * reads no head's data (not FAVOR#, not FAVOR++ fitting its A, no sums from outside: sums 0).
- * Such a call binds head 0's map once (pf_favor_bind, no Q or K read) and copies it to every
- * head, instead of a W^T and its scratch per head. */
-PF_INTERNAL int pf_favor_one_map(const pf_favor_opts *favor, int sums);
-
 /* The causal chunk C for sequences of length L (favor->chunk, or the default; at most L). */
 PF_INTERNAL int pf_favor_chunk(const pf_favor_opts *favor, int L);
 
@@ -311,6 +305,23 @@ PF_INTERNAL pf_status pf_sderf_fit(pf_kernel_ws *kw, double *log_d, const float 
  * pf_fmap_bind (every kernel). Causal passes need oprf_a_given (pf_favor_check sees to it). */
 PF_INTERNAL pf_status pf_favor_bind(pf_fmap *fm, pf_kernel_ws *kw, const pf_favor_opts *favor,
                                     const float *Q, int Lq, const float *K, int klen);
+
+/* The heads' maps of a forward or backward. When every head gets the same bound map (one W for
+ * all heads, and a binding that reads no head's data: not FAVOR#, not FAVOR++ fitting its A,
+ * no sums from outside) one map is bound (pf_favor_bind, no Q or K read) and every head copies
+ * it, instead of a W^T and its scratch per head. */
+typedef struct pf_favor_maps {
+    int one; /* 1: every head's map is map, bound with status st */
+    pf_fmap map;
+    pf_status st;
+} pf_favor_maps;
+
+/* Fills mp and the scratch kw (heads, zeroed): kw[0] and that one map, or every head's kw to
+ * bind its own map (pf_favor_bind or pf_favor_bind_sums). sums: the maps bind to sums from
+ * outside. PF_OK or PF_ENOMEM. */
+PF_INTERNAL pf_status pf_favor_maps_init(pf_favor_maps *mp, pf_kernel_ws *kw, int heads,
+                                         const pf_shape *shape, const pf_attn_opts *opts,
+                                         const pf_favor_opts *favor, int sums);
 
 /* The statistics FAVOR++ (OPRF) and FAVOR# (SDERF) fit their parameters to, as sums over rows
  * that add up across slices of a sequence (doubles per head, 0 for the other maps):

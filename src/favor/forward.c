@@ -40,9 +40,7 @@ typedef struct favor_job {
     int r, C, nkb, kbl;      /* key (or scan) blocks per head and their length */
     pf_fmap *fm;             /* (heads) */
     pf_kernel_ws *kw;        /* (heads; only [0] when one map serves every head) */
-    int one_map;             /* pf_favor_one_map: every head copies map0 */
-    pf_fmap map0;            /* (one_map) the map, bound with status st0 */
-    pf_status st0;           /* (one_map) */
+    pf_favor_maps maps;      /* one map for every head, or none (pf_favor_maps_init) */
     float *part;             /* (heads, nkb, r, dw): partial sums; [h][0] becomes the total */
     double *pmax;            /* (heads, nkb) */
     int *hst;                /* (heads): status of the head (phase 0) */
@@ -100,9 +98,9 @@ static pf_status job_head(favor_job *j, int bh) {
         return PF_ENONFINITE;
     /* (the FAVOR++ and FAVOR# fits read Q and K: float32 only, pf_attn_favor_dt says) */
     const float *Kh = (const float *)at(j, j->K, head_off(bh, s->Lk, s->d));
-    j->fm[bh] = j->one_map ? j->map0 : pf_favor_fmap(s, j->opts, j->favor, h);
+    j->fm[bh] = j->maps.one ? j->maps.map : pf_favor_fmap(s, j->opts, j->favor, h);
     if (j->ext && j->ext->S) ext_state_in(j, bh);
-    if (j->one_map) return j->st0;
+    if (j->maps.one) return j->maps.st;
     if (j->ext && j->ext->sums)
         return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
                                   j->ext->sums +
@@ -390,13 +388,7 @@ static pf_status favor_run(void *out, const void *Q, const void *K, const void *
     if (arena) {
         favor_layout(&j, &p, arena, &zeroed);
         memset(arena, 0, zeroed);
-        j.one_map = pf_favor_one_map(favor, ext && ext->sums);
-        for (int bh = 0; bh < (j.one_map ? 1 : p.heads) && worst == PF_OK; bh++)
-            if (pf_kernel_ws_alloc(&j.kw[bh], favor->kernel, favor->m, s.d) != 0) worst = PF_ENOMEM;
-        if (worst == PF_OK && j.one_map) {
-            j.map0 = pf_favor_fmap(&s, opts, favor, 0);
-            j.st0 = pf_favor_bind(&j.map0, &j.kw[0], favor, NULL, 0, NULL, 0);
-        }
+        worst = pf_favor_maps_init(&j.maps, j.kw, p.heads, &s, opts, favor, ext && ext->sums);
     }
     if (worst == PF_OK && p.nk1 > 0 && !keys_only && opts->causal &&
         !(sv && sv->nkeep >= p.heads)) {

@@ -51,10 +51,18 @@ pf_fmap pf_favor_fmap(const pf_shape *shape, const pf_attn_opts *opts, const pf_
     return pf_fmap_make(fv->kernel, W, fv->m, shape->d, opts->scale, fv->eps);
 }
 
-int pf_favor_one_map(const pf_favor_opts *fv, int sums) {
+pf_status pf_favor_maps_init(pf_favor_maps *mp, pf_kernel_ws *kw, int heads, const pf_shape *shape,
+                             const pf_attn_opts *opts, const pf_favor_opts *fv, int sums) {
     const int fitted =
         fv->kernel == PF_KERNEL_SDERF || (fv->kernel == PF_KERNEL_OPRF && !fv->oprf_a_given);
-    return !fv->w_per_head && !fitted && !sums;
+    mp->one = !fv->w_per_head && !fitted && !sums;
+    for (int bh = 0; bh < (mp->one ? 1 : heads); bh++)
+        if (pf_kernel_ws_alloc(&kw[bh], fv->kernel, fv->m, shape->d) != 0) return PF_ENOMEM;
+    if (mp->one) {
+        mp->map = pf_favor_fmap(shape, opts, fv, 0);
+        mp->st = pf_favor_bind(&mp->map, &kw[0], fv, NULL, 0, NULL, 0);
+    }
+    return PF_OK;
 }
 
 /* The causal chunk C: the user's, or 16. Per chunk the masked intra-chunk products cost
