@@ -6,7 +6,8 @@ usage: plot_bench.py ATTN_CSV [DECODE_CSV] OUTDIR
 
 ATTN_CSV is bench_attn --csv (L, method, causal, fwd_seconds, fwdbwd_seconds, ..., fwd_mib,
 fwdbwd_mib, ..., fma_fraction, fma_peak_gflops, sgemm_gflops, machine); DECODE_CSV is
-bench_decode --csv (context, seconds_per_token, ..., peak_seconds_per_token, ..., machine).
+bench_decode --csv (context, threads, seconds_per_token, ..., peak_seconds_per_token, ...,
+machine).
 Writes OUTDIR/bench_time.png, OUTDIR/bench_memory.png, OUTDIR/bench_peak.png (not from a CSV
 older than the FMA peak's columns) and OUTDIR/bench_decode.png, each naming the machine (CPU and
 kernel sets) the run was on.
@@ -158,21 +159,31 @@ def plot_peak(data, path):
 
 
 def plot_decode(data, path):
-    xs = [int(r["context"]) for r in data]
-    ys = [num(r["seconds_per_token"]) * 1e6 for r in data]
+    """One line per thread count (a CSV without the threads column is one thread), each with
+    its arithmetic's time at the FMA peak of those threads."""
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    ax.plot(xs, ys, "-", color="#1f77b4", marker="o", ms=3, label="FAVOR+ streaming state")
-    at_peak = num(data[0].get("peak_seconds_per_token")) * 1e6 if data else math.nan
-    if math.isfinite(at_peak):
-        ax.axhline(at_peak, color="#d62728", ls="-.", lw=0.8,
-                   label="its arithmetic at the 1-thread FMA peak (%.1f µs)" % at_peak)
+    counts = sorted({int(r.get("threads") or 1) for r in data})
+    colors = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b"]
+    top = 0.0
+    for i, n in enumerate(counts):
+        sel = [r for r in data if int(r.get("threads") or 1) == n]
+        xs = [int(r["context"]) for r in sel]
+        ys = [num(r["seconds_per_token"]) * 1e6 for r in sel]
+        color = colors[i % len(colors)]
+        name = "%d thread%s" % (n, "s" if n > 1 else "")
+        ax.plot(xs, ys, "-", color=color, marker="o", ms=3, label="FAVOR+ streaming state, " + name)
+        at_peak = num(sel[0].get("peak_seconds_per_token")) * 1e6 if sel else math.nan
+        if math.isfinite(at_peak):
+            ax.axhline(at_peak, color=color, ls="-.", lw=0.8,
+                       label="its arithmetic at the %s FMA peak (%.1f µs)" % (name, at_peak))
+        top = max([top] + [y for y in ys if math.isfinite(y)])
     ax.set_xscale("log", base=2)
-    ax.set_ylim(0, max(ys) * 1.3)
+    ax.set_ylim(0, top * 1.8 if top > 0 else 1)
     ax.set_title("decoding: time per token, H=8 d=64 m=256" + machine(data, True), fontsize=9)
     ax.set_xlabel("context length (tokens already decoded)")
     ax.set_ylabel("µs per token (median)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

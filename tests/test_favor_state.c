@@ -528,11 +528,13 @@ static void test_decode_path(void) {
            cases, worst_ref);
 
 #ifdef _OPENMP
-    /* threads: 4 heads (one thread per step) and 64 heads of d = dv = 128, m = 256 (enough for
-     * the step to spread the heads over its threads), at 1 and 2 threads */
+    /* threads: 4 small heads (one thread per step), 8 heads of d = dv = 64, m = 256 (the
+     * decoding benchmark's, shared among the two threads) and 64 heads of d = dv = 128,
+     * m = 256 (among all), at 1 and 2 threads */
     const int nt = omp_get_max_threads();
-    static const int Hs[2][5] = {{4, 16, 8, 32, 40}, {64, 128, 128, 256, 12}}; /* H d dv m L */
-    for (int c = 0; c < 2; c++) {
+    static const int Hs[3][5] = {
+        {4, 16, 8, 32, 40}, {8, 64, 64, 256, 12}, {64, 128, 128, 256, 12}}; /* H d dv m L */
+    for (int c = 0; c < 3; c++) {
         problem p = problem_make(Hs[c][0], Hs[c][4], Hs[c][1], Hs[c][2], Hs[c][3], 950 + c);
         set_row_norms(p.K, (size_t)p.H * p.L, p.d, 1.0, 30.0);
         pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 1);

@@ -21,11 +21,12 @@
  * pass with C = 1 bit for bit): the queries and keys of every head projected by one product
  * (pf_mm gives each row the bits it gets alone), the same feature map (pf_fmap_map_rows), and
  * the readout q~ S and the update S = beta S + k~ [v | 1]_w in one pass over S
- * (pf_simd_table.decode) instead of two products; no OpenMP region unless the heads are many.
- * For H = 8, d = dv = 64, m = 256 on Zen 4 (bench/bench_decode.c) a token took 34 us, 3.8 times
- * its arithmetic at the 1-thread FMA peak, and takes 16-19 us, 1.8-2.1 times: the projection
- * runs at about the peak, the pass over S (two FMAs and an add per element, and a store) at
- * about half of it, and the feature map's exps and the checks take the rest.
+ * (pf_simd_table.decode) instead of two products; the heads share the threads once each has
+ * some microseconds of work (step_one), and one thread runs without an OpenMP region. For H = 8,
+ * d = dv = 64, m = 256 on Zen 4 (bench/bench_decode.c) a token on one thread took 34 us, 3.8
+ * times its arithmetic at the 1-thread FMA peak, and takes 16-19 us, 1.8-2.1 times: the
+ * projection runs at about the peak, the pass over S (two FMAs and an add per element, and a
+ * store) at about half of it, and the feature map's exps and the checks take the rest.
  *
  * A step that fails leaves the state as it was (position, S, M): a step is staged, then
  * committed only when every head of that sequence succeeded (pf_favor_state_stage / _commit /
@@ -373,10 +374,14 @@ static void step_one(pf_favor_state *st, float *out, const float *q, const float
                                 2);
             }
     const int units = count * H;
-    int nt = st->nws;
-    /* a token of one head is 1-5 us: threads only for many (sequence, head) pairs, some
-     * hundred microseconds of work (one sequence of 8 heads at r = 256 stays on one) */
-    if ((int64_t)units * st->r * (d + st->dv) < ((int64_t)1 << 20)) nt = 1;
+    /* Threads: as many as have 2^16 of units r (d + dv) each, the work of two heads at r = 256,
+     * d = dv = 64 (about 4 us): below that a team's start and join cost what the second thread
+     * saves. On Zen 4, tokens back to back, 2 threads against 1: 8 such heads 13.5 against
+     * 17.9 us a token, 4 heads 7.7 against 9.0; at 2^16 in all, 2 heads 4.1 against 4.4 but 4
+     * heads of r = 128 5.4 against 5.0, and below it one thread is faster. */
+    const int64_t share = (int64_t)units * st->r * (d + st->dv) >> 16;
+    int nt = st->nws < units ? st->nws : units;
+    if (share < nt) nt = share > 1 ? (int)share : 1;
     for (int i = 0; i < count; i++) st->staged[seq[i]] = 1;
     /* (one thread without a parallel region: entering one costs a token a futex call) */
     if (nt == 1)
