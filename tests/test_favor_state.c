@@ -540,6 +540,7 @@ static void test_decode_path(void) {
         pf_favor_opts f = favor_of(&p, PF_KERNEL_POSITIVE, 1);
         CHECK_STATUS(full_pass(&p, &f), PF_OK);
         float *first = xmalloc(sizeof(float) * nout(&p));
+        float *firstp = xmalloc(sizeof(float) * nout(&p));
         for (int threads = 1; threads <= 2; threads++) {
             omp_set_num_threads(threads);
             pf_favor_state *st = NULL;
@@ -554,10 +555,20 @@ static void test_decode_path(void) {
             else
                 CHECK(memcmp(p.out, first, sizeof(float) * nout(&p)) == 0,
                       "H=%d: one-token steps differ between 1 and 2 threads", p.H);
+            /* steps of a few tokens (prefills: the heads shared in the two larger cases) */
+            static const int few[3] = {3, 2, 4};
+            CHECK_STATUS(pf_favor_state_reset_seq(st, 0), PF_OK);
+            CHECK_STATUS(stream(&p, st, few, 3), PF_OK);
+            if (threads == 1)
+                memcpy(firstp, p.out, sizeof(float) * nout(&p));
+            else
+                CHECK(memcmp(p.out, firstp, sizeof(float) * nout(&p)) == 0,
+                      "H=%d: steps of 2-4 tokens differ between 1 and 2 threads", p.H);
             pf_favor_state_free(st);
         }
         omp_set_num_threads(nt);
         free(first);
+        free(firstp);
         problem_free(&p);
     }
 #endif
