@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     fill(v, nq, 3, 1.0f);
     /* the thread counts: one (the kernels' own speed: the 2x target) and OpenMP's (what a
      * state made with the defaults uses: its heads share the threads, pf_favor_state_step) */
-    /* (a step gives each thread at least 2^16 of H r (d + dv): src/favor/state.c, step_one) */
+    /* (a step gives each thread at least 2^16 of H r (d + dv): step_threads, src/favor/state.c) */
     const int share = (int)((int64_t)H * m * (d + dv) >> 16);
     int used = threads < H ? threads : H;
     if (share < used) used = share > 1 ? share : 1;

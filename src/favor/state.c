@@ -352,6 +352,19 @@ static pf_status step_one_head(pf_favor_state *st, int s, int h, int i, int t, f
 
 /* A one-token step of count sequences seq[i] (checked, none staged, their inputs checked:
  * status[i] PF_OK), every head, staged per sequence; status[i] gets each sequence's outcome. */
+/* The threads for a step of `units` (sequence, head) pairs, each whole on one thread, and `work`
+ * = tokens x H r (d + dv) in all: as many as have 2^16 of work each (two heads' token at r = 256,
+ * d = dv = 64, about 4 us), at most the state's. Below that a team's start and join cost what a
+ * thread saves. On Zen 4, 2 threads against 1, tokens back to back: 8 such heads 13.5 against
+ * 17.9 us a token, 4 heads 7.7 against 9.0; at 2^16 in all 2 heads 4.1 against 4.4 but 4 heads
+ * of r = 128 5.4 against 5.0, and below it one thread is faster. Prefills of 8 heads: 2 tokens
+ * 60-74 against 89-91 us, 4 tokens 66 against 101, 8 tokens 97 against 161. */
+static int step_threads(const pf_favor_state *st, int units, int64_t work) {
+    const int nt = st->nws < units ? st->nws : units;
+    const int64_t share = work >> 16;
+    return share >= nt ? nt : share > 1 ? (int)share : 1;
+}
+
 static void step_one(pf_favor_state *st, float *out, const float *q, const float *k, const float *v,
                      const int32_t *seq, int count, int *status) {
     const int H = st->H, d = st->d;
@@ -374,14 +387,7 @@ static void step_one(pf_favor_state *st, float *out, const float *q, const float
                                 2);
             }
     const int units = count * H;
-    /* Threads: as many as have 2^16 of units r (d + dv) each, the work of two heads at r = 256,
-     * d = dv = 64 (about 4 us): below that a team's start and join cost what the second thread
-     * saves. On Zen 4, tokens back to back, 2 threads against 1: 8 such heads 13.5 against
-     * 17.9 us a token, 4 heads 7.7 against 9.0; at 2^16 in all, 2 heads 4.1 against 4.4 but 4
-     * heads of r = 128 5.4 against 5.0, and below it one thread is faster. */
-    const int64_t share = (int64_t)units * st->r * (d + st->dv) >> 16;
-    int nt = st->nws < units ? st->nws : units;
-    if (share < nt) nt = share > 1 ? (int)share : 1;
+    const int nt = step_threads(st, units, (int64_t)units * st->r * (d + st->dv));
     for (int i = 0; i < count; i++) st->staged[seq[i]] = 1;
     /* (one thread without a parallel region: entering one costs a token a futex call) */
     if (nt == 1)
@@ -430,12 +436,7 @@ static pf_status step_many(pf_favor_state *st, int s, float *out, const float *q
     /* the first piece ends at the next multiple of C */
     const int into = (int)(st->pos[s] % C);
     const int first = into == 0 ? 0 : (C - into < n ? C - into : n);
-    /* threads as in step_one: each with at least 2^16 of n H r (d + dv). On Zen 4 (2 threads
-     * against 1, 8 heads, r = 256, d = dv = 64) a prefill of 2 tokens took 60-74 against 89-91
-     * us, 4 tokens 66 against 101, 8 tokens 97 against 161; from 16 on it had both before. */
-    int nt = st->nws < H ? st->nws : H;
-    const int64_t share = (int64_t)n * H * r * (d + dv) >> 16;
-    if (share < nt) nt = share > 1 ? (int)share : 1;
+    const int nt = step_threads(st, H, (int64_t)n * H * r * (d + dv));
     int worst = PF_OK;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(max : worst)
     for (int h = 0; h < H; h++) {
