@@ -350,21 +350,27 @@ static pf_status step_one_head(pf_favor_state *st, int s, int h, int i, int t, f
     return pf_favor_readout(oh, o, 1, dv);
 }
 
-/* A one-token step of count sequences seq[i] (checked, none staged, their inputs checked:
- * status[i] PF_OK), every head, staged per sequence; status[i] gets each sequence's outcome. */
 /* The threads for a step of `units` (sequence, head) pairs, each whole on one thread, and `work`
  * = tokens x H r (d + dv) in all: as many as have 2^16 of work each (two heads' token at r = 256,
  * d = dv = 64, about 4 us), at most the state's. Below that a team's start and join cost what a
  * thread saves. On Zen 4, 2 threads against 1, tokens back to back: 8 such heads 13.5 against
  * 17.9 us a token, 4 heads 7.7 against 9.0; at 2^16 in all 2 heads 4.1 against 4.4 but 4 heads
  * of r = 128 5.4 against 5.0, and below it one thread is faster. Prefills of 8 heads: 2 tokens
- * 60-74 against 89-91 us, 4 tokens 66 against 101, 8 tokens 97 against 161. */
+ * 60-74 against 89-91 us, 4 tokens 66 against 101, 8 tokens 97 against 161. And no more than
+ * the processors the process may run on (omp_get_num_procs): with OMP_NUM_THREADS=3 or 4 on 2
+ * cores a token of 8 heads took 37 or 64 us against 18 on one thread. */
 static int step_threads(const pf_favor_state *st, int units, int64_t work) {
-    const int nt = st->nws < units ? st->nws : units;
+    int nt = st->nws < units ? st->nws : units;
+#ifdef _OPENMP
+    const int procs = omp_get_num_procs();
+    if (procs >= 1 && nt > procs) nt = procs;
+#endif
     const int64_t share = work >> 16;
     return share >= nt ? nt : share > 1 ? (int)share : 1;
 }
 
+/* A one-token step of count sequences seq[i] (checked, none staged, their inputs checked:
+ * status[i] PF_OK), every head, staged per sequence; status[i] gets each sequence's outcome. */
 static void step_one(pf_favor_state *st, float *out, const float *q, const float *k, const float *v,
                      const int32_t *seq, int count, int *status) {
     const int H = st->H, d = st->d;
