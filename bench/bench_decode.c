@@ -74,9 +74,13 @@ int main(int argc, char **argv) {
     fill(v, nq, 3, 1.0f);
     /* the thread counts: one (the kernels' own speed: the 2x target) and OpenMP's (what a
      * state made with the defaults uses: its heads share the threads, pf_favor_state_step) */
-    /* (a step gives each thread at least 2^16 of H r (d + dv): step_threads, src/favor/state.c) */
+    /* (a step gives each thread at least 2^16 of H r (d + dv), and uses no more threads than
+     * processors: step_threads, src/favor/state.c) */
     const int share = (int)((int64_t)H * m * (d + dv) >> 16);
     int used = threads < H ? threads : H;
+#ifdef _OPENMP
+    if (used > omp_get_num_procs()) used = omp_get_num_procs();
+#endif
     if (share < used) used = share > 1 ? share : 1;
     const int nset = used > 1 ? 2 : 1, nts[2] = {1, used};
     double *t = xmalloc(sizeof(double) * 2 * NCTX * (size_t)tokens);
