@@ -22,9 +22,9 @@
  * (pf_mm gives each row the bits it gets alone), the same feature map (pf_fmap_map_rows), and
  * the readout q~ S and the update S = beta S + k~ [v | 1]_w in one pass over S
  * (pf_simd_table.decode) instead of two products; the heads share the threads once each has
- * some microseconds of work (step_one), and one thread runs without an OpenMP region. For H = 8,
- * d = dv = 64, m = 256 on Zen 4 (bench/bench_decode.c) a token on one thread took 34 us, 3.8
- * times its arithmetic at the 1-thread FMA peak, and takes 16-19 us, 1.8-2.1 times: the
+ * some microseconds of work (step_threads), and one thread runs without an OpenMP region. For
+ * H = 8, d = dv = 64, m = 256 on Zen 4 (bench/bench_decode.c) a token on one thread took 34 us,
+ * 3.8 times its arithmetic at the 1-thread FMA peak, and takes 16-19 us, 1.8-2.1 times: the
  * projection runs at about the peak, the pass over S (two FMAs and an add per element, and a
  * store) at about half of it, and the feature map's exps and the checks take the rest.
  *
