@@ -821,7 +821,7 @@ static void ext_dstate_out(bwd_job *j, int bh, int dead) {
  * gradients). */
 static pf_status bwd_head_setup(bwd_job *j, int bh) {
     const pf_shape *s = j->s;
-    const int b = bh / s->H, h = bh % s->H;
+    const int b = bh / s->H;
     const int klen = pf_attn_key_len(j->opts, b, s->Lk);
     const size_t kl = (size_t)klen, pad = (size_t)(s->Lk - klen);
     const float *Kh = j->K + hoff(bh, s->Lk, s->d), *Vh = j->V + hoff(bh, s->Lk, s->dv);
@@ -834,15 +834,9 @@ static pf_status bwd_head_setup(bwd_job *j, int bh) {
     if (pf_nonfinite_f32(Kh + kl * (size_t)s->d, pad * (size_t)s->d) ||
         pf_nonfinite_f32(Vh + kl * (size_t)s->dv, pad * (size_t)s->dv))
         return PF_ENONFINITE;
-    j->fm[bh] = j->maps.one ? j->maps.map : pf_favor_fmap(s, j->opts, j->favor, h);
     if (j->ext && !j->opts->causal) ext_bidir_in(j, bh);
-    if (j->maps.one) return j->maps.st;
-    if (j->ext && j->ext->sums)
-        return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
-                                  j->ext->sums +
-                                      (size_t)bh * pf_favor_sums_len(j->favor->kernel, s->d));
-    return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor, j->Q + hoff(bh, s->Lq, s->d), s->Lq, Kh,
-                         klen);
+    return pf_favor_maps_head(&j->maps, &j->fm[bh], &j->kw[bh], bh, s, j->opts, j->favor,
+                              j->ext ? j->ext->sums : NULL, j->Q + hoff(bh, s->Lq, s->d), Kh, klen);
 }
 
 static bwd_head head_of(const bwd_job *j, int bh) {

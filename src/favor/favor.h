@@ -323,6 +323,14 @@ PF_INTERNAL pf_status pf_favor_maps_init(pf_favor_maps *mp, pf_kernel_ws *kw, in
                                          const pf_shape *shape, const pf_attn_opts *opts,
                                          const pf_favor_opts *favor, int sums);
 
+/* Head bh's map into *fm: a copy of the one map (with its binding's status), else bound for this
+ * head in kw (its own, from pf_favor_maps_init), to its slice of sums when sums is not NULL
+ * ((heads, pf_favor_sums_len)), else to its queries Q (Lq rows, or NULL) and its klen keys K. */
+PF_INTERNAL pf_status pf_favor_maps_head(const pf_favor_maps *mp, pf_fmap *fm, pf_kernel_ws *kw,
+                                         int bh, const pf_shape *shape, const pf_attn_opts *opts,
+                                         const pf_favor_opts *favor, const double *sums,
+                                         const float *Q, const float *K, int klen);
+
 /* The statistics FAVOR++ (OPRF) and FAVOR# (SDERF) fit their parameters to, as sums over rows
  * that add up across slices of a sequence (doubles per head, 0 for the other maps):
  *   [0] n_q, [1] n_k, [2] sum |q|^2, [3] sum |k|^2, [4, 4+d) sum q, [4+d, 4+2d) sum k,

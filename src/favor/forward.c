@@ -86,7 +86,7 @@ static void ext_state_in(favor_job *j, int bh) {
 /* Phase 0: the head's map (OPRF/SDERF parameters) and the padded keys' check. */
 static pf_status job_head(favor_job *j, int bh) {
     const pf_shape *s = j->s;
-    const int b = bh / s->H, h = bh % s->H;
+    const int b = bh / s->H;
     const int klen = pf_attn_key_len(j->opts, b, s->Lk);
     /* inputs are checked block by block where they are used (while in cache); only the padded
      * keys, never used, are checked here */
@@ -98,16 +98,10 @@ static pf_status job_head(favor_job *j, int bh) {
         return PF_ENONFINITE;
     /* (the FAVOR++ and FAVOR# fits read Q and K: float32 only, pf_attn_favor_dt says) */
     const float *Kh = (const float *)at(j, j->K, head_off(bh, s->Lk, s->d));
-    j->fm[bh] = j->maps.one ? j->maps.map : pf_favor_fmap(s, j->opts, j->favor, h);
     if (j->ext && j->ext->S) ext_state_in(j, bh);
-    if (j->maps.one) return j->maps.st;
-    if (j->ext && j->ext->sums)
-        return pf_favor_bind_sums(&j->fm[bh], &j->kw[bh], j->favor,
-                                  j->ext->sums +
-                                      (size_t)bh * pf_favor_sums_len(j->favor->kernel, s->d));
-    return pf_favor_bind(&j->fm[bh], &j->kw[bh], j->favor,
-                         j->Q ? (const float *)at(j, j->Q, head_off(bh, s->Lq, s->d)) : NULL,
-                         s->Lq, Kh, klen);
+    const float *Qh = j->Q ? (const float *)at(j, j->Q, head_off(bh, s->Lq, s->d)) : NULL;
+    return pf_favor_maps_head(&j->maps, &j->fm[bh], &j->kw[bh], bh, s, j->opts, j->favor,
+                              j->ext ? j->ext->sums : NULL, Qh, Kh, klen);
 }
 
 /* Where head bh's key features from row `row` on are kept by the key phase: the saved store's

@@ -65,6 +65,21 @@ pf_status pf_favor_maps_init(pf_favor_maps *mp, pf_kernel_ws *kw, int heads, con
     return PF_OK;
 }
 
+pf_status pf_favor_maps_head(const pf_favor_maps *mp, pf_fmap *fm, pf_kernel_ws *kw, int bh,
+                             const pf_shape *shape, const pf_attn_opts *opts,
+                             const pf_favor_opts *fv, const double *sums, const float *Q,
+                             const float *K, int klen) {
+    if (mp->one) {
+        *fm = mp->map;
+        return mp->st;
+    }
+    *fm = pf_favor_fmap(shape, opts, fv, bh % shape->H);
+    if (sums)
+        return pf_favor_bind_sums(fm, kw, fv,
+                                  sums + (size_t)bh * pf_favor_sums_len(fv->kernel, shape->d));
+    return pf_favor_bind(fm, kw, fv, Q, shape->Lq, K, klen);
+}
+
 /* The causal chunk C: the user's, or 16. Per chunk the masked intra-chunk products cost
  * 2 C^2 (r + dv + 1) flops against 2 C r (2d + 2(dv + 1)) for the features and the state, so
  * the extra work grows as C / d, while the products want C large. Measured with OpenBLAS's
