@@ -71,12 +71,12 @@ static inline const char *cpu_name(char *buf, size_t size) {
     return buf;
 }
 
-/* OpenBLAS's kernel set, as the headers name it: "SkylakeX", or "Prescott (a fallback: ...)"
- * when it runs an older set than this CPU runs (pf_blas_core_advised), into buf. */
+/* OpenBLAS's kernel set, as the headers name it: "SkylakeX", or "Prescott (slower than ...)"
+ * when a better set runs on this CPU (pf_blas_core_advised), into buf. */
 static inline const char *blas_kernels(char *buf, size_t size) {
     const char *want = pf_blas_core_advised();
     if (want)
-        snprintf(buf, size, "%s (a fallback: this CPU runs %s, OPENBLAS_CORETYPE=%s)",
+        snprintf(buf, size, "%s (slower than %s on this CPU: OPENBLAS_CORETYPE=%s)",
                  pf_blas_core(), want, want);
     else
         snprintf(buf, size, "%s", pf_blas_core());
