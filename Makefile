@@ -88,8 +88,8 @@ SHARED_REAL = $(BUILD)/libperformer.so.$(VERSION)
 TOOL   = $(BUILD)/performer
 MAN    = $(BUILD)/performer.1
 
-.PHONY: all setup test test-fast asan demo results bench bench-train clean format install uninstall \
-        install-files \
+.PHONY: all setup test test-fast asan demo results bench bench-train bench-targets clean format \
+        install uninstall install-files \
         fuzz fuzz-regress fuzz-corpus
 all: $(STATIC) $(SHARED) $(TOOL) $(MAN)
 
@@ -281,6 +281,14 @@ bench-train: setup all $(BUILD)/bench/bench_train
 	$(BUILD)/bench/bench_train --csv $(BUILD)/bench/train.csv $(BENCH_TRAIN_ARGS)
 	/usr/bin/python3 scripts/plot_train_bench.py $(BUILD)/bench/train.csv \
 	  $(BUILD)/bench/train_context.png $(BUILD)/bench/train_context.md
+
+# This CPU against the library's speed targets (bench/targets.py): FAVOR+ forward, causal over
+# bidirectional, the kept-feature backward, decoding, training and exact attention, each as a
+# fraction of the FMA peak, in one table. TARGETS_ARGS adds flags (--quick, --md FILE);
+# PF_SIMD=avx2 measures the AVX2 kernels on an AVX-512 CPU.
+bench-targets: setup all $(BUILD)/bench/bench_attn $(BUILD)/bench/profile_favor \
+	  $(BUILD)/bench/bench_decode $(BUILD)/bench/bench_train
+	/usr/bin/python3 bench/targets.py --build $(BUILD) $(TARGETS_ARGS)
 
 # make install [PREFIX=/usr/local] [DESTDIR=stage]: PREFIX is where the files will live (it is
 # written into performer.pc); DESTDIR, if given, is prepended to every path, for packaging. Run
