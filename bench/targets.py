@@ -20,8 +20,8 @@ m = 256, positive features:
 It runs bench_attn, profile_favor --backward (both directions), bench_decode and bench_train,
 prints what each printed, then a table of target, measured and verdict, naming the CPU, the
 vector kernels and OpenBLAS's kernel set. --quick: L = 2048 and 4096 only, fewer repeats (a
-first look, about 4 minutes; the full run takes 10 to 15). --md FILE also writes the table
-there (whole or not at all). Exit status: 0 when it measured everything (whatever the
+first look, about 5 minutes on 2 cores; the full run takes about 20). --md FILE also writes
+the table there (whole or not at all). Exit status: 0 when it measured everything (whatever the
 verdicts), 1 when a benchmark failed, 2 for bad arguments. The machine's other work moves
 every figure: on a shared machine run it twice.
 """
