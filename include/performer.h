@@ -95,7 +95,7 @@ PF_API const char *pf_blas_core(void);
  * "Prescott", SSE3, whose sgemm runs at a fifth of the speed: exact attention and the language
  * model's linear layers slow down as much as 3x). On AMD's AVX2 cores (Zen 1 to 3) it runs its
  * "Zen" set, Haswell's sgemm with plain C loops to zero and pack: "Haswell" is advised there
- * (on a Zen 4 made to run either, exact attention is 5-10% faster). The remedy: the environment
+ * (on a Zen 4 made to run either, exact attention is 3-10% faster). The remedy: the environment
  * variable OPENBLAS_CORETYPE set to this name before OpenBLAS loads, that is before the process
  * starts (`OPENBLAS_CORETYPE=SkylakeX ./app`); setting it later has no effect. The performer
  * tool does this itself. Static storage. */
