@@ -419,11 +419,11 @@ static int launcher_rank(void) {
 
 /* OpenBLAS picks its kernel set when it loads, from a table of CPU models, and falls back to a
  * generic set on a model it does not know, or on AMD's AVX2 cores runs its slower "Zen" set
- * (pf_blas_core_advised). It reads OPENBLAS_CORETYPE only
- * then, so the cure is to start again with it set: done once (PF_BLAS_FALLBACK, holding the set
- * OpenBLAS chose, marks the second start), and never over a set the user chose. 1 if the
- * process is to start again (both variables are then set); when it cannot be done, one line on
- * stderr (blas_core_warn) names the remedy. */
+ * (pf_blas_core_advised). It reads OPENBLAS_CORETYPE only then, so the cure is to start again
+ * with it set: done once (PF_BLAS_FALLBACK, holding the set OpenBLAS chose, marks the second
+ * start), and never over a set the user chose. 1 if the process is to start again (both
+ * variables are then set); when it cannot be done, one line on stderr (blas_core_warn) names
+ * the remedy. */
 static void blas_core_warn(const char *want) {
     if (launcher_rank() == 0) /* under mpirun, once */
         fprintf(stderr,
