@@ -39,18 +39,24 @@ const char *pf_blas_core(void) {
 }
 
 /* OpenBLAS's x86-64 kernel sets by the widest instructions their sgemm uses: 2 AVX-512, 1 AVX2
- * and FMA, 0 older (SSE; AVX alone; AMD's FMA4 families). -1: a name not listed here (a later
- * OpenBLAS's, another architecture's), never advised against. These are OpenBLAS's names for
- * its kernel sets, not CPU models: which set a model gets is OpenBLAS's table, the one that
- * falls short. */
+ * and FMA, 0 older (SSE; AVX alone; AMD's FMA4 families) or lesser. -1: a name not listed here
+ * (a later OpenBLAS's, another architecture's), never advised against. These are OpenBLAS's
+ * names for its kernel sets, not CPU models: which set a model gets is OpenBLAS's table, the
+ * one that falls short.
+ *
+ * "Zen" (AMD's Zen 1 to 3 in OpenBLAS 0.3.21 to at least 0.3.28, kernel/x86_64/KERNEL.ZEN)
+ * counts as lesser: it is Haswell's sgemm kernel with the same blocking (param.h), but C's
+ * zeroing before a product with beta 0 (SGEMM_BETA) and B's packing (SGEMMONCOPY) are generic
+ * C loops where Haswell's set has vector ones. Exact attention's block products (128 x 512 x 64
+ * with beta 0) spend 8% of their time in that zeroing: on an AVX2 CPU Haswell's set is better. */
 static int core_level(const char *core) {
     static const char *const avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
-    static const char *const avx2[] = {"Haswell", "Zen", "Excavator"};
+    static const char *const avx2[] = {"Haswell", "Excavator"};
     static const char *const older[] = {
         "Katmai",  "Coppermine", "Northwood", "Prescott",   "Banias",       "Atom",
         "Core2",   "Penryn",     "Dunnington", "Nehalem",   "Athlon",       "Opteron",
         "Opteron_SSE3", "Barcelona", "Nano",  "Sandybridge", "Bobcat",      "Bulldozer",
-        "Piledriver", "Steamroller"};
+        "Piledriver", "Steamroller", "Zen"};
     for (size_t i = 0; i < sizeof avx512 / sizeof *avx512; i++)
         if (strcasecmp(core, avx512[i]) == 0) return 2;
     for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++)
@@ -80,13 +86,7 @@ const char *pf_blas_core_advice(const char *core, int cpu) {
     /* SkylakeX, not Cooperlake, for AVX-512: the two have the same sgemm kernels (Cooperlake
      * adds bfloat16 ones), and OPENBLAS_CORETYPE=Cooperlake is not accepted by 0.3.21. */
     static const char *const name[] = {NULL, "Haswell", "SkylakeX"};
-    int have = core ? core_level(core) : -1;
-    /* OpenBLAS's "Zen" set (0.3.21 to at least 0.3.28, kernel/x86_64/KERNEL.ZEN) is Haswell's
-     * sgemm kernel with the same blocking (param.h), but C's zeroing before a product with beta
-     * 0 (SGEMM_BETA) and B's packing (SGEMMONCOPY) are generic C loops where Haswell's set has
-     * vector ones. Exact attention's block products (128 x 512 x 64 with beta 0) spend 8% of
-     * their time in that zeroing: on an AVX2 CPU the Haswell set is the better one. */
-    if (have == 1 && strcasecmp(core, "Zen") == 0) have = 0;
+    const int have = core ? core_level(core) : -1;
     if (have < 0 || cpu <= have || cpu > 2) return NULL;
     return name[cpu];
 }
