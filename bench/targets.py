@@ -21,7 +21,8 @@ It runs bench_attn, profile_favor --backward (both directions), bench_decode and
 prints what each printed, then a table of target, measured and verdict, naming the CPU, the
 vector kernels and OpenBLAS's kernel set. --quick: L = 2048 and 4096 only, fewer repeats (a
 first look, about 5 minutes on 2 cores; the full run takes about 20). --md FILE also writes
-the table there (whole or not at all). Exit status: 0 when it measured everything (whatever the
+the table there (whole or not at all; through a symlink, to its target; nothing but a regular
+file is written over). Exit status: 0 when it measured everything (whatever the
 verdicts), 1 when a benchmark failed, 2 for bad arguments. The machine's other work moves
 every figure: on a shared machine run it twice.
 """
@@ -128,10 +129,13 @@ def main():
     if missing:
         make = " ".join(os.path.join(bench, b) for b in missing)
         die(f"not built: {', '.join(missing)} in {bench} (make {make})", 2)
-    if a.md and os.path.isdir(a.md):
-        die(f"--md {a.md}: a folder", 2)
-    if a.md and not os.path.isdir(os.path.dirname(os.path.abspath(a.md))):
-        die(f"--md {a.md}: no folder {os.path.dirname(os.path.abspath(a.md))}", 2)
+    # --md: checked before the long run. A symlink's target is what gets written (the link
+    # stays); anything there but a regular file (a folder, a FIFO, a device) is refused.
+    md = os.path.realpath(a.md) if a.md else None
+    if md and os.path.exists(md) and not os.path.isfile(md):
+        die(f"--md {a.md}: {'a folder' if os.path.isdir(md) else 'not a regular file'}", 2)
+    if md and not os.path.isdir(os.path.dirname(md)):
+        die(f"--md {a.md}: no folder {os.path.dirname(md)}", 2)
 
     env = blas_env(a.build)
     lengths = QUICK_LENGTHS if a.quick else FULL_LENGTHS
@@ -204,16 +208,20 @@ def main():
     lines += [f"| {t} | {m} | {v} |" for t, m, v in rows]
     table = "\n".join(lines) + "\n"
     print("\n" + table, end="")
-    if a.md:
-        d = os.path.dirname(os.path.abspath(a.md))
-        fd, tmp = tempfile.mkstemp(prefix=".targets-", dir=d)
+    if md:
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".targets-", dir=os.path.dirname(md))
+        except OSError as e:
+            die(f"--md {a.md}: {e.strerror}")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(table)
-            os.replace(tmp, a.md)
+            os.replace(tmp, md)
         except OSError as e:
-            os.unlink(tmp)
             die(f"--md {a.md}: {e.strerror}")
+        finally:  # (written or not, no temporary file is left behind)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return 0
 
 

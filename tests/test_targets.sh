@@ -140,6 +140,20 @@ targets --md "$T/nowhere/t.md"; rc=$?
 [ $rc -eq 2 ] && grep -q "no folder" "$T/err" && pass || fail "--md into no folder: exit $rc"
 targets --md "$T"; rc=$?
 [ $rc -eq 2 ] && grep -q "a folder" "$T/err" && pass || fail "--md a folder: exit $rc"
+# a symlink: its target gets the table, the link stays a link; a FIFO is refused untouched
+echo old >"$T/real.md"
+ln -s "$T/real.md" "$T/link.md"
+targets --md "$T/link.md"; rc=$?
+[ $rc -eq 0 ] && [ -L "$T/link.md" ] && grep -q "^Targets on Test CPU" "$T/real.md" && pass ||
+    fail "--md through a symlink: exit $rc, $(ls -l "$T/link.md"), $(head -n 1 "$T/real.md")"
+if mkfifo "$T/fifo.md" 2>/dev/null; then
+    targets --md "$T/fifo.md"; rc=$?
+    [ $rc -eq 2 ] && grep -q "not a regular file" "$T/err" && [ -p "$T/fifo.md" ] && pass ||
+        fail "--md a FIFO: exit $rc, $(cat "$T/err")"
+fi
+left=
+for f in "$T"/.targets-*; do [ -e "$f" ] && left="$left $f"; done
+[ -z "$left" ] && pass || fail "temporary files left:$left"
 targets --bogus; rc=$?
 [ $rc -eq 2 ] && pass || fail "an unknown flag: exit $rc"
 finish
