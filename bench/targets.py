@@ -56,6 +56,8 @@ def run(cmd, env, log):
     sys.stdout.flush()
     with open(log, "a", encoding="utf-8") as f:
         f.write(p.stdout)
+    if p.returncode < 0:
+        die(f"{os.path.basename(cmd[0])} was killed by signal {-p.returncode}")
     if p.returncode != 0:
         die(f"{os.path.basename(cmd[0])} exited with status {p.returncode}")
     return p.stdout
@@ -226,4 +228,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # (the benchmark got the signal too; --md is left as it was)
+        die("interrupted", 130)

@@ -3,7 +3,7 @@
 # timing: each stand-in writes the table its benchmark would, with the figures the case sets).
 # - At the targets' lines (75%, 1.15x, 70%, 2x, 50%, 60%) every target is met, and just past
 #   one line only that target is not; the figures shown are the ones the benchmarks gave.
-# - A benchmark that fails, a training step that did not run, or a missing benchmark: a
+# - A benchmark that fails or is killed, a training step that did not run, or a missing one: a
 #   message, a non-zero exit, and a --md file that existed before left as it was.
 TEST=test_targets; . "$(dirname "$0")/lib.sh"
 
@@ -24,6 +24,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ "${FAKE_FAIL:-}" = "$(basename "$0")" ] && { echo "stand-in fails" >&2; exit 3; }
+[ "${FAKE_KILL:-}" = "$(basename "$0")" ] && kill -9 $$
 machine='"Test CPU, vector kernels avx2, OpenBLAS kernels Haswell"'
 XEOF
 cat >"$B/bench/bench_attn" <<'XEOF'
@@ -128,6 +129,9 @@ for b in bench_attn profile_favor bench_decode bench_train; do
     [ $rc -eq 1 ] && grep -q "$b exited with status 3" "$T/err" && kept && pass ||
         fail "$b failing: exit $rc, $(cat "$T/err")"
 done
+targets FAKE_KILL=bench_decode --md "$T/keep.md"; rc=$?
+[ $rc -eq 1 ] && grep -q "bench_decode was killed by signal 9" "$T/err" && kept && pass ||
+    fail "bench_decode killed: exit $rc, $(cat "$T/err")"
 targets FAKE_TRAIN_STATUS=out_of_memory --md "$T/keep.md"; rc=$?
 [ $rc -eq 1 ] && grep -q "FAVOR+ step did not run.*out_of_memory" "$T/err" && kept && pass ||
     fail "training not run: exit $rc, $(cat "$T/err")"
