@@ -23,7 +23,8 @@ vector kernels and OpenBLAS's kernel set. --quick: L = 2048 and 4096 only, fewer
 first look, about 5 minutes on 2 cores; the full run takes about 20). --md FILE also writes
 the table there (whole or not at all; through a symlink, to its target; nothing but a regular
 file is written over). Exit status: 0 when it measured everything (whatever the
-verdicts), 1 when a benchmark failed, 2 for bad arguments. The machine's other work moves
+verdicts), 1 when a benchmark failed or was killed, 2 for bad arguments, 130 when
+interrupted. The machine's other work moves
 every figure: on a shared machine run it twice.
 """
 import argparse
