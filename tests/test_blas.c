@@ -145,12 +145,12 @@ static void check_advice(void) {
         int cpu;
         const char *want;
     } cases[] = {
-        {"Prescott", 2, "SkylakeX"}, {"Prescott", 1, "Haswell"},   {"Prescott", 0, NULL},
+        {"Prescott", 2, "SkylakeX"}, {"Prescott", 1, "Haswell"},    {"Prescott", 0, NULL},
         {"NEHALEM", 2, "SkylakeX"},  {"Sandybridge", 1, "Haswell"}, {"Haswell", 2, "SkylakeX"},
         {"Zen", 2, "SkylakeX"},      {"Zen", 1, "Haswell"},         {"Haswell", 1, NULL},
         {"SkylakeX", 2, NULL},       {"Cooperlake", 2, NULL},       {"SkylakeX", 1, NULL},
         {"ThunderX2", 2, NULL},      {"unknown", 2, NULL},          {NULL, 2, NULL},
-        {"Prescott", -1, NULL},      {"ZEN", 1, "Haswell"},      {"Zen", 0, NULL},
+        {"Prescott", -1, NULL},      {"ZEN", 1, "Haswell"},         {"Zen", 0, NULL},
         {"Excavator", 1, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

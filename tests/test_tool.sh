@@ -583,9 +583,9 @@ if [ "$tool_arch" = x86_64 ] && grep -q '\<avx512f\>' /proc/cpuinfo; then
 fi
 # OpenBLAS falling back to a generic kernel set (as 0.3.21 does on CPU models it does not know):
 # a stand-in openblas_get_corename answers "Prescott" (or $PF_TEST_CORE) unless OPENBLAS_CORETYPE
-# is set. The tool
-# starts again once with OPENBLAS_CORETYPE set to the set the CPU runs and says so in --version;
-# a set the user chose is left alone; if it has already started again, it warns instead.
+# is set. The tool starts again once with OPENBLAS_CORETYPE set to the set the CPU runs and says
+# so in --version; a set the user chose is left alone; if it has already started again, it warns
+# instead.
 want=
 if grep -q '\<avx512f\>' /proc/cpuinfo && grep -q '\<avx512bw\>' /proc/cpuinfo &&
     grep -q '\<avx512vl\>' /proc/cpuinfo && grep -q '\<avx512dq\>' /proc/cpuinfo; then
